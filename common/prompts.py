@@ -83,4 +83,7 @@ def format_prompt(tokenizer, user_message: str, system: str | None = DEFAULT_SYS
     if system:
         messages.append({"role": "system", "content": system})
     messages.append({"role": "user", "content": user_message})
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    # enable_thinking=False: Qwen3's template otherwise opens a <think> block and
+    # the model reasons at length before answering; other templates ignore it.
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                         enable_thinking=False)

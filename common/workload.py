@@ -1,0 +1,85 @@
+"""Request traces for the benchmarks: fixed prompt lists, length distributions, Poisson arrivals.
+
+A trace is a list of `Request`s. Everything is drawn from a seeded generator,
+so two engines measured on "the same workload" really get the same requests.
+The vLLM-style traces (`equal_work`, `mixed_work`) use random token ids as
+prompts and fixed per-request output lengths with EOS ignored: every engine
+then does exactly the same number of forward-pass tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from common.sampling import GREEDY, SamplingParams
+
+DEFAULT_SEED = 0
+# Token ids below this are special tokens in SmolLM2's vocabulary (and in
+# most BPE vocabularies): random prompts draw above it.
+FIRST_ORDINARY_TOKEN_ID = 100
+
+EQUAL_WORK_N = 64
+EQUAL_WORK_PROMPT_LEN = (16, 128)
+EQUAL_WORK_OUTPUT_LEN = 64
+MIXED_WORK_OUTPUT_LEN = (16, 256)
+
+
+@dataclass
+class Request:
+    prompt: str | None = None            # text (goes through the chat template), or
+    prompt_ids: list[int] | None = None  # token ids used as they are
+    max_new_tokens: int = 64
+    arrival_s: float = 0.0               # offset from the start of the run
+    ignore_eos: bool = False
+    sampling: SamplingParams = GREEDY
+    n: int = 1                            # parallel samples (phase 4)
+    meta: dict = field(default_factory=dict)
+
+    def ids(self, lm) -> list[int]:
+        return list(self.prompt_ids) if self.prompt_ids is not None else lm.prompt_ids(self.prompt)
+
+
+def from_prompts(prompts: list[str], max_new_tokens: int, ignore_eos: bool = False) -> list[Request]:
+    """The fixed prompt lists of the blog's demos, all arriving at t = 0."""
+    return [Request(prompt=p, max_new_tokens=max_new_tokens, ignore_eos=ignore_eos) for p in prompts]
+
+
+def uniform_lengths(n: int, lo: int, hi: int, seed: int = DEFAULT_SEED) -> list[int]:
+    """n integers drawn uniformly from [lo, hi]."""
+    rng = np.random.default_rng(seed)
+    return [int(x) for x in rng.integers(lo, hi + 1, size=n)]
+
+
+def random_prompt_ids(lengths: list[int], vocab_size: int, seed: int = DEFAULT_SEED) -> list[list[int]]:
+    """One random-token prompt per length (ordinary tokens only)."""
+    rng = np.random.default_rng(seed + 1)
+    return [[int(t) for t in rng.integers(FIRST_ORDINARY_TOKEN_ID, vocab_size, size=n)] for n in lengths]
+
+
+def poisson_arrivals(n: int, rate_per_s: float, seed: int = DEFAULT_SEED) -> list[float]:
+    """Arrival offsets (s) of a Poisson process: exponential gaps with mean 1/rate."""
+    if rate_per_s <= 0:
+        raise ValueError(f"rate must be > 0 requests/s, got {rate_per_s}")
+    rng = np.random.default_rng(seed + 2)
+    return [float(t) for t in np.cumsum(rng.exponential(1.0 / rate_per_s, size=n))]
+
+
+def equal_work(vocab_size: int, n: int = EQUAL_WORK_N, prompt_len: tuple[int, int] = EQUAL_WORK_PROMPT_LEN,
+               output_len: int = EQUAL_WORK_OUTPUT_LEN, seed: int = DEFAULT_SEED) -> list[Request]:
+    """n requests, prompts of uniform random length, the same output length each, EOS ignored."""
+    ids = random_prompt_ids(uniform_lengths(n, *prompt_len, seed=seed), vocab_size, seed)
+    return [Request(prompt_ids=p, max_new_tokens=output_len, ignore_eos=True) for p in ids]
+
+
+def mixed_work(vocab_size: int, n: int = EQUAL_WORK_N, prompt_len: tuple[int, int] = EQUAL_WORK_PROMPT_LEN,
+               output_len: tuple[int, int] = MIXED_WORK_OUTPUT_LEN, seed: int = DEFAULT_SEED) -> list[Request]:
+    """The same prompts as `equal_work`, output lengths spread uniformly over `output_len`, EOS ignored."""
+    ids = random_prompt_ids(uniform_lengths(n, *prompt_len, seed=seed), vocab_size, seed)
+    outs = uniform_lengths(n, *output_len, seed=seed + 3)
+    return [Request(prompt_ids=p, max_new_tokens=o, ignore_eos=True) for p, o in zip(ids, outs)]
+
+
+def total_output_tokens(requests: list[Request]) -> int:
+    return sum(r.max_new_tokens * r.n for r in requests)

@@ -1,0 +1,25 @@
+"""Execute a notebook headless (what the notebook tests call)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOK_TIMEOUT_S = 300
+
+
+def run_notebook(name: str, timeout: int = NOTEBOOK_TIMEOUT_S) -> nbformat.NotebookNode:
+    """Run notebooks/<name> top to bottom in a fresh kernel of this venv; raise on any cell error."""
+    path = REPO_ROOT / "notebooks" / name
+    nb = nbformat.read(path, as_version=4)
+    env_pp = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{env_pp}" if env_pp else str(REPO_ROOT)
+    # MPLBACKEND=Agg: figures render to PNG outputs without a display.
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(REPO_ROOT)}})
+    client.execute()
+    return nb
