@@ -65,13 +65,13 @@ def run_remote(demo: str, model: str = DEFAULT_REMOTE_MODEL, options: dict | Non
     return report.to_dict()
 
 
-def show_and_save(demo: str, report_dict: dict) -> None:
+def show_and_save(demo: str, report_dict: dict, results_dir: Path | str | None = None) -> None:
     from common.__main__ import save_outputs
-    from common.report import Report, print_report
+    from common.report import RESULTS_DIR, Report, print_report
 
     report = Report.from_dict(report_dict)
     print_report(report)
-    for path in save_outputs(demo, report):
+    for path in save_outputs(demo, report, results_dir or RESULTS_DIR):
         print(f"saved {path}")
 
 
