@@ -1,0 +1,23 @@
+"""Adds one KV pool allocated once and carved into fixed-size blocks, handed out from a free list with reference counts.
+
+Phase 2 gave every sequence its own growing `DynamicCache`. From here on the
+KV cache lives in a single pool tensor
+`[n_blocks, n_layers, 2, n_kv_heads, block_size, head_dim]`, and a sequence
+owns a handful of its blocks (phase 3.2's `BlockTable` says which).
+
+- `allocator.py`: `BlockAllocator` (alloc / free / incref / refcount),
+  `OutOfBlocks`, `AllocatorError`.
+- `budget.py`: `budget_n_blocks` sizes the pool from the memory left after
+  model load (CUDA) or a stated budget (CPU).
+- `workload_lengths.py`: real prompt/output token counts of the latency
+  workload, from phase 2.3's continuous-batching scheduler.
+- `demo.py`: `alloc_demo`, blocks used by paging vs a static reservation.
+"""
+
+from phases.p3_1_block_allocator.allocator import (DEFAULT_BLOCK_SIZE, AllocatorError, BlockAllocator,
+                                                   OutOfBlocks)
+from phases.p3_1_block_allocator.budget import (DEFAULT_CPU_KV_BUDGET, DEFAULT_MEMORY_FRACTION,
+                                                budget_n_blocks, bytes_per_block, kv_budget_bytes)
+
+__all__ = ["BlockAllocator", "OutOfBlocks", "AllocatorError", "DEFAULT_BLOCK_SIZE", "budget_n_blocks",
+           "bytes_per_block", "kv_budget_bytes", "DEFAULT_CPU_KV_BUDGET", "DEFAULT_MEMORY_FRACTION"]
