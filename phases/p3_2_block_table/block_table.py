@@ -27,7 +27,9 @@ from dataclasses import dataclass, field
 from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks
 
 
-@dataclass
+# eq=False: a table is an owner with an identity; two tables listing the same
+# blocks are still two owners (and a table can be a dict key or set member).
+@dataclass(eq=False)
 class BlockTable:
     block_size: int
     block_ids: list[int] = field(default_factory=list)  # logical block i -> physical block id
