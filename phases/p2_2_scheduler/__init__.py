@@ -1,0 +1,12 @@
+"""A scheduler: sequences with a status, a waiting queue and a capped running set (still static batches).
+
+Phase 2.1 took a fixed list of prompts. Here requests are queued one by one
+as `Sequence`s that move WAITING -> PREFILLING -> DECODING -> DONE, and a
+`Scheduler` admits up to `max_running` of them at a time. It still runs each
+admitted group as one static padded batch to its end (phase 2.1's
+`PaddedBatch`); phase 2.3 changes only when a freed slot is refilled.
+
+- `sequence.py`   `Status` and `Sequence` (one request's state machine)
+- `trace.py`      per-step slot occupancy, for the timelines
+- `scheduler.py`  `Scheduler(lm, max_running)`: add(), step(), run()
+"""
