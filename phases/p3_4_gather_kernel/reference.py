@@ -1,0 +1,58 @@
+"""Batched gather in plain PyTorch: the CPU path and the oracle for the Triton kernel.
+
+Where phase 3.3's `gather_python` loops over one sequence's blocks, this
+gathers every block of every sequence in the batch with one indexing op,
+exactly as the kernel does it (one block per program):
+
+    blocks[b, j] = kv_store[block_tables[b, j], layer]       [2, n_kv_heads, block_size, head_dim]
+    k[b, h, j * block_size + o] = blocks[b, j][0, h, o]        (v from index 1)
+
+so token position p of sequence b comes from (block_tables[b, p // block_size],
+p % block_size). Copying whole blocks moves block_size * head_dim contiguous
+elements at a time, which is much faster on a CPU than indexing token by token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from phases.p3_4_gather_kernel.checks import check_paged_inputs
+
+K_INDEX, V_INDEX = 0, 1
+
+
+def max_length(seq_lens: torch.Tensor, max_len: int | None) -> int:
+    """The padded length of the output. Reading it from `seq_lens` syncs a GPU; pass it if known."""
+    if max_len is not None:
+        return int(max_len)
+    return int(seq_lens.max()) if seq_lens.numel() else 0
+
+
+def gather_reference(kv_store: torch.Tensor, layer_idx: int, block_tables: torch.Tensor,
+                     seq_lens: torch.Tensor, max_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of a batch, each [B, n_kv_heads, max_len, head_dim], zero past each sequence's length.
+
+    kv_store     [n_blocks, n_layers, 2, n_kv_heads, block_size, head_dim]
+    block_tables [B, max_blocks] int, physical block ids in logical order (padding never read)
+    seq_lens     [B] int, tokens of each sequence in the pool
+    """
+    check_paged_inputs(kv_store, layer_idx, block_tables, seq_lens)
+    batch = block_tables.shape[0]
+    _, _, _, n_kv_heads, block_size, head_dim = kv_store.shape
+    max_len = max_length(seq_lens, max_len)
+    n_logical = -(-max_len // block_size)                                    # blocks covering max_len
+    if n_logical > block_tables.shape[1]:
+        raise ValueError(f"max_len {max_len} needs {n_logical} blocks but block_tables has {block_tables.shape[1]}")
+    lens = seq_lens.to(kv_store.device)[:, None]                              # [B, 1]
+
+    # Table entries past a sequence's end are padding: read block 0 there instead (zeroed below).
+    starts = torch.arange(n_logical, device=kv_store.device) * block_size      # [n_logical]
+    ids = torch.where(starts[None, :] < lens, block_tables[:, :n_logical].long(), 0)  # [B, n_logical]
+    blocks = kv_store[ids.flatten(), layer_idx]            # [B * n_logical, 2, n_kv_heads, block_size, head_dim]
+    blocks = blocks.view(batch, n_logical, 2, n_kv_heads, block_size, head_dim)
+    # -> [2, B, n_kv_heads, n_logical, block_size, head_dim] -> [2, B, n_kv_heads, n_logical * block_size, head_dim]
+    kv = blocks.permute(2, 0, 3, 1, 4, 5).reshape(2, batch, n_kv_heads, n_logical * block_size, head_dim)
+    kv = kv[:, :, :, :max_len]
+    valid = torch.arange(max_len, device=kv_store.device)[None, :] < lens    # [B, max_len]
+    kv = kv.masked_fill(~valid[None, :, None, :, None], 0)                    # zero past each length
+    return kv[K_INDEX].contiguous(), kv[V_INDEX].contiguous()
