@@ -1,0 +1,63 @@
+"""The paged-attention operations the engine calls, each routed to a Triton kernel or its reference.
+
+    paged_decode_attention(q, kv_store, layer_idx, block_tables, seq_lens, scale) -> [B, n_heads, head_dim]
+    write_kv(kv_store, layer_idx, k, v, slot_mapping)                             (in place)
+    gather_kv(kv_store, layer_idx, block_tables, seq_lens) -> (k, v)              (phase 3.4)
+
+On CUDA tensors the Triton kernels run. On CPU the PyTorch references run
+(Triton has no CPU backend; its interpreter is a correctness tool, not a
+fast path), and the first call says so once. ENGINE_FORCE_TRITON_INTERPRET=1
+forces the kernels on CPU, under the interpreter, for tests.
+
+For the K/V store both versions are kept: the Triton one is one launch that
+writes K and V of every token and every head; the torch one is two index_put
+calls. We have not measured them against each other on a GPU here, so the
+choice follows the rule above (torch on CPU, Triton on CUDA), and
+`kernels.write_kv_triton` / `reference.write_kv_reference` stay importable for
+a GPU comparison.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from phases.p3_4_gather_kernel.dispatch import announce_reference_once, gather_kv, use_kernels
+from phases.p3_5_paged_attention.reference import paged_decode_attention_reference, write_kv_reference
+
+__all__ = ["paged_decode_attention", "write_kv", "gather_kv"]
+
+ATTENTION_FEATURE = "paged attention"
+
+
+def paged_decode_attention(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                           scale: float | None = None, blocks_per_split: int | None = None) -> torch.Tensor:
+    """Decode attention for a batch, K/V read from the pool in place.
+
+    q            [B, n_heads, head_dim]  one new token per sequence (its K/V already written)
+    kv_store     [n_blocks, n_layers, 2, n_kv_heads, block_size, head_dim]
+    block_tables [B, max_blocks] int32   physical block ids (pad with 0; never read past the length)
+    seq_lens     [B] int32               tokens in the pool per sequence, the new one included
+    scale        softmax scale (default head_dim ** -0.5)
+    blocks_per_split  None: one program per (sequence, KV head) covers the whole context.
+                      n: split-KV, each program covers n blocks (GPU, long context at small batch).
+    Returns [B, n_heads, head_dim] in q's dtype.
+    """
+    if use_kernels(q.device):
+        from phases.p3_5_paged_attention import kernels  # imports triton only on this path
+        if blocks_per_split is None:
+            return kernels.paged_decode_attention_triton(q, kv_store, layer_idx, block_tables, seq_lens, scale)
+        return kernels.paged_decode_attention_split(q, kv_store, layer_idx, block_tables, seq_lens, scale,
+                                                    blocks_per_split)
+    announce_reference_once(ATTENTION_FEATURE)
+    return paged_decode_attention_reference(q, kv_store, layer_idx, block_tables, seq_lens, scale)
+
+
+def write_kv(kv_store: torch.Tensor, layer_idx: int, k: torch.Tensor, v: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store k, v [T, n_kv_heads, head_dim] at slot_mapping [T] (block_id * block_size + offset; -1 skips)."""
+    if use_kernels(kv_store.device):
+        from phases.p3_5_paged_attention.kernels import write_kv_triton
+        write_kv_triton(kv_store, layer_idx, k, v, slot_mapping)
+    else:
+        write_kv_reference(kv_store, layer_idx, k, v, slot_mapping)

@@ -1,0 +1,69 @@
+"""PyTorch references for phase 3.5's kernels: the CPU path and the test oracles.
+
+- `paged_decode_attention_reference`: gather the batch's K/V with phase 3.4's
+  `gather_reference`, then plain masked attention in fp32.
+- `sdpa_decode_contiguous`: the second oracle, and what a non-paged engine
+  does: SDPA over K/V already stored contiguously (padded), with a length mask.
+- `write_kv_reference`: store new K/V into the pool by slot with one index_put.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from phases.p3_4_gather_kernel.reference import K_INDEX, V_INDEX, gather_reference, max_length
+from phases.p3_5_paged_attention.kernel_checks import PADDING_SLOT, check_decode_inputs, check_write_inputs
+
+
+def paged_decode_attention_reference(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int,
+                                     block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                                     scale: float | None = None, max_len: int | None = None) -> torch.Tensor:
+    """q [B, n_heads, head_dim] -> [B, n_heads, head_dim] (q's dtype); a sequence of length 0 gets zeros."""
+    check_decode_inputs(q, kv_store, layer_idx, block_tables, seq_lens)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    group = q.shape[1] // kv_store.shape[3]
+    max_len = max_length(seq_lens, max_len)
+    k, v = gather_reference(kv_store, layer_idx, block_tables, seq_lens, max_len)  # [B, H_kv, L, D]
+    # GQA: query head h reads KV head h // group, so repeat each KV head `group` times.
+    k = k.float().repeat_interleave(group, dim=1)                                    # [B, H, L, D]
+    v = v.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("bhd,bhld->bhl", q.float(), k) * scale                     # [B, H, L]
+    valid = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None]     # [B, L]
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    probs = torch.nan_to_num(probs, nan=0.0)  # a fully masked row (length 0) softmaxes to NaN
+    out = torch.einsum("bhl,bhld->bhd", probs, v)
+    return out.to(q.dtype)
+
+
+def sdpa_decode_contiguous(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor,
+                           scale: float | None = None) -> torch.Tensor:
+    """SDPA for one query token per sequence over contiguous, padded K/V.
+
+    q [B, n_heads, head_dim]; k, v [B, n_kv_heads, max_len, head_dim]; positions at or
+    past seq_lens[b] are masked out. Runs in the inputs' dtype, as a model would.
+    Returns [B, n_heads, head_dim].
+    """
+    batch, n_heads, _ = q.shape
+    n_kv_heads, max_len = k.shape[1], k.shape[2]
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads {n_heads} must be a multiple of n_kv_heads {n_kv_heads}")
+    mask = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None].to(q.device)  # [B, L]
+    out = F.scaled_dot_product_attention(q[:, :, None, :], k.to(q.dtype), v.to(q.dtype),
+                                         attn_mask=mask[:, None, None, :], scale=scale,
+                                         enable_gqa=n_heads != n_kv_heads)              # [B, H, 1, D]
+    return out[:, :, 0]
+
+
+def write_kv_reference(kv_store: torch.Tensor, layer_idx: int, k: torch.Tensor, v: torch.Tensor,
+                       slot_mapping: torch.Tensor) -> None:
+    """Store k, v [T, n_kv_heads, head_dim] into the pool at `slot_mapping` [T] (-1 = skip), in place."""
+    check_write_inputs(kv_store, layer_idx, k, v, slot_mapping)
+    keep = slot_mapping != PADDING_SLOT
+    slots = slot_mapping[keep].long()
+    block_size = kv_store.shape[4]
+    blocks, offsets = slots // block_size, slots % block_size                    # [T'] each
+    # Advanced indices (blocks, offsets) split by a slice: the indexed view is [T', n_kv_heads, head_dim].
+    kv_store[blocks, layer_idx, K_INDEX, :, offsets] = k[keep].to(kv_store.dtype)
+    kv_store[blocks, layer_idx, V_INDEX, :, offsets] = v[keep].to(kv_store.dtype)
