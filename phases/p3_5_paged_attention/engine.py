@@ -12,6 +12,11 @@ sequences at different lengths decode together: every step is
                (input_ids [S, 1], each at its own position); each samples one
                token; finished sequences give their blocks back at once.
 
+Later phases subclass this engine and override its hooks rather than edit it:
+`_can_admit` / `_on_admit` (admission policy, mapping cached prefix blocks),
+`_append_slots` (where copy-on-write goes), `_release` (what happens to a
+finished sequence's blocks), `_blocks_to_admit` (admission budget).
+
 Admission here is conservative: a sequence is admitted only if the pool can
 hold its prompt *and* its max_new_tokens on top of what the running sequences
 may still claim, so decode never runs out of blocks. Blocks are still taken
@@ -139,16 +144,29 @@ class BatchedPagedEngine:
         budget = self.allocator.n_free - self._reserved_blocks()
         while self.waiting and len(self.running) < self.max_running:
             seq = self.waiting[0]
-            need = _blocks_for(len(seq.prompt_ids) + seq.max_new_tokens, self.block_size)
+            need = self._blocks_to_admit(seq)
             if need > budget or (admitted and prefill_tokens + len(seq.prompt_ids) > self.max_prefill_tokens):
                 break  # FCFS: nobody overtakes the head of the queue
             self.waiting.popleft()
             budget -= need
             prefill_tokens += len(seq.prompt_ids)
-            seq.kv = BlockTable(self.block_size)
+            self._on_admit(seq)
             self.running.append(seq)
             admitted.append(seq)
         return admitted
+
+    # --- hooks for later phases ----------------------------------------------------------
+    def _blocks_to_admit(self, seq: Sequence) -> int:
+        """Free blocks `seq` must find to be admitted (here: its worst case, prompt + max_new_tokens)."""
+        return _blocks_for(len(seq.prompt_ids) + seq.max_new_tokens, self.block_size)
+
+    def _on_admit(self, seq: Sequence) -> None:
+        """Give an admitted sequence its (empty) block table. Prefix caching maps cached blocks in here."""
+        seq.kv = BlockTable(self.block_size)
+
+    def _append_slots(self, seq: Sequence, n: int) -> list[int]:
+        """Claim pool slots for `seq`'s next `n` tokens. Copy-on-write hooks in here."""
+        return seq.kv.append_slots(self.allocator, n)
 
     # --- forward passes --------------------------------------------------------------
     def _block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
@@ -164,7 +182,7 @@ class BatchedPagedEngine:
             seq.move(Status.PREFILLING)
             new = seq.prompt_ids
             start_pos = seq.kv.n_filled  # > 0 only when a later phase mapped cached blocks in
-            slots += seq.kv.append_slots(self.allocator, len(new) - start_pos)
+            slots += self._append_slots(seq, len(new) - start_pos)
             segments.append(Segment(start=len(ids), length=len(new) - start_pos, context_len=start_pos, row=row))
             ids += new[start_pos:]
             positions += range(start_pos, len(new))
@@ -183,7 +201,7 @@ class BatchedPagedEngine:
     def _decode(self, seqs: list[Sequence]) -> list[StepOutput]:
         """Every decoding sequence's last token in one forward pass: input_ids [S, 1]."""
         # The token fed now is the last one sampled; its K/V is written this pass.
-        slots = [s.kv.append_slots(self.allocator, 1)[0] for s in seqs]
+        slots = [self._append_slots(s, 1)[0] for s in seqs]
         dev = self.lm.device
         batch = PagedBatch(
             kv_store=self.allocator.kv_store,
@@ -232,5 +250,6 @@ class BatchedPagedEngine:
         self.finished.append(seq)
 
     def _release(self, seq: Sequence) -> None:
+        """Give back a finished or aborted sequence's blocks. Prefix caching keeps them cached instead."""
         seq.kv.release(self.allocator)
         self._generators.pop(seq.seq_id, None)
