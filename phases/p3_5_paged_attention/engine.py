@@ -13,9 +13,9 @@ sequences at different lengths decode together: every step is
                token; finished sequences give their blocks back at once.
 
 Later phases subclass this engine and override its hooks rather than edit it:
-`_can_admit` / `_on_admit` (admission policy, mapping cached prefix blocks),
+`_blocks_to_admit` (admission budget), `_on_admit` (mapping cached prefix blocks),
 `_append_slots` (where copy-on-write goes), `_release` (what happens to a
-finished sequence's blocks), `_blocks_to_admit` (admission budget).
+finished sequence's blocks).
 
 Admission here is conservative: a sequence is admitted only if the pool can
 hold its prompt *and* its max_new_tokens on top of what the running sequences
