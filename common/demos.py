@@ -24,6 +24,7 @@ DEMO_MODULES = [
     "phases.p3_2_block_table.demo",
     "phases.p3_3_paged_cache.demo",
     "phases.p3_4_gather_kernel.demo",
+    "phases.p3_5_paged_attention.kernel_demo",
     "phases.p3_5_paged_attention.demo",
 ]
 
@@ -106,11 +107,18 @@ DEMOS: dict[str, Demo] = {}
 
 
 def demo(name: str, phase: str, help: str, options: list[Option] | None = None,
-         plot: Callable | None = None, needs_model: bool = True):
-    """Register the decorated function `run(cfg) -> Report` as demo `name`."""
+         plot: Callable | None = None, needs_model: bool = True, extends: str | None = None):
+    """Register the decorated function `run(cfg) -> Report` as demo `name`.
+
+    `extends="p3_3"`: a later phase deliberately takes over an earlier phase's
+    demo of the same name (e.g. `tput` gains the batched engine in p3_5). The
+    earlier function stays importable; the command runs the latest one.
+    """
     def register(fn: Callable[[RunConfig], Report]):
-        if name in DEMOS and DEMOS[name].run.__module__ != fn.__module__:
-            raise ValueError(f"demo '{name}' registered twice")
+        earlier = DEMOS.get(name)
+        if earlier and earlier.run.__module__ != fn.__module__ and earlier.phase != extends:
+            raise ValueError(f"demo '{name}' registered twice (by {earlier.phase} and {phase}); "
+                             f"pass extends='{earlier.phase}' if {phase} means to take it over")
         DEMOS[name] = Demo(name, fn, phase, help, options or [], plot, needs_model)
         return fn
     return register
