@@ -175,3 +175,28 @@ def test_random_ops_keep_refcounts_exact_and_never_leak(n_blocks, script):
             a.free(b)
     assert a.n_free == n_blocks and a.owned_ids() == []
     a.check_invariants()
+
+
+# --- workload and demo ---------------------------------------------------------------------
+def test_workload_lengths_are_the_schedulers_real_counts(tiny32):
+    from common.prompts import interleaved_latency_prompts
+    from phases.p3_1_block_allocator.workload_lengths import latency_workload_lengths
+    prompts = interleaved_latency_prompts()[:3]
+    got = latency_workload_lengths(tiny32, max_new_tokens=4, max_running=2, prompts=prompts)
+    assert [w["prompt"] for w in got] == prompts
+    assert [w["prompt_tokens"] for w in got] == [len(tiny32.prompt_ids(p)) for p in prompts]
+    assert all(1 <= w["generated_tokens"] <= 4 for w in got)
+
+
+def test_alloc_demo_quick():
+    from common.__main__ import run_demo
+    report = run_demo("alloc_demo", model="tiny", device="cpu", dtype="fp32", quick=True,
+                      options={"cpu_budget_mb": 2})
+    d = report.data
+    assert d["pool_blocks"] == 2 * MiB // d["bytes_per_block"]
+    bs = d["block_size"]
+    for s in d["sequences"]:
+        assert s["paged_blocks"] == -(-s["tokens"] // bs) and 0 <= s["tail_waste"] < bs
+        assert s["static_slots"] == d["static_tokens"]
+    totals = {row[0]: row for row in report.tables[-1].rows}
+    assert totals["paged"][-1] < totals["static reservation"][-1]
