@@ -207,3 +207,42 @@ class ManyTables(RuleBasedStateMachine):
 
 TestManyTables = ManyTables.TestCase
 TestManyTables.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)
+
+
+# --- demos (tiny model, quick settings) ------------------------------------------------------
+def test_table_demo_one_sequence():
+    from common.__main__ import run_demo
+    report = run_demo("table_demo", model="tiny", device="cpu", dtype="fp32", quick=True)
+    summary = report.tables[0]
+    prompt, generated, total, written, bs, blocks, waste = summary.rows[0]
+    assert written == total - 1 and blocks == -(-written // bs) and waste == blocks * bs - written
+    titles = [t.title for t in report.tables[1:]]
+    assert titles[0].startswith("after prefill") and titles[-1].startswith(("finished", "after token"))
+    last = report.tables[-1].rows
+    assert [r[0] for r in last] == list(range(blocks)) and last[-1][3] == f"{bs - waste}/{bs}"
+    assert all(s["end"] > s["start"] for s in report.data["spans"])
+
+
+def test_table_demo_concurrent_reuses_returned_blocks():
+    from common.__main__ import run_demo
+    report = run_demo("table_demo", model="tiny", device="cpu", dtype="fp32", quick=True,
+                      options={"concurrent": 2})
+    seqs = report.tables[-1].rows
+    assert len(seqs) == 4
+    assert sum(r[-1] for r in seqs) > 0  # later sequences got blocks earlier ones returned
+    spans = report.data["spans"]
+    for b in {s["block"] for s in spans}:  # a block never has two owners at once
+        mine = sorted((s["start"], s["end"]) for s in spans if s["block"] == b)
+        assert all(e1 <= s2 for (_, e1), (s2, _) in zip(mine, mine[1:]))
+
+
+def test_block_size_study_trade_off():
+    from common.__main__ import run_demo
+    report = run_demo("block_size_study", model="tiny", device="cpu", dtype="fp32", quick=True,
+                      options={"block_sizes": [1, 4, 16, 64]})
+    d = report.data
+    assert d["waste_pct"][0] == 0
+    assert d["table_entries"] == sorted(d["table_entries"], reverse=True)
+    assert d["table_entries"][0] == sum(d["tokens"])  # block size 1: one entry per token
+    for row in report.tables[0].rows:
+        assert row[3] < row[0] * d["n_sequences"]  # tail waste < one block per sequence
