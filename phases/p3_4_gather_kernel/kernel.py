@@ -16,15 +16,13 @@ sequence's end does not even read its block-table entry (padding is never read).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-# Without a GPU, Triton kernels run in its interpreter. The switch is read when
-# `@triton.jit` decorates a function (triton.knobs reads the process env then),
-# so it must be set before the definitions below, whatever was imported first.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from phases.p3_4_gather_kernel.interpreter import use_interpreter_without_gpu
+
+# Without a GPU the kernels below run in Triton's CPU interpreter; the switch
+# must be on before `@triton.jit` decorates them (see interpreter.py).
+use_interpreter_without_gpu()
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
