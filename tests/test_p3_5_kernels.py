@@ -6,6 +6,10 @@ Shapes stay small: the interpreter runs every program in Python.
 """
 
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +23,7 @@ from phases.p3_5_paged_attention.kernels import (paged_decode_attention_split, p
 from phases.p3_5_paged_attention.reference import (paged_decode_attention_reference, sdpa_decode_contiguous,
                                                    write_kv_reference)
 
+REPO_ROOT = Path(__file__).resolve().parent.parent
 LAYER = 1
 N_KV_HEADS = 2
 HEAD_DIM = 16
@@ -192,3 +197,22 @@ def test_bad_input_gets_a_clear_error():
         write_kv_reference(pool, LAYER, k, k, torch.tensor([0, 10_000]))
     with pytest.raises(ValueError, match="int32 or int64"):
         write_kv_triton(pool, LAYER, k, k, torch.tensor([0.0, 1.0]))
+
+
+def test_kernels_run_when_triton_was_imported_before_the_interpreter_switch():
+    """torch._dynamo imports triton when a model loads; tl.sum/tl.max/tl.zeros must still work after."""
+    code = ("import sys, torch, torch._dynamo\n"
+            "assert 'triton.language' in sys.modules\n"
+            "from phases.p3_4_gather_kernel.batch import random_paged_batch\n"
+            "from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton\n"
+            "from phases.p3_5_paged_attention.reference import paged_decode_attention_reference\n"
+            "b = random_paged_batch([3, 9], 4, 2, 16)\n"
+            "q = torch.randn(2, 4, 16)\n"
+            "args = (q, b.kv_store, 1, b.block_tables, b.seq_lens)\n"
+            "torch.testing.assert_close(paged_decode_attention_triton(*args), paged_decode_attention_reference(*args))\n"
+            "print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180,
+                         cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "ok"

@@ -36,14 +36,13 @@ too few to fill a GPU (long contexts at small batch).
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-# As in phase 3.4: without a GPU the kernels run in Triton's interpreter, and
-# the switch must be in the environment before `@triton.jit` runs below.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from phases.p3_4_gather_kernel.interpreter import use_interpreter_without_gpu
+
+# Without a GPU the kernels below run in Triton's CPU interpreter; the switch
+# must be on before `@triton.jit` decorates them (see interpreter.py).
+use_interpreter_without_gpu()
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
