@@ -1,0 +1,12 @@
+"""Phase 0, the baseline: a decode loop that re-reads the whole sequence every step (no KV cache).
+
+`generate(lm, prompt)` runs the model on prompt + everything generated so far,
+takes the last position's logits, picks a token, appends it, and repeats. Each
+step therefore costs more than the one before it: step i processes
+len(prompt) + i tokens, so a whole generation costs O(n^2) token-passes. Phase 1
+keeps the keys and values of past tokens so each step processes one token.
+"""
+
+from phases.p0_generate.generate import GenerationResult, check_request, generate, generate_ids, prompt_to_ids
+
+__all__ = ["GenerationResult", "check_request", "generate", "generate_ids", "prompt_to_ids"]
