@@ -109,3 +109,15 @@ def test_interpreter_switch_works_in_a_fresh_process():
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     assert out.returncode == 0, out.stderr[-2000:]
     assert "ok (1, 1, 3, 4)" in out.stdout
+
+
+def test_gather_bench_demo_quick(tmp_path):
+    from common.__main__ import run_demo
+    from phases.p3_4_gather_kernel.demo import plot_gather
+    report = run_demo("gather_bench", model="tiny", device="cpu", dtype="fp32", quick=True)
+    rows = report.tables[0].rows
+    assert len(rows) == 4 and rows[0][-1] is True  # the kernel was checked against the reference
+    assert all(isinstance(r[3], float) and isinstance(r[4], float) for r in rows)
+    assert all(r["kernel_ms"] is None for r in report.data["rows"])  # CPU: no kernel timings
+    plot_gather(report, tmp_path / "g.png")
+    assert (tmp_path / "g.png").stat().st_size > 0
