@@ -216,3 +216,15 @@ def test_kernels_run_when_triton_was_imported_before_the_interpreter_switch():
                          cwd=REPO_ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "ok"
+
+
+def test_attn_bench_demo_quick(tmp_path):
+    from common.__main__ import run_demo
+    from phases.p3_5_paged_attention.kernel_demo import plot_attn
+    report = run_demo("attn_bench", model="tiny", device="cpu", dtype="fp32", quick=True)
+    rows = report.data["rows"]
+    assert len(rows) == 4 and all(r["ref_err"] < 1e-4 for r in rows)
+    assert rows[0]["kernel_err"] is not None and rows[0]["kernel_err"] < 1e-4  # checked under the interpreter
+    assert all(r["kernel_ms"] is None for r in rows)  # never timed on a CPU
+    plot_attn(report, tmp_path / "a.png")
+    assert (tmp_path / "a.png").stat().st_size > 0
