@@ -173,6 +173,11 @@ def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str 
                revision: str | None = None, attn_implementation: str = "sdpa") -> LoadedModel:
     """Load `name` (see the module docstring) onto `device` in `dtype`, in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    # Demos print tables; keep transformers' per-load progress bars and notices out of them.
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
 
     device = pick_device(device)
     torch_dtype = pick_dtype(dtype, device)
