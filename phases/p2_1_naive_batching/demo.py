@@ -1,0 +1,132 @@
+"""Phase 2.1 demos: `sweep` (throughput vs batch size) and `waste_demo` (steps carried for nothing).
+
+    python -m common sweep        [--batch-sizes 1 2 4 8 16] [--new-tokens 32]
+    python -m common waste_demo   [--max-new-tokens 200]
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from common.bench import MB, PeakMemory, summarize
+from common.demos import Option, RunConfig, demo
+from common.prompts import (SWEEP_BATCH_SIZES, SWEEP_NEW_TOKENS, SWEEP_PROMPT, WASTE_DEMO_MAX_TOKENS,
+                            WASTE_DEMO_PROMPTS)
+from phases.p2_1_naive_batching.generate import generate_batch
+
+# CPU: 32 new tokens per row keeps the whole sweep around a minute on 2 cores.
+SWEEP_NEW_TOKENS_CPU = 32
+QUICK_BATCH_SIZES = [1, 2]
+QUICK_NEW_TOKENS = 3
+QUICK_WASTE_TOKENS = 6
+WARMUP_NEW_TOKENS = 2    # one short batch first, so the first row is not paying for lazy init
+PROMPT_LABEL_CHARS = 30
+
+
+def short(text: str, n: int = PROMPT_LABEL_CHARS) -> str:
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+@contextmanager
+def progress_bar(description: str, total: int):
+    """A transient rich progress bar; yields advance(n_done)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda done: bar.update(task, completed=done)
+
+
+# --- sweep --------------------------------------------------------------------------------
+def plot_sweep(report, png_path) -> None:
+    from common.plots import twin_lines
+    d = report.data
+    twin_lines(png_path, d["batch_size"], ("total tok/s", d["total_tok_s"]), ("ms/tok per seq", d["ms_per_tok"]),
+               xlabel="batch size", logx=True,
+               title=f"naive batching: same prompt x N ({report.meta.get('model')}, {report.meta.get('device_name')})")
+
+
+@demo("sweep", phase="p2_1", help="total tok/s and per-sequence ms/tok vs batch size (same prompt x N)",
+      options=[Option("batch_sizes", int, cpu=SWEEP_BATCH_SIZES, many=True, help="batch sizes to run"),
+               Option("new_tokens", int, cpu=SWEEP_NEW_TOKENS_CPU, gpu=SWEEP_NEW_TOKENS,
+                      help="new tokens per row (EOS ignored, so every row does the same work)")],
+      plot=plot_sweep)
+def sweep(cfg: RunConfig):
+    lm = cfg.load()
+    sizes = QUICK_BATCH_SIZES if cfg.quick else cfg.batch_sizes
+    n_new = QUICK_NEW_TOKENS if cfg.quick else cfg.new_tokens
+    cfg.options.update(batch_sizes=sizes, new_tokens=n_new)
+    report = cfg.new_report("sweep")
+    table = report.table(f"naive batching: \"{SWEEP_PROMPT}\" x batch_size, {n_new} new tokens each (EOS ignored)",
+                         ["batch_size", "total tok/s", "ms/tok (per seq)", "TTFT (ms)", "peak MB", "KV MB"])
+    generate_batch(lm, [SWEEP_PROMPT], WARMUP_NEW_TOKENS, ignore_eos=True)
+    cols = {k: [] for k in ("batch_size", "total_tok_s", "ms_per_tok", "ttft_ms", "peak_mb", "kv_mb")}
+    with progress_bar("sweep", total=len(sizes) * n_new) as advance:
+        for i, bs in enumerate(sizes):
+            with PeakMemory(lm.device) as mem:
+                res = generate_batch(lm, [SWEEP_PROMPT] * bs, n_new, ignore_eos=True,
+                                     on_step=lambda step, _live, i=i: advance(i * n_new + step + 1))
+            m = summarize(res.timings, res.wall_s, mem.peak_mb)
+            row = (bs, m.total_tok_s, m.mean_ms_per_token, m.mean_ttft_ms, m.peak_mb, res.kv_bytes / MB)
+            table.add_row(*row)
+            for key, v in zip(cols, row):
+                cols[key].append(v)
+    report.data.update(cols)
+    mem_note = "GPU: torch.cuda.max_memory_allocated" if lm.device.startswith("cuda") else \
+        "CPU: peak process RSS (includes the weights and Python)"
+    table.notes += [f"peak MB = {mem_note}; KV MB = the shared DynamicCache's K/V bytes at the end.",
+                    "ms/tok (per seq) = mean over rows of (finish - first token) / (tokens - 1)."]
+    if len(sizes) > 1:
+        lo, hi = 0, len(sizes) - 1
+        table.notes.append(
+            f"batch {sizes[hi]} vs {sizes[lo]}: total tok/s x{cols['total_tok_s'][hi] / cols['total_tok_s'][lo]:.1f}, "
+            f"ms/tok x{cols['ms_per_tok'][hi] / cols['ms_per_tok'][lo]:.1f}")
+    return report
+
+
+# --- waste demo -----------------------------------------------------------------------------
+def plot_waste(report, png_path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    d = report.data
+    labels = [short(p) for p in d["prompts"]]
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    ax.barh(labels, d["steps_needed"], color="tab:blue", label="steps needed (until its EOS)")
+    ax.barh(labels, d["steps_wasted"], left=d["steps_needed"], color="lightgrey", hatch="//",
+            edgecolor="grey", label="steps carried after it finished (waste)")
+    ax.invert_yaxis()
+    ax.set_xlabel("decode steps of the batch")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title(f"static batching: the batch ran {d['n_decode_steps']} decode steps ({report.meta.get('model')})")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
+
+
+@demo("waste_demo", phase="p2_1", help="per prompt: decode steps needed vs carried on padding in one static batch",
+      options=[Option("max_new_tokens", int, cpu=WASTE_DEMO_MAX_TOKENS, help="cap on new tokens per prompt")],
+      plot=plot_waste)
+def waste_demo(cfg: RunConfig):
+    lm = cfg.load()
+    cap = QUICK_WASTE_TOKENS if cfg.quick else cfg.max_new_tokens
+    cfg.options.update(max_new_tokens=cap)
+    report = cfg.new_report("waste_demo")
+    with progress_bar("waste_demo", total=cap) as advance:
+        res = generate_batch(lm, WASTE_DEMO_PROMPTS, cap, on_step=lambda step, _live: advance(step + 1))
+    table = report.table(f"one static batch of {len(WASTE_DEMO_PROMPTS)} prompts, cap {cap} new tokens",
+                         ["prompt", "steps needed", "steps wasted", "waste %", "finish"])
+    for i, p in enumerate(WASTE_DEMO_PROMPTS):
+        table.add_row(short(p), res.steps_needed[i], res.steps_wasted[i], res.waste_pct[i], res.finish_reasons[i])
+    row_steps = len(WASTE_DEMO_PROMPTS) * res.n_decode_steps
+    wasted = sum(res.steps_wasted)
+    table.notes.append(f"batch ran for {res.n_decode_steps} decode steps total "
+                       f"(after the prefill, which gave each prompt its first token)")
+    if row_steps:
+        table.notes.append(f"{wasted} of {row_steps} row-steps ({100 * wasted / row_steps:.1f}%) were spent on "
+                           f"rows that had already finished")
+    report.data.update(prompts=list(WASTE_DEMO_PROMPTS), steps_needed=res.steps_needed,
+                       steps_wasted=res.steps_wasted, waste_pct=res.waste_pct, n_decode_steps=res.n_decode_steps,
+                       finish_reasons=res.finish_reasons, outputs=res.texts, n_pad=res.n_pad,
+                       prompt_tokens=[len(p) for p in res.prompt_ids], wall_s=res.wall_s)
+    return report
