@@ -1,0 +1,182 @@
+"""Phase 2.3 demos: `latency_demo` (static vs continuous batching, per sequence) and `wall`
+(the KV memory a StaticCache would reserve vs what per-sequence DynamicCaches really hold).
+
+    python -m common latency_demo [--max-running 4] [--max-new-tokens 128]
+    python -m common wall         [--concurrency 1 2 4 8 16 32] [--max-new-tokens 128]
+"""
+
+from __future__ import annotations
+
+from statistics import mean
+
+from common.bench import MB, kv_bytes_per_token, now
+from common.demos import Option, RunConfig, demo
+from common.prompts import (LATENCY_DEMO_MAX_RUNNING, LATENCY_DEMO_MAX_TOKENS, SHORT_PROMPTS,
+                            STATIC_RESERVATION_TOKENS, interleaved_latency_prompts)
+from phases.p2_1_naive_batching.demo import progress_bar, short
+from phases.p2_1_naive_batching.generate import generate_batch
+from phases.p2_2_scheduler.scheduler import Scheduler
+from phases.p2_3_continuous_batching.scheduler import ContinuousScheduler
+
+QUICK_MAX_RUNNING = 2
+QUICK_MAX_TOKENS = 4
+QUICK_CONCURRENCY = [1, 2, 4]
+WALL_CONCURRENCY = [1, 2, 4, 8, 16, 32]
+WARMUP_NEW_TOKENS = 2
+
+
+def run_scheduler(sched, prompts: list[str], cap: int, label: str) -> tuple[float, list]:
+    """Queue every prompt with one common arrival time t0, run to the end; return (t0, finished)."""
+    t0 = now(sched.lm.device)
+    for p in prompts:
+        sched.add(p, cap, arrival=t0)
+    with progress_bar(label, total=len(prompts)) as advance:
+        done = sched.run(progress=lambda n_done, _total: advance(n_done))
+    return t0, done
+
+
+# --- latency demo ------------------------------------------------------------------------------
+def plot_latency(report, png_path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    d = report.data
+    panels = d["timelines"]
+    end = max(s["end"] for spans in panels.values() for s in spans)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 1.2 + 1.6 * len(panels)), sharex=True, squeeze=False)
+    cmap = plt.get_cmap("tab10")
+    for ax, (name, spans) in zip(axes[:, 0], panels.items()):
+        for s in spans:
+            color = "lightgrey" if s["carried"] else cmap(s["seq"] % 10)
+            ax.barh(s["slot"], s["end"] - s["start"], left=s["start"], height=0.8, color=color,
+                    edgecolor="black", linewidth=0.5, hatch="//" if s["carried"] else None)
+            kind = "S" if d["is_short"][s["seq"]] else "L"
+            if not s["carried"] and s["end"] - s["start"] > end / 80:
+                ax.text((s["start"] + s["end"]) / 2, s["slot"], f"{s['seq']}{kind}", ha="center", va="center",
+                        fontsize=8)
+        n_slots = d["max_running"]
+        ax.set_yticks(range(n_slots), [f"slot {i}" for i in range(n_slots)])
+        ax.set_ylim(n_slots - 0.5, -0.5)
+        ax.set_title(f"{name}: all results back after {d[f'{name}_wall_s']:.1f} s", loc="left", fontsize=10)
+        ax.grid(alpha=0.3, axis="x")
+    axes[-1, 0].set_xlim(left=0)
+    axes[-1, 0].set_xlabel("seconds since all requests arrived   (S short / L long prompt; hatched: finished "
+                           "but still carried in its static batch)")
+    fig.suptitle(f"which sequence holds which slot when ({report.meta.get('model')}, "
+                 f"{report.meta.get('device_name')})")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
+
+
+@demo("latency_demo", phase="p2_3",
+      help="per sequence: finish time under static vs continuous batching (short + long prompts)",
+      options=[Option("max_running", int, cpu=LATENCY_DEMO_MAX_RUNNING, help="sequences running at once"),
+               Option("max_new_tokens", int, cpu=LATENCY_DEMO_MAX_TOKENS, help="cap on new tokens per prompt")],
+      plot=plot_latency)
+def latency_demo(cfg: RunConfig):
+    lm = cfg.load()
+    running = QUICK_MAX_RUNNING if cfg.quick else cfg.max_running
+    cap = QUICK_MAX_TOKENS if cfg.quick else cfg.max_new_tokens
+    cfg.options.update(max_running=running, max_new_tokens=cap)
+    prompts = interleaved_latency_prompts()
+    report = cfg.new_report("latency_demo")
+    generate_batch(lm, prompts[:1], WARMUP_NEW_TOKENS)
+    results = {}
+    for name, cls in (("static", Scheduler), ("continuous", ContinuousScheduler)):
+        sched = cls(lm, max_running=running)
+        t0, done = run_scheduler(sched, prompts, cap, name)
+        results[name] = (sched, t0, done)
+    table = report.table(f"{len(prompts)} requests arriving together, at most {running} running, cap {cap} new tokens",
+                         ["seq", "prompt", "static ms", "cont ms", "steps", "speedup"])
+    cols = {k: [] for k in ("static_ms", "cont_ms", "steps", "speedup")}
+    for i, p in enumerate(prompts):
+        (s_sched, s_t0, s_done), (c_sched, c_t0, c_done) = results["static"], results["continuous"]
+        static_ms = (s_sched.returned_at[i] - s_t0) * 1e3
+        cont_ms = (c_sched.returned_at[i] - c_t0) * 1e3
+        steps = len(c_done[i].output_ids) - 1          # decode steps after the prefill's token
+        row = (static_ms, cont_ms, steps, static_ms / cont_ms)
+        table.add_row(i, short(p), *row)
+        for k, v in zip(cols, row):
+            cols[k].append(v)
+    is_short = [p in SHORT_PROMPTS for p in prompts]
+    same = sum(a.output_ids == b.output_ids for a, b in zip(results["static"][2], results["continuous"][2]))
+    walls = {name: (max(s.returned_at.values()) - t0) for name, (s, t0, _) in results.items()}
+    short_ratio = mean(c for c, s in zip(cols["speedup"], is_short) if s)
+    table.notes += [
+        "static ms: a static batch hands its results back together, when its slowest row is done;",
+        "cont ms: the moment the sequence itself finished. Both from the common arrival (t = 0).",
+        f"short prompts finish {short_ratio:.1f}x sooner on average under continuous batching;",
+        f"all results back: static {walls['static']:.1f} s, continuous {walls['continuous']:.1f} s "
+        f"(continuous runs one forward pass per sequence per step: no batched forward pass).",
+        f"{same}/{len(prompts)} outputs identical under both schedulers ({str(lm.dtype).removeprefix('torch.')}; "
+        "padding changes float rounding in bf16, the fp32 tests require identity).",
+    ]
+    report.data.update(
+        prompts=prompts, is_short=is_short, max_running=running, max_new_tokens=cap, **cols,
+        static_wall_s=walls["static"], continuous_wall_s=walls["continuous"],
+        steps_per_scheduler={n: s.n_steps for n, (s, _, _) in results.items()},
+        timelines={n: s.trace.spans(t0) for n, (s, t0, _) in results.items()},
+        slot_trace={n: [dict(r, t_start=r["t_start"] - t0, t_end=r["t_end"] - t0) for r in s.trace.as_dicts()]
+                    for n, (s, t0, _) in results.items()})
+    return report
+
+
+# --- the wall: KV memory -----------------------------------------------------------------------------
+def plot_wall(report, png_path) -> None:
+    from common.plots import bars
+    d = report.data
+    bars(png_path, [str(c) for c in d["concurrency"]],
+         {f"StaticCache reservation ({d['reservation']} tok/seq)": d["static_mb"],
+          "DynamicCache, measured": d["dynamic_mb"]},
+         ylabel="KV memory (MB)", logy=True,
+         title=f"KV memory vs concurrency ({report.meta.get('model')}, {report.meta.get('dtype')})")
+
+
+@demo("wall", phase="p2_3", help="KV memory: StaticCache worst-case reservation vs DynamicCache's real size",
+      options=[Option("concurrency", int, cpu=WALL_CONCURRENCY, many=True, help="sequences held at once"),
+               Option("max_new_tokens", int, cpu=LATENCY_DEMO_MAX_TOKENS, gpu=STATIC_RESERVATION_TOKENS,
+                      help="cap on new tokens (clamped so prompt + output fit the reservation)"),
+               Option("reservation", int, cpu=STATIC_RESERVATION_TOKENS, help="tokens a StaticCache reserves per sequence")],
+      plot=plot_wall)
+def wall(cfg: RunConfig):
+    lm = cfg.load()
+    conc = QUICK_CONCURRENCY if cfg.quick else cfg.concurrency
+    cap = QUICK_MAX_TOKENS if cfg.quick else cfg.max_new_tokens
+    cfg.options.update(concurrency=conc, max_new_tokens=cap)
+    reserve = cfg.reservation
+    prompts = interleaved_latency_prompts()
+    report = cfg.new_report("wall")
+    # One continuous run gives each prompt's real length and its cache's real size at the end.
+    sched = ContinuousScheduler(lm, max_running=LATENCY_DEMO_MAX_RUNNING)
+    t0 = now(lm.device)
+    for p in prompts:
+        ids = lm.prompt_ids(p)
+        sched.add(ids, max(1, min(cap, reserve - len(ids))), arrival=t0)
+    with progress_bar("wall", total=len(prompts)) as advance:
+        done = sched.run(progress=lambda n, _t: advance(n))
+    per_tok = kv_bytes_per_token(lm)
+    table = report.table(f"KV memory with the latency workload cycled to each concurrency "
+                         f"(cap {cap} new tokens, StaticCache reserves {reserve} tokens/seq)",
+                         ["concurrency", "static KV (MB)", "dynamic KV (MB)", "avg tokens", "wasted %"])
+    cols = {k: [] for k in ("concurrency", "static_mb", "dynamic_mb", "avg_tokens", "wasted_pct")}
+    for c in conc:
+        picked = [done[i % len(done)] for i in range(c)]
+        static_b = c * reserve * per_tok
+        dynamic_b = sum(sched.kv_bytes_at_finish[q.seq_id] for q in picked)
+        row = (c, static_b / MB, dynamic_b / MB, mean(q.n_tokens for q in picked), 100 * (1 - dynamic_b / static_b))
+        table.add_row(*row)
+        for k, v in zip(cols, row):
+            cols[k].append(v)
+    table.notes += [
+        f"KV bytes per token: {per_tok:,} (2 x {lm.n_layers} layers x {lm.n_kv_heads} KV heads x {lm.head_dim} "
+        f"x {per_tok // (2 * lm.n_layers * lm.n_kv_heads * lm.head_dim)} bytes).",
+        "dynamic KV: the K/V tensors each sequence's DynamicCache really held when it finished "
+        "(prompt + output - 1 tokens); static KV: the same sequences with a worst-case reservation each.",
+        f"wasted %: the share of the reservation never written. Generated lengths: "
+        f"{[len(q.output_ids) for q in done]} tokens.",
+    ]
+    report.data.update(cols, reservation=reserve, kv_bytes_per_token=per_tok, prompts=prompts,
+                       n_tokens=[q.n_tokens for q in done], n_generated=[len(q.output_ids) for q in done],
+                       kv_bytes_at_finish=[sched.kv_bytes_at_finish[q.seq_id] for q in done])
+    return report
