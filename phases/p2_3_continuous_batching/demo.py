@@ -36,11 +36,39 @@ def run_scheduler(sched, prompts: list[str], cap: int, label: str) -> tuple[floa
 
 
 # --- latency demo ------------------------------------------------------------------------------
-def plot_latency(report, png_path) -> None:
+def compare_schedulers(lm, prompts: list[str], max_running: int, cap: int) -> dict:
+    """Run the same requests through the static and the continuous scheduler.
+
+    Returns plain data (JSON-ready): per-sequence latencies from the common
+    arrival, decode steps, and each scheduler's slot timeline.
+    """
+    results = {}
+    for name, cls in (("static", Scheduler), ("continuous", ContinuousScheduler)):
+        sched = cls(lm, max_running=max_running)
+        t0, done = run_scheduler(sched, prompts, cap, name)
+        results[name] = (sched, t0, done)
+    # static: a batch hands its results back together, when its slowest row is done;
+    # continuous: a sequence's result is back the moment it finishes.
+    lat = {n: [(s.returned_at[i] - t0) * 1e3 for i in range(len(prompts))] for n, (s, t0, _) in results.items()}
+    c_done = results["continuous"][2]
+    return dict(
+        prompts=list(prompts), is_short=[p in SHORT_PROMPTS for p in prompts], max_running=max_running,
+        max_new_tokens=cap, static_ms=lat["static"], cont_ms=lat["continuous"],
+        steps=[len(q.output_ids) - 1 for q in c_done],       # decode steps after the prefill's token
+        speedup=[a / b for a, b in zip(lat["static"], lat["continuous"])],
+        same_output=[a.output_ids == b.output_ids for a, b in zip(results["static"][2], c_done)],
+        static_wall_s=max(lat["static"]) / 1e3, continuous_wall_s=max(lat["continuous"]) / 1e3,
+        steps_per_scheduler={n: s.n_steps for n, (s, _, _) in results.items()},
+        timelines={n: s.trace.spans(t0) for n, (s, t0, _) in results.items()},
+        slot_trace={n: [dict(r, t_start=r["t_start"] - t0, t_end=r["t_end"] - t0) for r in s.trace.as_dicts()]
+                    for n, (s, t0, _) in results.items()})
+
+
+def draw_timelines(d: dict, png_path, title: str = "which sequence holds which slot when") -> None:
+    """Gantt chart per scheduler from `compare_schedulers` data: slot on y, seconds on x."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    d = report.data
     panels = d["timelines"]
     end = max(s["end"] for spans in panels.values() for s in spans)
     fig, axes = plt.subplots(len(panels), 1, figsize=(11, 1.2 + 1.6 * len(panels)), sharex=True, squeeze=False)
@@ -62,11 +90,15 @@ def plot_latency(report, png_path) -> None:
     axes[-1, 0].set_xlim(left=0)
     axes[-1, 0].set_xlabel("seconds since all requests arrived   (S short / L long prompt; hatched: finished "
                            "but still carried in its static batch)")
-    fig.suptitle(f"which sequence holds which slot when ({report.meta.get('model')}, "
-                 f"{report.meta.get('device_name')})")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(png_path, dpi=120)
     plt.close(fig)
+
+
+def plot_latency(report, png_path) -> None:
+    draw_timelines(report.data, png_path, title=f"which sequence holds which slot when "
+                                                f"({report.meta.get('model')}, {report.meta.get('device_name')})")
 
 
 @demo("latency_demo", phase="p2_3",
@@ -82,43 +114,23 @@ def latency_demo(cfg: RunConfig):
     prompts = interleaved_latency_prompts()
     report = cfg.new_report("latency_demo")
     generate_batch(lm, prompts[:1], WARMUP_NEW_TOKENS)
-    results = {}
-    for name, cls in (("static", Scheduler), ("continuous", ContinuousScheduler)):
-        sched = cls(lm, max_running=running)
-        t0, done = run_scheduler(sched, prompts, cap, name)
-        results[name] = (sched, t0, done)
+    d = compare_schedulers(lm, prompts, running, cap)
     table = report.table(f"{len(prompts)} requests arriving together, at most {running} running, cap {cap} new tokens",
                          ["seq", "prompt", "static ms", "cont ms", "steps", "speedup"])
-    cols = {k: [] for k in ("static_ms", "cont_ms", "steps", "speedup")}
     for i, p in enumerate(prompts):
-        (s_sched, s_t0, s_done), (c_sched, c_t0, c_done) = results["static"], results["continuous"]
-        static_ms = (s_sched.returned_at[i] - s_t0) * 1e3
-        cont_ms = (c_sched.returned_at[i] - c_t0) * 1e3
-        steps = len(c_done[i].output_ids) - 1          # decode steps after the prefill's token
-        row = (static_ms, cont_ms, steps, static_ms / cont_ms)
-        table.add_row(i, short(p), *row)
-        for k, v in zip(cols, row):
-            cols[k].append(v)
-    is_short = [p in SHORT_PROMPTS for p in prompts]
-    same = sum(a.output_ids == b.output_ids for a, b in zip(results["static"][2], results["continuous"][2]))
-    walls = {name: (max(s.returned_at.values()) - t0) for name, (s, t0, _) in results.items()}
-    short_ratio = mean(c for c, s in zip(cols["speedup"], is_short) if s)
+        table.add_row(i, short(p), d["static_ms"][i], d["cont_ms"][i], d["steps"][i], d["speedup"][i])
+    short_ratio = mean(x for x, s in zip(d["speedup"], d["is_short"]) if s)
+    long_ratio = mean(x for x, s in zip(d["speedup"], d["is_short"]) if not s)
     table.notes += [
         "static ms: a static batch hands its results back together, when its slowest row is done;",
         "cont ms: the moment the sequence itself finished. Both from the common arrival (t = 0).",
-        f"short prompts finish {short_ratio:.1f}x sooner on average under continuous batching;",
-        f"all results back: static {walls['static']:.1f} s, continuous {walls['continuous']:.1f} s "
+        f"mean speedup: short prompts {short_ratio:.1f}x, long prompts {long_ratio:.1f}x;",
+        f"all results back: static {d['static_wall_s']:.1f} s, continuous {d['continuous_wall_s']:.1f} s "
         f"(continuous runs one forward pass per sequence per step: no batched forward pass).",
-        f"{same}/{len(prompts)} outputs identical under both schedulers ({str(lm.dtype).removeprefix('torch.')}; "
-        "padding changes float rounding in bf16, the fp32 tests require identity).",
+        f"{sum(d['same_output'])}/{len(prompts)} outputs identical under both schedulers "
+        f"({str(lm.dtype).removeprefix('torch.')}; padding can change low-bit rounding outside fp32).",
     ]
-    report.data.update(
-        prompts=prompts, is_short=is_short, max_running=running, max_new_tokens=cap, **cols,
-        static_wall_s=walls["static"], continuous_wall_s=walls["continuous"],
-        steps_per_scheduler={n: s.n_steps for n, (s, _, _) in results.items()},
-        timelines={n: s.trace.spans(t0) for n, (s, t0, _) in results.items()},
-        slot_trace={n: [dict(r, t_start=r["t_start"] - t0, t_end=r["t_end"] - t0) for r in s.trace.as_dicts()]
-                    for n, (s, t0, _) in results.items()})
+    report.data.update(d)
     return report
 
 
