@@ -1,39 +1,26 @@
-"""Reject bad requests before any forward pass runs.
+"""Reject a bad batch before any forward pass runs.
 
-Every engine from here on tokenizes and checks its requests up front, so a bad
-prompt fails with a clear message instead of deep inside torch, and a batch
-never half-runs before one of its rows turns out to be impossible.
+Phase 0's `check_request` already refuses one bad request (empty prompt, ids
+outside the vocabulary, max_new_tokens <= 0, prompt + new tokens longer than
+the context). A batch adds two rules: the list itself must be non-empty, and
+EVERY prompt is checked before the first forward pass, so a batch never
+half-runs before one of its rows turns out to be impossible. Errors name the
+prompt's index.
 """
 
 from __future__ import annotations
 
-
-def check_max_new_tokens(max_new_tokens: int) -> None:
-    if not isinstance(max_new_tokens, int) or max_new_tokens <= 0:
-        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
-
-
-def check_prompt_ids(lm, prompt_ids: list[int], max_new_tokens: int, label: str = "prompt") -> list[int]:
-    """Check one tokenized prompt: not empty, and prompt + new tokens fit the model's context."""
-    check_max_new_tokens(max_new_tokens)
-    if not prompt_ids:
-        raise ValueError(f"{label}: empty prompt (no tokens)")
-    need = len(prompt_ids) + max_new_tokens
-    if need > lm.max_context:
-        raise ValueError(f"{label}: {len(prompt_ids)} prompt tokens + {max_new_tokens} new tokens = {need} "
-                         f"positions, more than the model's context of {lm.max_context}")
-    return list(prompt_ids)
+from phases.p0_generate.generate import check_request, prompt_to_ids
 
 
 def tokenize_prompt(lm, prompt: str | list[int], max_new_tokens: int, label: str = "prompt") -> list[int]:
-    """A prompt as token ids: text goes through the chat template, a list of ids is taken as is."""
-    if isinstance(prompt, str):
-        if not prompt:
-            raise ValueError(f"{label}: empty prompt; give at least one character of text")
-        ids = lm.prompt_ids(prompt)
-    else:
-        ids = list(prompt)
-    return check_prompt_ids(lm, ids, max_new_tokens, label)
+    """A prompt as token ids (text gets the chat template, ids pass through), checked; ValueError names `label`."""
+    try:
+        ids = prompt_to_ids(lm, prompt)
+        check_request(lm, ids, max_new_tokens)
+    except ValueError as e:
+        raise ValueError(f"{label}: {e}") from None
+    return ids
 
 
 def tokenize_batch(lm, prompts: list[str], max_new_tokens: int) -> list[list[int]]:
