@@ -1,0 +1,107 @@
+"""Run the server: `python -m common serve` (the command), or `BackgroundServer` (tests, the benchmark).
+
+`BackgroundServer` runs uvicorn in a daemon thread on a port the OS picks on
+127.0.0.1 (never another address): the socket is bound here first, so the
+port is known before the server starts and no other process can take it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import threading
+import time
+
+import uvicorn
+
+from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
+from phases.p3_5_paged_attention.engine import DEFAULT_MAX_RUNNING
+from phases.p5_serving.async_engine import DEFAULT_MAX_WAITING
+
+LOCALHOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+STARTUP_TIMEOUT_S = 30
+SHUTDOWN_TIMEOUT_S = 15
+GRACEFUL_SHUTDOWN_S = 2  # open streams get this long to finish before uvicorn cancels them
+STARTUP_POLL_S = 0.02
+
+
+class BackgroundServer:
+    """`with BackgroundServer(app) as srv:` ... `srv.base_url` is `http://127.0.0.1:<port>/v1`."""
+
+    def __init__(self, app, log_level: str = "warning"):
+        self.app = app
+        self.log_level = log_level
+        self.port: int | None = None
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{LOCALHOST}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def __enter__(self) -> "BackgroundServer":
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((LOCALHOST, 0))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level=self.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        name=f"uvicorn-{self.port}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.__exit__(None, None, None)
+                raise RuntimeError(f"the server did not start on {self.url} within {STARTUP_TIMEOUT_S} s")
+            time.sleep(STARTUP_POLL_S)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(SHUTDOWN_TIMEOUT_S)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m common serve",
+                                description="Serve a model over an OpenAI-compatible HTTP API (phase 5).")
+    p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), tiny, dummy:<arch>, or a HF id/path")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
+    p.add_argument("--dtype", default=None, help="bf16 (default), fp16 or fp32")
+    p.add_argument("--host", default=LOCALHOST, help=f"address to listen on (default {LOCALHOST}: this machine only)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT)
+    p.add_argument("--max-running", type=int, default=DEFAULT_MAX_RUNNING, help="sequences decoded together at most")
+    p.add_argument("--max-waiting", type=int, default=DEFAULT_MAX_WAITING,
+                   help="requests waiting for a slot at most; more get HTTP 503")
+    p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="tokens per KV block")
+    p.add_argument("--n-blocks", type=int, default=None, help="KV pool size in blocks (default: sized from memory)")
+    p.add_argument("--log-level", default="info")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from common.model import load_model
+    from phases.p5_serving.server import create_app
+
+    args = build_parser().parse_args(argv)
+    lm = load_model(args.model, device=args.device, dtype=args.dtype)
+    app = create_app(lm, max_running=args.max_running, max_waiting=args.max_waiting,
+                     block_size=args.block_size, n_blocks=args.n_blocks)
+    pool = app.state.engine.engine.allocator
+    print(f"serving '{lm.name}' ({lm.device}, {str(lm.dtype).removeprefix('torch.')}) on "
+          f"http://{args.host}:{args.port}/v1  - KV pool {pool.n_blocks} blocks x {pool.block_size} tokens, "
+          f"max_running {args.max_running}, max_waiting {args.max_waiting}", flush=True)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
