@@ -2,6 +2,8 @@
 
 Runs any registered demo locally, prints its tables, saves JSON + markdown
 (and a PNG when the demo has a plot) under results/. `--list` lists demos.
+`python -m common serve [--model M --port 8000 ...]` starts the OpenAI-compatible
+server of phase 5 instead (see phases/p5_serving).
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ def save_outputs(name: str, report, results_dir: Path | str = RESULTS_DIR) -> li
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["serve"]:  # the HTTP server (phase 5) is a long-running command, not a demo
+        from phases.p5_serving.launch import main as serve
+        return serve(argv[1:])
     all_demos = registry.load_all()
     parser = build_parser(all_demos)
     args = parser.parse_args(argv)
