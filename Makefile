@@ -5,9 +5,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-DEMOS  := decode_sweep sweep waste_demo latency_demo wall alloc_demo table_demo block_size_study snapshot tput gather_bench attn_bench
+DEMOS  := decode_sweep sweep waste_demo latency_demo wall alloc_demo table_demo block_size_study snapshot tput gather_bench attn_bench bench_serve
 
-.PHONY: install demo test list $(DEMOS) clean-cache
+.PHONY: install demo test list serve $(DEMOS) clean-cache
 
 install: $(VENV)/.installed
 
@@ -28,6 +28,10 @@ test: install
 
 list: install
 	$(PY) -m common --list
+
+# The OpenAI-compatible server (phase 5) on the packaged model: http://127.0.0.1:8000/v1
+serve: install
+	$(PY) -m common serve
 
 # One target per demo: `make tput`, `make snapshot`, ...
 $(DEMOS): install
