@@ -12,6 +12,10 @@ JSON/markdown/PNG under results/, named by GPU and model.
   pinned in common.model.PINNED_REVISIONS.
 - GPU: `GPU` below; change it with the ENGINE_MODAL_GPU environment variable
   (`ENGINE_MODAL_GPU=A10G modal run modal_run.py::sweep`).
+- Serving: `modal serve modal_run.py` runs the OpenAI-compatible server of
+  phase 5 (`serve_api` below) on the GPU and prints its URL; point any OpenAI
+  client at `<url>/v1`. ENGINE_SERVE_MODEL picks the model (default: the
+  remote default above).
 Defining the app needs no Modal credentials (the tests import this file);
 `modal run` itself needs a token (`modal token new`).
 """
@@ -90,3 +94,22 @@ ENTRYPOINTS = {}
 for _name in registry.load_all():
     ENTRYPOINTS[_name] = app.local_entrypoint(name=_name)(_make_entrypoint(_name))
     globals()[_name] = ENTRYPOINTS[_name]
+
+
+# --- `modal serve modal_run.py`: the phase-5 HTTP server on a GPU ------------------------------
+SERVE_MODEL = os.environ.get("ENGINE_SERVE_MODEL", DEFAULT_REMOTE_MODEL)
+SERVE_MAX_INPUTS = 256   # HTTP requests one container takes at once; its engine batches them
+SERVE_IDLE_S = 300       # a container with no requests for this long is stopped
+
+
+# One container: the engine's own scheduler, not Modal's autoscaler, shares the GPU among requests.
+@app.function(gpu=GPU, volumes={HF_CACHE_PATH: hf_cache}, timeout=REMOTE_TIMEOUT_S,
+              scaledown_window=SERVE_IDLE_S, max_containers=1)
+@modal.concurrent(max_inputs=SERVE_MAX_INPUTS)
+@modal.asgi_app()
+def serve_api():
+    """The FastAPI app of phases/p5_serving on SERVE_MODEL; the engine thread starts with the app."""
+    from common.model import load_model
+    from phases.p5_serving.server import create_app
+
+    return create_app(load_model(SERVE_MODEL))
