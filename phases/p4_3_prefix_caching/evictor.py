@@ -1,0 +1,74 @@
+"""`Evictor`: which cached block nobody uses should give its memory back first.
+
+A cached block whose reference count drops to 0 is not wiped: its K/V stay
+valid, and the next request with the same prefix can map it back in. It sits
+here, "cached-free", until the pool runs out of truly free blocks and the
+allocator must take one back. The policy (vLLM's, equal to RadixAttention's
+for full-attention models):
+
+  1. only blocks nobody references are candidates (only those are ever added);
+  2. the least recently used goes first (smallest `last_use`);
+  3. among blocks last used at the same time, the one at the END of the
+     longest prefix goes first (most tokens before it).
+
+Rule 3 matters because a finished sequence releases all its blocks in the same
+step, so they tie on rule 2. Evicting the deepest block first keeps the
+shared beginnings (the system prompt every request starts with) and drops the
+private tails; it also never strands a child: a block is only reachable
+through its parent, and the parent is never evicted before its children.
+
+A heap keyed (last_use, -tokens_before, arrival order) gives O(log n) add and
+pop. Removing a block that is revived (a prefix hit on a cached-free block)
+just forgets it; its stale heap entry is skipped when it reaches the top.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+# Rebuild the heap when stale entries outnumber live ones by this factor, so a
+# long run of revivals cannot grow it without bound.
+STALE_FACTOR = 2
+
+
+class Evictor:
+    def __init__(self):
+        self._heap: list[tuple[int, int, int, int]] = []  # (last_use, -tokens_before, order, block_id)
+        self._key: dict[int, tuple[int, int, int, int]] = {}  # block_id -> its live heap entry
+        self._order = itertools.count()  # final tie-break: first parked, first evicted
+
+    def __len__(self) -> int:
+        return len(self._key)
+
+    def __contains__(self, block_id: int) -> bool:
+        return block_id in self._key
+
+    def add(self, block_id: int, last_use: int, tokens_before: int) -> None:
+        """Park a block whose last owner just let go of it at time `last_use`."""
+        if block_id in self._key:
+            raise ValueError(f"block {block_id} is already evictable")
+        entry = (last_use, -tokens_before, next(self._order), block_id)
+        self._key[block_id] = entry
+        heapq.heappush(self._heap, entry)
+
+    def remove(self, block_id: int) -> None:
+        """A cached-free block was revived by a prefix hit: it is no longer a candidate."""
+        del self._key[block_id]  # the heap entry goes stale; pop() skips it
+        if len(self._heap) > STALE_FACTOR * len(self._key) + STALE_FACTOR:
+            self._heap = list(self._key.values())
+            heapq.heapify(self._heap)
+
+    def pop(self) -> int:
+        """The block to evict now (see the module docstring for the order)."""
+        while self._heap:
+            entry = heapq.heappop(self._heap)
+            block_id = entry[-1]
+            if self._key.get(block_id) == entry:
+                del self._key[block_id]
+                return block_id
+        raise IndexError("no evictable block")
+
+    def eviction_order(self) -> list[int]:
+        """Every candidate, first to be evicted first (for tests, demos and the notebook)."""
+        return [entry[-1] for entry in sorted(self._key.values())]
