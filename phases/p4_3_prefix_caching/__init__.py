@@ -1,0 +1,21 @@
+"""Adds automatic prefix caching: full KV blocks are named by a chained hash of their tokens and reused by later requests, so a shared prompt prefix is prefilled once.
+
+- `block_hash.py`: `hash_block(parent_hash, tokens)` and `chain_hashes`: a
+  full block's name covers every token before it.
+- `evictor.py`: `Evictor`, the order in which unused cached blocks give their
+  memory back (least recently used, then the deepest prefix first).
+- `prefix_cache.py`: `PrefixCachingAllocator`, phase 3.1's allocator plus the
+  global `hash -> CachedBlock` table and a third block state, cached-free.
+- `engine.py`: `PrefixCachingMixin` (the engine hooks) and
+  `PrefixCachingEngine(PrefixCachingMixin, BatchedPagedEngine)`.
+- `demo.py`: `prefix_demo`, one-shot and few-shot system prompts with and
+  without the cache: hit rate, prefill tokens skipped, TTFT, throughput.
+"""
+
+from phases.p4_3_prefix_caching.block_hash import ROOT_HASH, chain_hashes, hash_block
+from phases.p4_3_prefix_caching.engine import CacheStats, PrefixCachingEngine, PrefixCachingMixin
+from phases.p4_3_prefix_caching.evictor import Evictor
+from phases.p4_3_prefix_caching.prefix_cache import CachedBlock, PrefixCachingAllocator, PrefixMatch
+
+__all__ = ["ROOT_HASH", "chain_hashes", "hash_block", "Evictor", "CachedBlock", "PrefixMatch",
+           "PrefixCachingAllocator", "CacheStats", "PrefixCachingMixin", "PrefixCachingEngine"]

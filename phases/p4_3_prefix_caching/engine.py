@@ -1,0 +1,171 @@
+"""`PrefixCachingEngine`: phase 3.5's engine, with prompts that start with cached blocks skipping their prefill.
+
+Everything is done in the engine's four hooks, through `PrefixCachingMixin`:
+
+- `_blocks_to_admit(seq)`: the admission budget counts only blocks the
+  request really takes from the allocatable pool: its worst case minus the
+  cached blocks it maps in that others are using (those cost nothing). A
+  cached-free block it revives still counts: it leaves the evictable pool.
+- `_on_admit(seq)`: look the prompt up, block by block, and map the hits into
+  the new BlockTable (`acquire` = one more reference each), with `n_filled`
+  set past them. Phase 3.5's `_prefill` then feeds only the remaining prompt
+  tokens at their true positions, and attention reads the prefix from the pool.
+  At most (len(prompt) - 1) // block_size blocks are matched: the last prompt
+  token is always computed, because its logits give the first new token.
+- `_append_slots(seq, n)`: after claiming slots, every block that is now full
+  (prefill or decode) is registered in the table under its chained hash. Its
+  K/V are written by the forward pass that follows, before any later step can
+  admit a request that would map it in.
+- `_release(seq)`: the table gives its blocks back as usual; the allocator
+  keeps the cached ones (cached-free) until their memory is needed.
+
+The allocator's logical clock ticks once per step, so all blocks a sequence
+releases share one `last_use` and the evictor drops the deepest first.
+
+Composition: the mixin only calls `super()` in each hook, so it stacks on any
+engine with phase 3.5's hooks, e.g. `class E(PrefixCachingMixin, SharingEngine)`
+(p4_1): a mapped prefix block is full and never written again, so copy-on-write
+never has to copy it. The allocator must be (a subclass of)
+`PrefixCachingAllocator`.
+
+Known limit: requests admitted in the same step all look the table up before
+any of them has computed anything, so N requests arriving together with one
+new system prompt all compute it; requests admitted in later steps hit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from phases.p2_2_scheduler.sequence import Sequence
+from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
+from phases.p3_5_paged_attention.engine import BatchedPagedEngine
+from phases.p4_3_prefix_caching.block_hash import ROOT_HASH, block_tokens, chain_hashes
+from phases.p4_3_prefix_caching.prefix_cache import CachedBlock, PrefixCachingAllocator, PrefixMatch
+
+
+@dataclass
+class CacheStats:
+    """Counters over every admitted request."""
+    n_requests: int = 0
+    prompt_tokens: int = 0
+    blocks_queried: int = 0   # full prompt blocks that could have hit ((len - 1) // block_size each)
+    blocks_hit: int = 0
+    tokens_skipped: int = 0   # prompt tokens whose prefill a hit saved
+    collisions: int = 0       # lookups stopped by a hash hit with other contents
+
+    @property
+    def hit_rate(self) -> float:
+        return self.blocks_hit / self.blocks_queried if self.blocks_queried else float("nan")
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__, hit_rate=self.hit_rate)
+
+
+@dataclass
+class _Chain:
+    """One sequence's place in the cache: the hashes and table entries of its full blocks so far."""
+    hashes: list[int] = field(default_factory=list)                 # hash of full block i
+    entries: list[CachedBlock | None] = field(default_factory=list)  # entry naming block i's contents
+    broken: bool = False  # a block could not be cached (collision): nothing after it can be chained
+
+    def last_hash(self) -> int:
+        return self.hashes[-1] if self.hashes else ROOT_HASH
+
+    def last_entry(self) -> CachedBlock | None:
+        return self.entries[-1] if self.entries else None
+
+
+class PrefixCachingMixin:
+    """Automatic prefix caching for an engine with phase 3.5's hooks (put it first in the bases)."""
+
+    def __init__(self, lm, *args, block_size: int = DEFAULT_BLOCK_SIZE, n_blocks: int | None = None,
+                 allocator: PrefixCachingAllocator | None = None, **kwargs):
+        if allocator is None:
+            allocator = PrefixCachingAllocator.for_model(lm, block_size=block_size, n_blocks=n_blocks)
+        if not isinstance(allocator, PrefixCachingAllocator):
+            raise TypeError(f"prefix caching needs a PrefixCachingAllocator, got {type(allocator).__name__}")
+        super().__init__(lm, *args, block_size=block_size, n_blocks=n_blocks, allocator=allocator, **kwargs)
+        self.cache_stats = CacheStats()
+        self._chains: dict[int, _Chain] = {}      # seq_id -> its chain, from admission to release
+        self._prompt_hashes: dict[int, list[int]] = {}  # seq_id -> its prompt's block hashes (computed once)
+
+    # --- what a prompt can reuse --------------------------------------------------------
+    def _cacheable_ids(self, seq: Sequence) -> list[int]:
+        """The tokens `_prefill` will feed for `seq` (a preempt-and-recompute phase may widen this)."""
+        return seq.prompt_ids
+
+    def _lookup(self, seq: Sequence) -> tuple[list[int], PrefixMatch]:
+        ids = self._cacheable_ids(seq)
+        hashes = self._prompt_hashes.get(seq.seq_id)
+        if hashes is None or len(hashes) != len(ids) // self.block_size:
+            hashes = self._prompt_hashes[seq.seq_id] = chain_hashes(ids, self.block_size)
+        max_blocks = (len(ids) - 1) // self.block_size  # leave >= 1 token to compute: its logits are needed
+        return hashes, self.allocator.match_prefix(ids, hashes, max_blocks)
+
+    # --- the engine's hooks ----------------------------------------------------------------
+    def step(self):
+        self.allocator.tick()
+        return super().step()
+
+    def _blocks_to_admit(self, seq: Sequence) -> int:
+        _, match = self._lookup(seq)
+        shared = sum(1 for e in match.entries if self.allocator.refcount(e.block_id) > 0)
+        return super()._blocks_to_admit(seq) - shared
+
+    def _on_admit(self, seq: Sequence) -> None:
+        super()._on_admit(seq)
+        hashes, match = self._lookup(seq)
+        del self._prompt_hashes[seq.seq_id]
+        table = seq.kv
+        assert table.n_blocks == 0, "prefix caching maps blocks into an empty table"
+        for entry in match.entries:
+            table.block_ids.append(self.allocator.acquire(entry))
+        table.n_filled = len(match.entries) * self.block_size
+        self._chains[seq.seq_id] = _Chain(hashes=hashes[:len(match.entries)], entries=list(match.entries))
+        s = self.cache_stats
+        s.n_requests += 1
+        s.prompt_tokens += len(self._cacheable_ids(seq))
+        s.blocks_queried += (len(self._cacheable_ids(seq)) - 1) // self.block_size
+        s.blocks_hit += len(match.entries)
+        s.tokens_skipped += table.n_filled
+        s.collisions += match.collided
+
+    def _append_slots(self, seq: Sequence, n: int) -> list[int]:
+        slots = super()._append_slots(seq, n)
+        self._register_full_blocks(seq)
+        return slots
+
+    def _release(self, seq: Sequence) -> None:
+        super()._release(seq)
+        self._chains.pop(seq.seq_id, None)
+        self._prompt_hashes.pop(seq.seq_id, None)
+
+    def abort(self, seq: Sequence) -> None:
+        super().abort(seq)
+        self._prompt_hashes.pop(seq.seq_id, None)  # a request aborted while waiting was looked up, never released
+
+    # --- publishing new full blocks ------------------------------------------------------------
+    def _register_full_blocks(self, seq: Sequence) -> None:
+        """Hash and register every block of `seq` that became full since the last call."""
+        chain = self._chains[seq.seq_id]
+        table = seq.kv
+        n_full = table.n_filled // self.block_size
+        if chain.broken or n_full == len(chain.hashes):
+            return
+        # After append_slots, the table's tokens are exactly all_ids[:n_filled]
+        # (the token fed at position p is prompt or output token p).
+        ids = seq.all_ids[:n_full * self.block_size]
+        new_hashes = chain_hashes(ids, self.block_size, parent_hash=chain.last_hash(), start_block=len(chain.hashes))
+        for i, h in enumerate(new_hashes, start=len(chain.hashes)):
+            entry = self.allocator.register(table.block_ids[i], h, block_tokens(ids, self.block_size, i),
+                                            parent=chain.last_entry())
+            if entry is None:
+                chain.broken = True
+                return
+            chain.hashes.append(h)
+            chain.entries.append(entry)
+
+
+class PrefixCachingEngine(PrefixCachingMixin, BatchedPagedEngine):
+    """Phase 3.5's BatchedPagedEngine with automatic prefix caching."""
