@@ -263,3 +263,23 @@ def test_refuses_a_plain_allocator(tiny32):
     from phases.p3_1_block_allocator.allocator import BlockAllocator
     with pytest.raises(TypeError, match="PrefixCachingAllocator"):
         PrefixCachingEngine(tiny32, allocator=BlockAllocator.for_model(tiny32, block_size=BS, n_blocks=8))
+
+
+# --- the demo -------------------------------------------------------------------------------------
+def test_prefix_demo_quick_runs_both_modes_and_plots(tmp_path):
+    from common.__main__ import run_demo
+    from phases.p4_3_prefix_caching.demo import plot_prefix, shared_prefix_len, system_prompt
+
+    report = run_demo("prefix_demo", model="tiny", device="cpu", dtype="fp32", quick=True)
+    runs = report.data["runs"]
+    assert [r["caching"] for r in runs] == [False, True]
+    off, on = runs
+    assert off["tokens_skipped"] == 0 and on["tokens_skipped"] > 0 and on["hit_rate"] > 0
+    assert on["prefill_tokens"] + on["tokens_skipped"] == off["prefill_tokens"]
+    assert report.tables[-1].rows[0][-1] == "4/4"       # fp32: identical outputs with and without the cache
+    plot_prefix(report, tmp_path / "prefix.png")
+    assert (tmp_path / "prefix.png").stat().st_size > 0
+    assert system_prompt(5).count("English:") == 5
+    with pytest.raises(ValueError, match="shots"):
+        system_prompt(99)
+    assert shared_prefix_len([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
