@@ -102,3 +102,31 @@ def test_bad_input_is_refused_up_front(tiny32):
     with pytest.raises(ValueError, match="max_running"):
         BatchedPagedEngine(tiny32, max_running=0, n_blocks=8)
     assert not engine.has_work()  # nothing half-queued
+
+
+def test_runners_agree_with_each_other(tiny32):
+    from common.workload import mixed_work
+    from phases.p3_5_paged_attention.runners import run_batched, run_hf_cb, run_hf_static, run_static
+
+    requests = mixed_work(tiny32.vocab_size, n=5, prompt_len=(3, 9), output_len=(2, 7))
+    expected = [hf_greedy(tiny32, r.prompt_ids, r.max_new_tokens, ignore_eos=True) for r in requests]
+    for run in (run_batched, run_static, run_hf_static, run_hf_cb):
+        result = run(tiny32, requests, 3)
+        assert result.outputs == expected, run.__name__
+        assert [t.n_generated for t in result.timings] == [r.max_new_tokens for r in requests]
+        assert result.kv_peak_bytes > 0
+
+
+def test_workload_bench_and_tput_demos_run_quick():
+    from common.__main__ import run_demo
+
+    report = run_demo("workload_bench", model="tiny", device="cpu", dtype="fp32", quick=True)
+    titles = [t.title for t in report.tables]
+    assert any(t.startswith("equal work") for t in titles) and any(t.startswith("mixed work") for t in titles)
+    assert any("roofline" in t for t in titles)
+    ratios = next(t for t in report.tables if t.title.startswith("Ratios"))
+    assert len(ratios.rows) == 4
+    report = run_demo("tput", model="tiny", device="cpu", dtype="fp32", quick=True)
+    engines = report.data["engines"]
+    assert {"static", "dyn", "paged", "batched", "hf_cb"} <= set(engines)
+    assert all("DIFFER" not in n for t in report.tables for n in t.notes)

@@ -81,38 +81,47 @@ def hf_static_generate(lm, requests: list[Request]) -> BaselineRun:
 # No inference_mode here: generate_batch manages its own worker thread and
 # tensors, and an inference-mode tensor created on our side breaks its resets.
 def hf_generate_batch(lm, requests: list[Request], page_size: int = 16, num_blocks: int | None = None,
-                      max_batch_tokens: int = 512) -> BaselineRun:
-    """transformers' continuous batching on the same requests (one shared max_new_tokens, so the
-    longest request's; requests that asked for fewer are trimmed, honestly reported in `note`)."""
+                      max_batch_tokens: int = 512, max_requests_per_batch: int | None = None,
+                      result_timeout_s: float = 600.0) -> BaselineRun:
+    """transformers' continuous batching (the manager behind `model.generate_batch`) on the same
+    requests, each with its own max_new_tokens, as `generate_batch` would run them."""
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     ids = [r.ids(lm) for r in requests]
-    longest = max(r.max_new_tokens for r in requests)
-    if num_blocks is None:
-        total = sum(len(p) + longest for p in ids)
-        num_blocks = -(-total // page_size) + len(ids)
+    if num_blocks is None:  # room for everything at once: the pool never makes anyone wait
+        num_blocks = sum(-(-(len(p) + r.max_new_tokens) // page_size) for p, r in zip(ids, requests))
     ignore_eos = all(r.ignore_eos for r in requests)
-    config = GenerationConfig(max_new_tokens=longest, do_sample=False, pad_token_id=lm.pad_token_id,
+    config = GenerationConfig(max_new_tokens=max(r.max_new_tokens for r in requests), do_sample=False,
+                              pad_token_id=lm.pad_token_id,
                               eos_token_id=None if ignore_eos else sorted(lm.eos_token_ids)[0])
-    cb = ContinuousBatchingConfig(page_size=page_size, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens)
+    cb = ContinuousBatchingConfig(page_size=page_size, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens,
+                                  max_requests_per_batch=max_requests_per_batch)
+    results = {}
     start = now(lm.device)
-    results = lm.model.generate_batch(ids, generation_config=config, continuous_batching_config=cb,
-                                      record_timestamps=True, progress_bar=False)
+    with lm.model.continuous_batching_context_manager(generation_config=config, continuous_batching_config=cb,
+                                                      block=True, timeout=5) as manager:
+        for i, (p, r) in enumerate(zip(ids, requests)):
+            manager.add_request(p, request_id=f"req_{i}", max_new_tokens=r.max_new_tokens, record_timestamps=True)
+        deadline = now(lm.device) + result_timeout_s
+        while len(results) < len(requests):
+            out = manager.get_result(timeout=1)
+            if out is not None and out.is_finished():
+                results[out.request_id] = out
+            elif out is None and (not manager.is_running() or now(lm.device) > deadline):
+                raise RuntimeError(f"generate_batch stopped with {len(results)}/{len(requests)} requests done")
     end = now(lm.device)
-    # Request ids come back as "req_<i>" in submission order.
-    ordered = sorted(results.values(), key=lambda o: int(str(o.request_id).rsplit("_", 1)[-1]))
     outputs, timings = [], []
-    for r, o in zip(requests, ordered):
+    for i, r in enumerate(requests):
+        o = results[f"req_{i}"]
+        if o.error:
+            raise RuntimeError(f"generate_batch failed request {i}: {o.error}")
         new = list(o.generated_tokens)[: r.max_new_tokens]
         t = SeqTiming(arrival=start)
-        stamps = list(o.timestamps or [])
-        for i in range(len(new)):
-            # its timestamps are time.perf_counter() readings, like ours
-            t.token(stamps[i] if i < len(stamps) else end)
+        stamps = list(o.timestamps or [])   # time.perf_counter() readings, like ours
+        for k in range(len(new)):
+            t.token(stamps[k] if k < len(stamps) else end)
         outputs.append(new)
         timings.append(t)
     kv = num_blocks * page_size * kv_bytes_per_token(lm)
     note = f"page_size {page_size}, {num_blocks} blocks, max_batch_tokens {max_batch_tokens}"
-    if len({r.max_new_tokens for r in requests}) > 1:
-        note += "; one max_new_tokens for all (the longest), outputs trimmed"
     return BaselineRun(outputs, timings, kv, note)

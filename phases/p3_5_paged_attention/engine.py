@@ -72,6 +72,7 @@ class BatchedPagedEngine:
         self._next_id = 0
         self.n_steps = 0
         self.n_forward_passes = 0
+        self.peak_blocks_used = 0   # most blocks held at once (read after each pass, before any release)
 
     # --- requests ----------------------------------------------------------------
     def add(self, prompt: str | None = None, max_new_tokens: int = 64, sampling: SamplingParams = GREEDY,
@@ -231,6 +232,7 @@ class BatchedPagedEngine:
         return tokens
 
     def _emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
+        self.peak_blocks_used = max(self.peak_blocks_used, self.allocator.n_used)
         tokens = self._sample(seqs, logits)
         t = now(self.lm.device)
         outputs = []
