@@ -181,3 +181,40 @@ def test_any_workload_finishes_without_leaks_and_matches_dynamic_cache(tiny32, l
     assert paged.allocator.n_free == paged.allocator.n_blocks
     paged.allocator.check_invariants()
     assert all(worst_case_tokens(s) >= s.n_tokens - 1 for s in paged.finished)
+
+
+def test_snapshot_demo_passes(tiny32):
+    from common.__main__ import run_demo
+    report = run_demo("snapshot", model="tiny", device="cpu", dtype="fp32", quick=True)
+    assert report.data["identical"] == report.data["total"] == len(SHORT_PROMPTS) + len(LONG_PROMPTS)
+    assert report.data["leaked_blocks"] == 0 and report.data["waited"] == []
+    # A pool too small to run all four at once: some wait, and the output is still identical.
+    tight = run_demo("snapshot", model="tiny", device="cpu", dtype="fp32", quick=True,
+                     options={"block_size": 4, "pool_blocks": 16})
+    assert tight.data["identical"] == tight.data["total"] and tight.data["waited"]
+    assert all(row[-1] is True for row in tight.tables[0].rows)
+
+
+def test_tput_demo_runs_and_accounts_kv_exactly(tiny32, tmp_path):
+    # Later phases take the `tput` name over (extends="p3_3"), so call this phase's own function.
+    from common.demos import RunConfig
+    from phases.p3_3_paged_cache.demo import tput
+    from phases.p3_3_paged_cache.tput import plot_tput, tput_options
+    cfg = RunConfig(model="tiny", device="cpu", dtype="fp32", quick=True)
+    cfg.options = {o.name: o.default(on_gpu=False) for o in tput_options()}
+    report = tput(cfg)
+    rows = report.data["rows"]
+    assert {r["engine"] for r in rows} == {"dyn", "paged"}
+    new = report.data["new_tokens"]
+    for r in rows:
+        assert r["total_tokens"] == r["batch_size"] * new and r["tok_s"] > 0
+    # Batch 1 runs one request: the KV of its prompt + new - 1 tokens, exact bytes vs whole blocks.
+    prompt_len = len(tiny32.prompt_ids(interleaved_latency_prompts()[0]))
+    stored = prompt_len + new - 1
+    dyn1 = next(r for r in rows if r["engine"] == "dyn" and r["batch_size"] == 1)
+    paged1 = next(r for r in rows if r["engine"] == "paged" and r["batch_size"] == 1)
+    assert dyn1["kv_peak_bytes"] == stored * kv_bytes_per_token(tiny32)
+    assert paged1["kv_peak_bytes"] == blocks_for(stored, 16) * 16 * kv_bytes_per_token(tiny32)
+    assert any("identical" in n for n in report.tables[1].notes)
+    plot_tput(report, tmp_path / "tput.png")
+    assert (tmp_path / "tput.png").stat().st_size > 0

@@ -1,0 +1,94 @@
+"""`snapshot`: is paged output identical to DynamicCache output? `tput`: what does paging cost and save?
+
+snapshot runs the blog's 4 short + 4 long prompts through phase 2.3's
+`ContinuousScheduler` (one DynamicCache per sequence) and through
+`PagedScheduler` (one PagedCache per sequence on a shared pool), with the
+same max_running, and compares the generated tokens one by one.
+
+tput (tput.py) runs N requests at a time through both engines for each batch
+size N and prints the KV memory each held at its peak and the throughput.
+"""
+
+from __future__ import annotations
+
+from common.demos import Option, RunConfig, demo
+from common.prompts import LATENCY_DEMO_MAX_RUNNING, LATENCY_DEMO_MAX_TOKENS, interleaved_latency_prompts
+from common.report import Report
+from phases.p2_3_continuous_batching.scheduler import ContinuousScheduler
+from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
+from phases.p3_3_paged_cache.scheduler import PagedScheduler, blocks_for, worst_case_tokens
+from phases.p3_3_paged_cache.tput import TPUT_ENGINES, plot_tput, run_tput, tput_options
+
+SNAPSHOT_MAX_TOKENS_CPU = 64
+SNAPSHOT_MAX_TOKENS_GPU = 2 * LATENCY_DEMO_MAX_TOKENS  # long answers cross many blocks
+QUICK_MAX_NEW_TOKENS = 8
+PROMPT_WIDTH = 28
+
+
+def compare_tokens(reference: list[int], candidate: list[int]) -> tuple[bool, int, int | None]:
+    """(identical?, tokens compared, index of the first difference or None).
+
+    A length difference counts as a mismatch at the shorter length.
+    """
+    n = min(len(reference), len(candidate))
+    first = next((i for i in range(n) if reference[i] != candidate[i]), None)
+    if first is None and len(reference) != len(candidate):
+        first = n
+    return first is None, n, first
+
+
+def _run(sched, prompts: list[str], max_new_tokens: int, progress, task) -> list:
+    for p in prompts:
+        sched.add(p, max_new_tokens)
+    return sched.run(progress=lambda done, total: progress.update(task, completed=done))
+
+
+@demo("snapshot", phase="p3_3", help="per prompt: is PagedScheduler's output identical to DynamicCache's?",
+      options=[
+          Option("max_new_tokens", int, cpu=SNAPSHOT_MAX_TOKENS_CPU, gpu=SNAPSHOT_MAX_TOKENS_GPU,
+                 help="cap on generated tokens per sequence"),
+          Option("max_running", int, cpu=LATENCY_DEMO_MAX_RUNNING, help="sequences running at once"),
+          Option("block_size", int, cpu=DEFAULT_BLOCK_SIZE, help="tokens per block"),
+          Option("pool_blocks", int, cpu=0,
+                 help="blocks in the pool; 0 = room for every sequence's worst case (nobody waits)"),
+      ])
+def snapshot(cfg: RunConfig) -> Report:
+    from rich.progress import Progress
+
+    lm = cfg.load()
+    prompts = interleaved_latency_prompts()
+    max_new = min(cfg.max_new_tokens, QUICK_MAX_NEW_TOKENS) if cfg.quick else cfg.max_new_tokens
+    dynamic = ContinuousScheduler(lm, cfg.max_running)
+    lengths = [len(lm.prompt_ids(p)) for p in prompts]
+    n_blocks = cfg.pool_blocks or sum(blocks_for(n + max_new - 1, cfg.block_size) for n in lengths)
+    paged = PagedScheduler(lm, cfg.max_running, block_size=cfg.block_size, n_blocks=n_blocks)
+    with Progress(transient=True) as progress:
+        ref = _run(dynamic, prompts, max_new, progress, progress.add_task("DynamicCache", total=len(prompts)))
+        out = _run(paged, prompts, max_new, progress, progress.add_task("PagedCache", total=len(prompts)))
+
+    report = cfg.new_report("snapshot")
+    t = report.table(f"PagedCache vs DynamicCache, token for token (max_running {cfg.max_running}, "
+                     f"up to {max_new} new tokens)",
+                     ["seq", "prompt", "dyn tokens", "paged tokens", "compared", "first mismatch", "identical"])
+    rows = []
+    for r, o in zip(ref, out):
+        same, n, first = compare_tokens(r.output_ids, o.output_ids)
+        short = r.prompt if len(r.prompt) <= PROMPT_WIDTH else r.prompt[:PROMPT_WIDTH - 1] + "…"
+        t.add_row(r.seq_id, short, len(r.output_ids), len(o.output_ids), n, "-" if first is None else first, same)
+        rows.append(dict(seq=r.seq_id, prompt=r.prompt, dyn=r.output_ids, paged=o.output_ids, identical=same,
+                         first_mismatch=first, blocks=blocks_for(worst_case_tokens(o), cfg.block_size)))
+    n_same = sum(r["identical"] for r in rows)
+    leaked = paged.allocator.n_used
+    t.notes += [f"{n_same}/{len(rows)} identical; pool: {n_blocks} blocks of {cfg.block_size} tokens, "
+                f"{paged.allocator.bytes_per_block:,} B each; {leaked} blocks still held after the run"
+                + (" (LEAK)" if leaked else ""),
+                f"sequences that waited for blocks: {sorted(paged.waited_for_blocks) or 'none'}"]
+    report.data = dict(rows=rows, identical=n_same, total=len(rows), pool_blocks=n_blocks,
+                       block_size=cfg.block_size, waited=sorted(paged.waited_for_blocks), leaked_blocks=leaked)
+    return report
+
+
+@demo("tput", phase="p3_3", plot=plot_tput, options=tput_options(),
+      help="per batch size: KV memory held at peak, tok/s and ms/tok, DynamicCache vs PagedCache")
+def tput(cfg: RunConfig) -> Report:
+    return run_tput(cfg, TPUT_ENGINES)
