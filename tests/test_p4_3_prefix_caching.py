@@ -283,3 +283,8 @@ def test_prefix_demo_quick_runs_both_modes_and_plots(tmp_path):
     with pytest.raises(ValueError, match="shots"):
         system_prompt(99)
     assert shared_prefix_len([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
+
+
+def test_notebook_runs():
+    from tests.nbrun import run_notebook
+    run_notebook("05_prefix_cache.ipynb")
