@@ -265,6 +265,30 @@ def test_refuses_a_plain_allocator(tiny32):
         PrefixCachingEngine(tiny32, allocator=BlockAllocator.for_model(tiny32, block_size=BS, n_blocks=8))
 
 
+def test_composes_with_copy_on_write_sharing(tiny32):
+    """PrefixCachingMixin on top of p4_1's SharingEngine: n samples per prompt, cached prefixes, same samples."""
+    sharing = pytest.importorskip("phases.p4_1_copy_on_write.engine")
+    from common.sampling import SamplingParams
+    from phases.p4_3_prefix_caching.engine import PrefixCachingMixin
+
+    class CachingSharingEngine(PrefixCachingMixin, sharing.SharingEngine):
+        pass
+
+    system = _random_ids(13, seed=8)
+    prompts = [system + _random_ids(k, seed=30 + k) for k in (2, 5, 3, 6)]
+    params = SamplingParams(temperature=0.8, seed=7)
+    outputs = []
+    for cls in (sharing.SharingEngine, CachingSharingEngine):
+        engine = cls(tiny32, max_running=4, block_size=BS, n_blocks=40)
+        groups = [engine.add(prompt_ids=p, max_new_tokens=6, sampling=params, ignore_eos=True, n=2) for p in prompts]
+        engine.run()
+        outputs.append([g.outputs for g in groups])
+    assert outputs[0] == outputs[1]
+    assert engine.cache_stats.blocks_hit > 0
+    engine.allocator.check_invariants()
+    assert engine.allocator.owned_ids() == []
+
+
 # --- the demo -------------------------------------------------------------------------------------
 def test_prefix_demo_quick_runs_both_modes_and_plots(tmp_path):
     from common.__main__ import run_demo

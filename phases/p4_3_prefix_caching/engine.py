@@ -148,7 +148,10 @@ class PrefixCachingMixin:
     # --- publishing new full blocks ------------------------------------------------------------
     def _register_full_blocks(self, seq: Sequence) -> None:
         """Hash and register every block of `seq` that became full since the last call."""
-        chain = self._chains[seq.seq_id]
+        # A sequence that did not come through `_on_admit` (a sample forked from
+        # another's table, p4_1) starts an empty chain: registering its shared
+        # blocks just returns the entries they already have.
+        chain = self._chains.setdefault(seq.seq_id, _Chain())
         table = seq.kv
         n_full = table.n_filled // self.block_size
         if chain.broken or n_full == len(chain.hashes):
