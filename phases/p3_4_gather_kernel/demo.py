@@ -11,6 +11,8 @@ mixes lengths in [context / 2, context] over scattered physical blocks.
 
 from __future__ import annotations
 
+import os
+
 import torch
 from rich.progress import Progress
 
@@ -49,6 +51,8 @@ def gather_bench(cfg: RunConfig) -> Report:
         opts.update(QUICK)
     device, on_gpu = lm.device, lm.device.startswith("cuda")
     report = cfg.new_report("gather_bench")
+    if not on_gpu:  # other work on a shared CPU skews timings: record how busy it was
+        report.meta["load_avg_1m"] = round(os.getloadavg()[0], 2)
     table = report.table(f"gather one layer's K/V for a batch (block_size {cfg.block_size}, "
                          f"{lm.n_kv_heads} KV heads x head_dim {lm.head_dim}, {str(lm.dtype).removeprefix('torch.')})",
                          ["batch", "context", "tokens", "python ms", "ref ms", "kernel ms",

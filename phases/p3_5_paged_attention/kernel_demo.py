@@ -13,6 +13,8 @@ over 3 KV heads, head_dim 64), so `--model dummy:qwen3-0.6b` benchmarks Qwen3's 
 
 from __future__ import annotations
 
+import os
+
 import torch
 from rich.progress import Progress
 
@@ -51,6 +53,8 @@ def attn_bench(cfg: RunConfig) -> Report:
         opts.update(QUICK)
     device, on_gpu = lm.device, lm.device.startswith("cuda")
     report = cfg.new_report("attn_bench")
+    if not on_gpu:  # other work on a shared CPU skews timings: record how busy it was
+        report.meta["load_avg_1m"] = round(os.getloadavg()[0], 2)
     dtype_name = str(lm.dtype).removeprefix("torch.")
     table = report.table(f"decode attention, one layer ({lm.n_heads} query heads over {lm.n_kv_heads} KV heads, "
                          f"head_dim {lm.head_dim}, block_size {cfg.block_size}, {dtype_name})",
