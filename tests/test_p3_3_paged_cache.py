@@ -218,3 +218,8 @@ def test_tput_demo_runs_and_accounts_kv_exactly(tiny32, tmp_path):
     assert any("identical" in n for n in report.tables[1].notes)
     plot_tput(report, tmp_path / "tput.png")
     assert (tmp_path / "tput.png").stat().st_size > 0
+
+
+def test_notebook_runs():
+    from tests.nbrun import run_notebook
+    run_notebook("03_paging.ipynb")
