@@ -220,6 +220,14 @@ def test_tput_demo_runs_and_accounts_kv_exactly(tiny32, tmp_path):
     assert (tmp_path / "tput.png").stat().st_size > 0
 
 
+def test_tput_engine_selection():
+    from phases.p3_3_paged_cache.tput import TPUT_ENGINES, pick_engines
+    assert [e.name for e in pick_engines(TPUT_ENGINES, ["paged"])] == ["paged"]
+    assert pick_engines(TPUT_ENGINES, []) == TPUT_ENGINES
+    with pytest.raises(ValueError, match="unknown engine"):
+        pick_engines(TPUT_ENGINES, ["vllm"])
+
+
 def test_notebook_runs():
     from tests.nbrun import run_notebook
     run_notebook("03_paging.ipynb")

@@ -16,7 +16,8 @@ An engine enters the comparison as an `EngineRunner`:
 
 `measure(lm, runner, requests, max_running)` times one run and returns a row
 dict; `run_tput(cfg, engines)` is the whole demo body (a batch-size sweep over
-`engines`), and `TPUT_ENGINES` lists this phase's two engines. A later phase
+`engines`, or over those named by the `--engines` option), and `TPUT_ENGINES`
+lists this phase's two engines. A later phase
 takes over the `tput` demo and adds its own engine like this:
 
     @demo("tput", phase="p3_5", extends="p3_3", options=tput_options(), plot=plot_tput, help=...)
@@ -166,13 +167,26 @@ def tput_options() -> list[Option]:
                help="requests run together (max_running = batch size)"),
         Option("new_tokens", int, cpu=TPUT_NEW_TOKENS_CPU, gpu=TPUT_NEW_TOKENS_GPU,
                help="new tokens per request (EOS ignored, so every engine does equal work)"),
+        Option("engines", str, cpu=[], many=True,
+               help="run only these engines, by name (e.g. `--engines dyn paged`); empty = every engine"),
     ]
+
+
+def pick_engines(engines: list[EngineRunner], names: list[str] | None) -> list[EngineRunner]:
+    """The engines named in `names`, in the order of `engines` (all of them when `names` is empty)."""
+    if not names:
+        return list(engines)
+    unknown = set(names) - {e.name for e in engines}
+    if unknown:
+        raise ValueError(f"unknown engine(s) {sorted(unknown)}; this demo has {[e.name for e in engines]}")
+    return [e for e in engines if e.name in names]
 
 
 def run_tput(cfg: RunConfig, engines: list[EngineRunner]) -> Report:
     """For each batch size: every engine runs the same requests; KV peak, tok/s, ms/tok side by side."""
     from rich.progress import Progress
 
+    engines = pick_engines(engines, cfg.options.get("engines"))
     lm = cfg.load()
     batch_sizes, new_tokens = cfg.batch_sizes, cfg.new_tokens
     if cfg.quick:
