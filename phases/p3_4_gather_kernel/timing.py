@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
 import torch
 
@@ -47,3 +48,21 @@ def lengths_for(context: int, batch: int, seed: int = 0) -> list[int]:
     low = max(1, context // 2)
     rest = torch.randint(low, context + 1, (batch - 1,), generator=gen).tolist()
     return [context] + rest
+
+
+@contextmanager
+def cpu_threads(n: int) -> Iterator[None]:
+    """Run with `n` intra-op CPU threads (0: leave torch's default), then restore.
+
+    On a small shared CPU, a multi-threaded op waits at a barrier for every
+    thread; when the other cores are busy with other work, that wait (a
+    scheduler time slice, ~10 ms) can dwarf the op itself. One thread measures
+    the operation rather than the neighbours.
+    """
+    before = torch.get_num_threads()
+    if n > 0:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
