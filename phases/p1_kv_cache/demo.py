@@ -9,6 +9,8 @@ run are kept in `report.data` and the plot draws ms/tok against the position.
 
 from __future__ import annotations
 
+import torch
+
 from common.bench import PeakMemory
 from common.demos import Option, RunConfig, demo
 from common.prompts import DECODE_NEW_TOKENS_CPU, DECODE_NEW_TOKENS_GPU, DECODE_PROMPT
@@ -52,9 +54,24 @@ def plot_decode_sweep(report: Report, png_path) -> None:
           Option("new_tokens", int, cpu=DECODE_NEW_TOKENS_CPU, gpu=DECODE_NEW_TOKENS_GPU, many=True,
                  help="generated lengths to time (EOS ignored, so each run makes exactly this many tokens)"),
           Option("prompt", str, cpu=DECODE_PROMPT, help="the user message (chat template applied)"),
+          Option("threads", int, cpu=0, gpu=0,
+                 help="CPU intra-op threads while timing (0: torch's default); 1 is steadier on a shared CPU"),
       ],
       plot=plot_decode_sweep)
 def decode_sweep(cfg: RunConfig) -> Report:
+    # On a small CPU shared with other work, every multi-threaded op waits at a
+    # barrier for its slowest thread, which may be descheduled for a whole time
+    # slice; one thread then measures the model instead of the neighbours.
+    threads_before = torch.get_num_threads()
+    if cfg.threads > 0:
+        torch.set_num_threads(cfg.threads)
+    try:
+        return _sweep(cfg)
+    finally:
+        torch.set_num_threads(threads_before)
+
+
+def _sweep(cfg: RunConfig) -> Report:
     from rich.progress import Progress
 
     new_tokens = QUICK_NEW_TOKENS if cfg.quick else list(cfg.new_tokens)
@@ -96,7 +113,8 @@ def decode_sweep(cfg: RunConfig) -> Report:
     memory_note = ("peak MB: torch.cuda.max_memory_allocated (weights + activations + cache)" if lm.device.startswith("cuda")
                    else "peak MB: process RSS (weights, Python and activations), comparable only within this run")
     ratio.notes += [
-        f"prompt: {len(prompt_ids)} tokens (chat template); EOS ignored; one warm-up run per loop first.",
+        f"prompt: {len(prompt_ids)} tokens (chat template); EOS ignored; one warm-up run per loop first"
+        + ("." if lm.device.startswith("cuda") else f"; CPU threads: {torch.get_num_threads()}."),
         "tok/s = tokens / request latency (prefill included); ms/tok = mean decode step after the first token; "
         "TTFT = start to first token (the prefill).",
         memory_note,
