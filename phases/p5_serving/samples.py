@@ -1,13 +1,14 @@
 """`n` samples of one prompt (the OpenAI `n` parameter), behind one small adapter.
 
-The async engine asks three things of it: queue a request of `n` samples,
-say which request and which sample a `StepOutput`'s sequence belongs to, and
-drop one sample (a stop string) or all of them (the client went away).
+The server asks four things of it: which engine class to build, queue a
+request of `n` samples, say which request and which sample a `StepOutput`'s
+sequence belongs to, and drop one sample (a stop string) or all of them (the
+client went away).
 
-`IndependentSamples` runs the samples as `n` unrelated sequences: each
-prefills and stores its own copy of the prompt's K/V. Phase 4.1's
-copy-on-write engine shares those blocks instead; `SAMPLES` picks the
-adapter (one line to switch).
+`IndependentSamples` runs the samples as `n` unrelated sequences on the
+phase-3.5 engine: each prefills and stores its own copy of the prompt's K/V.
+Phase 4.1's copy-on-write engine shares those blocks instead; `SAMPLES`
+picks the adapter (one line to switch).
 """
 
 from __future__ import annotations
@@ -15,10 +16,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from common.sampling import SamplingParams
+from phases.p3_5_paged_attention.engine import BatchedPagedEngine
 
 
 class IndependentSamples:
     """A request's samples are plain sequences; the request is the list of them."""
+    engine_class = BatchedPagedEngine
 
     @staticmethod
     def sampling_for(sampling: SamplingParams, index: int) -> SamplingParams:

@@ -25,10 +25,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from phases.p3_5_paged_attention.engine import DEFAULT_MAX_RUNNING, BatchedPagedEngine
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
+from phases.p3_5_paged_attention.engine import DEFAULT_MAX_RUNNING
 from phases.p5_serving import protocol as P
 from phases.p5_serving.async_engine import DEFAULT_MAX_WAITING, AsyncEngine, EngineFailed, QueueFull
+from phases.p5_serving.samples import SAMPLES
 
 DISCONNECT_POLL_S = 0.25   # how often a non-streamed request checks that its client is still there
 RETRY_AFTER_S = 1          # what a 503 suggests
@@ -105,7 +106,7 @@ def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DE
                block_size: int = DEFAULT_BLOCK_SIZE, n_blocks: int | None = None, engine=None,
                model_name: str | None = None) -> FastAPI:
     """The app for one loaded model. The engine thread starts and stops with the app (lifespan)."""
-    engine = engine or BatchedPagedEngine(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks)
+    engine = engine or SAMPLES.engine_class(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks)
     aengine = AsyncEngine(engine, max_waiting=max_waiting)
     served = model_name or lm.name
     started = int(time.time())
