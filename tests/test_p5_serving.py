@@ -284,6 +284,32 @@ def test_full_queue_gets_503_and_pool_limits_get_400(tiny32):
         wait_idle(srv)
 
 
+class FailingEngine(BatchedPagedEngine):
+    """Raises inside the next forward pass when told to (after admission took blocks), as a CUDA error would."""
+    fail_next = False
+
+    def _forward(self, *args, **kwargs):
+        if self.fail_next:
+            self.fail_next = False
+            raise RuntimeError("injected failure")
+        return super()._forward(*args, **kwargs)
+
+
+def test_a_failing_step_fails_its_requests_not_the_server(tiny32):
+    engine = FailingEngine(tiny32, max_running=4, block_size=16, n_blocks=64)
+    with BackgroundServer(create_app(tiny32, engine=engine)) as srv:
+        c = client(srv)
+        kw = dict(model="tiny", prompt=PROMPT, max_tokens=4, temperature=0)
+        engine.fail_next = True
+        with pytest.raises(openai.InternalServerError, match="injected failure"):
+            c.completions.create(**kw)
+        engine.fail_next = True
+        with pytest.raises(openai.APIError, match="injected failure"):  # an error event inside the stream
+            list(c.completions.create(**kw, stream=True))
+        assert c.completions.create(**kw).choices[0].finish_reason == "length"  # the server carries on
+        wait_idle(srv)
+
+
 # --- the packaged model: real text, EOS ends the answer -----------------------------------
 def test_packaged_model_chat_equals_hf_greedy(smol32):
     app = create_app(smol32, max_running=4, n_blocks=64)
