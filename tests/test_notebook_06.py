@@ -1,0 +1,9 @@
+"""The phase-3.5 notebook runs headless."""
+
+from tests.nbrun import run_notebook
+
+
+def test_paged_attention_notebook_runs():
+    nb = run_notebook("06_paged_attention.ipynb")
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "outputs equal to hf_static: True" in text and "False" not in text
