@@ -66,7 +66,7 @@ class CacheStats:
 class _Chain:
     """One sequence's place in the cache: the hashes and table entries of its full blocks so far."""
     hashes: list[int] = field(default_factory=list)                 # hash of full block i
-    entries: list[CachedBlock | None] = field(default_factory=list)  # entry naming block i's contents
+    entries: list[CachedBlock] = field(default_factory=list)  # entry naming block i's contents (maybe another block's)
     broken: bool = False  # a block could not be cached (collision): nothing after it can be chained
 
     def last_hash(self) -> int:
