@@ -9,7 +9,8 @@ exactly as the kernel does it (one block per program):
 
 so token position p of sequence b comes from (block_tables[b, p // block_size],
 p % block_size). Copying whole blocks moves block_size * head_dim contiguous
-elements at a time, which is much faster on a CPU than indexing token by token.
+elements at a time, which is much faster on a CPU than indexing token by token,
+and the only full copy is the indexing itself.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def gather_reference(kv_store: torch.Tensor, layer_idx: int, block_tables: torch
                      seq_lens: torch.Tensor, max_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of a batch, each [B, n_kv_heads, max_len, head_dim], zero past each sequence's length.
 
+    The results may be views of one buffer (not contiguous); `.contiguous()` them if needed.
+
     kv_store     [n_blocks, n_layers, 2, n_kv_heads, block_size, head_dim]
     block_tables [B, max_blocks] int, physical block ids in logical order (padding never read)
     seq_lens     [B] int, tokens of each sequence in the pool
@@ -48,11 +51,14 @@ def gather_reference(kv_store: torch.Tensor, layer_idx: int, block_tables: torch
     # Table entries past a sequence's end are padding: read block 0 there instead (zeroed below).
     starts = torch.arange(n_logical, device=kv_store.device) * block_size      # [n_logical]
     ids = torch.where(starts[None, :] < lens, block_tables[:, :n_logical].long(), 0)  # [B, n_logical]
-    blocks = kv_store[ids.flatten(), layer_idx]            # [B * n_logical, 2, n_kv_heads, block_size, head_dim]
-    blocks = blocks.view(batch, n_logical, 2, n_kv_heads, block_size, head_dim)
-    # -> [2, B, n_kv_heads, n_logical, block_size, head_dim] -> [2, B, n_kv_heads, n_logical * block_size, head_dim]
-    kv = blocks.permute(2, 0, 3, 1, 4, 5).reshape(2, batch, n_kv_heads, n_logical * block_size, head_dim)
-    kv = kv[:, :, :, :max_len]
-    valid = torch.arange(max_len, device=kv_store.device)[None, :] < lens    # [B, max_len]
-    kv = kv.masked_fill(~valid[None, :, None, :, None], 0)                    # zero past each length
-    return kv[K_INDEX].contiguous(), kv[V_INDEX].contiguous()
+    # Index the pool with the block ids in the middle of a [2, n_kv_heads, n_blocks, ...] view, so the
+    # one copy the indexing makes already has the output's layout: [2, n_kv_heads, B, n_logical, block_size, head_dim].
+    layer = kv_store[:, layer_idx].permute(1, 2, 0, 3, 4)                 # [2, n_kv_heads, n_blocks, block_size, head_dim]
+    kv = layer[:, :, ids].view(2, n_kv_heads, batch, n_logical * block_size, head_dim)
+    kv = kv.transpose(1, 2)                                                  # [2, B, n_kv_heads, n_logical * block_size, head_dim]
+    # `kv` is a fresh copy (advanced indexing copies), so zero each sequence's tail in
+    # place. Slicing touches only the tails; a length mask would rewrite every element.
+    for b, n in enumerate(lens[:, 0].tolist()):
+        kv[:, b, :, n:] = 0
+    kv = kv[:, :, :, :max_len]                                                # may be a view past max_len
+    return kv[K_INDEX], kv[V_INDEX]
