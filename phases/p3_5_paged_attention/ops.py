@@ -6,7 +6,10 @@
 
 On CUDA tensors the Triton kernels run. On CPU the PyTorch references run
 (Triton has no CPU backend; its interpreter is a correctness tool, not a
-fast path), and the first call says so once. ENGINE_FORCE_TRITON_INTERPRET=1
+fast path), and the first call says so once. For attention the CPU path is
+gather + SDPA (`paged_decode_attention_gather_sdpa`): tested equal to the
+fp32 reference, and faster on long contexts because it makes no fp32,
+head-repeated copies of K/V (attn_bench's `gather+SDPA ms` column). ENGINE_FORCE_TRITON_INTERPRET=1
 forces the kernels on CPU, under the interpreter, for tests.
 
 For the K/V store both versions are kept: the Triton one is one launch that
@@ -22,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from phases.p3_4_gather_kernel.dispatch import announce_reference_once, gather_kv, use_kernels
-from phases.p3_5_paged_attention.reference import paged_decode_attention_reference, write_kv_reference
+from phases.p3_5_paged_attention.reference import paged_decode_attention_gather_sdpa, write_kv_reference
 
 __all__ = ["paged_decode_attention", "write_kv", "gather_kv"]
 
@@ -50,7 +53,7 @@ def paged_decode_attention(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: i
         return kernels.paged_decode_attention_split(q, kv_store, layer_idx, block_tables, seq_lens, scale,
                                                     blocks_per_split)
     announce_reference_once(ATTENTION_FEATURE)
-    return paged_decode_attention_reference(q, kv_store, layer_idx, block_tables, seq_lens, scale)
+    return paged_decode_attention_gather_sdpa(q, kv_store, layer_idx, block_tables, seq_lens, scale)
 
 
 def write_kv(kv_store: torch.Tensor, layer_idx: int, k: torch.Tensor, v: torch.Tensor,

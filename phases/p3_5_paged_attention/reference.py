@@ -4,6 +4,9 @@
   `gather_reference`, then plain masked attention in fp32.
 - `sdpa_decode_contiguous`: the second oracle, and what a non-paged engine
   does: SDPA over K/V already stored contiguously (padded), with a length mask.
+- `paged_decode_attention_gather_sdpa`: gather, then SDPA. The same answer as
+  the first, faster on a CPU (no fp32 copies of K/V, no repeat_interleave),
+  so it is the CPU path of `ops.paged_decode_attention`.
 - `write_kv_reference`: store new K/V into the pool by slot with one index_put.
 """
 
@@ -43,7 +46,7 @@ def sdpa_decode_contiguous(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, se
 
     q [B, n_heads, head_dim]; k, v [B, n_kv_heads, max_len, head_dim]; positions at or
     past seq_lens[b] are masked out. Runs in the inputs' dtype, as a model would.
-    Returns [B, n_heads, head_dim].
+    Returns [B, n_heads, head_dim]; a sequence of length 0 gets zeros.
     """
     batch, n_heads, _ = q.shape
     n_kv_heads, max_len = k.shape[1], k.shape[2]
@@ -53,7 +56,17 @@ def sdpa_decode_contiguous(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, se
     out = F.scaled_dot_product_attention(q[:, :, None, :], k.to(q.dtype), v.to(q.dtype),
                                          attn_mask=mask[:, None, None, :], scale=scale,
                                          enable_gqa=n_heads != n_kv_heads)              # [B, H, 1, D]
-    return out[:, :, 0]
+    # SDPA turns a fully masked row into NaN; give it zeros, like the other paths.
+    return out[:, :, 0].masked_fill((seq_lens == 0).to(q.device)[:, None, None], 0)
+
+
+def paged_decode_attention_gather_sdpa(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int,
+                                       block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                                       scale: float | None = None, max_len: int | None = None) -> torch.Tensor:
+    """`paged_decode_attention_reference`'s contract, computed as gather + SDPA (the CPU fast path)."""
+    check_decode_inputs(q, kv_store, layer_idx, block_tables, seq_lens)
+    k, v = gather_reference(kv_store, layer_idx, block_tables, seq_lens, max_len)  # [B, H_kv, L, D]
+    return sdpa_decode_contiguous(q, k, v, seq_lens, scale)
 
 
 def write_kv_reference(kv_store: torch.Tensor, layer_idx: int, k: torch.Tensor, v: torch.Tensor,
