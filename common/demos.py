@@ -26,6 +26,7 @@ DEMO_MODULES = [
     "phases.p3_4_gather_kernel.demo",
     "phases.p3_5_paged_attention.kernel_demo",
     "phases.p3_5_paged_attention.demo",
+    "phases.p4_1_copy_on_write.demo",
     "phases.p5_serving.demo",
     "phases.p4_3_prefix_caching.demo",
 ]

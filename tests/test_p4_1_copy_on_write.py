@@ -208,3 +208,9 @@ def test_abort_group_frees_shared_blocks(tiny32):
     assert group.done and all(s.finish_reason == "abort" for s in group.seqs)
     assert engine.allocator.n_free == engine.allocator.n_blocks
 
+
+def test_cow_demo_runs_quick():
+    from common.__main__ import run_demo
+    report = run_demo("cow_demo", model="tiny", device="cpu", dtype="fp32", quick=True)
+    assert report.data["n_copied"] >= 1
+    assert report.tables[0].rows
