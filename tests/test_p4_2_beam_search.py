@@ -1,0 +1,108 @@
+"""Beam search over shared blocks: the best sequence equals HF generate(num_beams=k, do_sample=False),
+beams fork and free blocks every step with refcounts always right, and nothing leaks."""
+
+import pytest
+import torch
+
+from common.sampling import SamplingParams
+from phases.p4_1_copy_on_write.block_ops import check_refcounts
+from phases.p4_2_beam_search.beam import BeamSearch
+from phases.p4_2_beam_search.engine import BeamSearchEngine
+from tests.oracles import hf_greedy
+
+MAX_NEW = 12
+# the best beam of the first ends with EOS inside 12 tokens, the second's runs to the cap
+PACKAGED_PROMPTS = ["Name one fruit.", "What is 2 + 2?"]
+
+
+@torch.inference_mode()
+def hf_beam(lm, prompt_ids, k, max_new_tokens, **kwargs) -> list[int]:
+    ids = torch.tensor([prompt_ids], device=lm.device)
+    out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), num_beams=k, do_sample=False,
+                            max_new_tokens=max_new_tokens, eos_token_id=sorted(lm.eos_token_ids),
+                            pad_token_id=lm.pad_token_id, **kwargs)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def _run_checked(engine):
+    """Run to the end, checking after every step that refcounts equal the number of tables holding each block."""
+    while engine.has_work():
+        engine.step()
+        check_refcounts(engine.allocator, [s.kv for s in engine.running])
+    assert engine.allocator.n_free == engine.allocator.n_blocks
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_best_beam_equals_hf_packaged_model(smol32, k):
+    engine = BeamSearchEngine(smol32, block_size=16, n_blocks=128)
+    groups = [engine.add_beam_search(p, beam_width=k, max_new_tokens=MAX_NEW) for p in PACKAGED_PROMPTS]
+    _run_checked(engine)
+    for g in groups:
+        assert g.best == hf_beam(smol32, g.prompt_ids, k, MAX_NEW), (k, g.prompt)
+    assert any(g.hypotheses[0].finish_reason == "eos" for g in groups)  # the EOS path was exercised
+
+
+@pytest.mark.parametrize("k,kwargs", [(2, {}), (3, dict(early_stopping=True)), (3, dict(length_penalty=0.5)),
+                                      (2, dict(early_stopping="never", length_penalty=2.0))])
+def test_best_beam_equals_hf_tiny_model_small_blocks(tiny32, k, kwargs):
+    engine = BeamSearchEngine(tiny32, block_size=4, n_blocks=256)
+    gen = torch.Generator().manual_seed(k)
+    prompts = [torch.randint(100, 40000, (n,), generator=gen).tolist() for n in (3, 13)]
+    groups = [engine.add_beam_search(prompt_ids=p, beam_width=k, max_new_tokens=MAX_NEW, **kwargs) for p in prompts]
+    _run_checked(engine)
+    for g in groups:
+        assert g.best == hf_beam(tiny32, g.prompt_ids, k, MAX_NEW, **kwargs)
+    assert engine.n_copied > 0  # beams that shared a partial block copied it before writing
+
+
+def test_beams_share_history_and_free_pruned_blocks_every_step(tiny32):
+    engine = BeamSearchEngine(tiny32, block_size=2, n_blocks=128)
+    group = engine.add_beam_search(prompt_ids=list(range(300, 305)), beam_width=4, max_new_tokens=10)
+    engine.step()                                   # prefill once, then 4 beams forked from the prompt
+    assert engine.n_forward_passes == 1 and len(group.seqs) == 4
+    assert all(s.kv.block_ids == group.seqs[0].kv.block_ids for s in group.seqs)
+    shared_ever, freed_ever = False, False
+    while not group.done:
+        before = {b for s in group.seqs for b in s.kv.block_ids}
+        engine.step()
+        if group.done:
+            break
+        tables = [s.kv for s in group.seqs]
+        held = {b for t in tables for b in t.block_ids}
+        shared_ever |= any(engine.allocator.refcount(b) > 1 for b in held - set(tables[0].block_ids[:2]))
+        freed_ever |= any(engine.allocator.refcount(b) == 0 for b in before - held)
+        assert engine.allocator.n_used == len(held)   # a block no beam holds is free at once
+    assert shared_ever and freed_ever               # generated blocks were shared, pruned ones freed
+    assert engine.allocator.n_free == engine.allocator.n_blocks
+    assert [s.output_ids for s in group.seqs] == [h.token_ids for h in group.hypotheses]
+
+
+def test_beams_ride_in_the_same_batch_as_samples_and_plain_requests(tiny32):
+    prompt = list(range(500, 509))
+    alone = BeamSearchEngine(tiny32, block_size=4, n_blocks=128)
+    solo = alone.add_beam_search(prompt_ids=prompt, beam_width=3, max_new_tokens=8)
+    alone.run()
+    engine = BeamSearchEngine(tiny32, max_running=16, block_size=4, n_blocks=256)
+    beams = engine.add_beam_search(prompt_ids=prompt, beam_width=3, max_new_tokens=8)
+    other = engine.add_beam_search(prompt_ids=list(range(700, 706)), beam_width=2, max_new_tokens=8)
+    plain = engine.add(prompt_ids=list(range(900, 911)), max_new_tokens=8, ignore_eos=True)
+    samples = engine.add(prompt_ids=list(range(900, 911)), max_new_tokens=8, ignore_eos=True, n=2,
+                         sampling=SamplingParams(temperature=0.9, seed=3))
+    _run_checked(engine)
+    assert engine.n_forward_passes == engine.n_steps  # one pass per step: all of them decode together
+    assert beams.best == solo.best and other.done and samples.done
+    assert plain.outputs[0] == hf_greedy(tiny32, plain.prompt_ids, 8, ignore_eos=True)
+
+
+def test_beam_search_refuses_bad_input(tiny32):
+    engine = BeamSearchEngine(tiny32, max_running=4, block_size=4, n_blocks=16)
+    with pytest.raises(ValueError, match="beam width"):
+        engine.add_beam_search(prompt_ids=[5, 6], beam_width=0, max_new_tokens=4)
+    with pytest.raises(ValueError, match="max_running"):
+        engine.add_beam_search(prompt_ids=[5, 6], beam_width=5, max_new_tokens=4)
+    with pytest.raises(ValueError, match="whole pool"):
+        engine.add_beam_search(prompt_ids=[5, 6], beam_width=4, max_new_tokens=30)
+    with pytest.raises(ValueError, match="early_stopping"):
+        BeamSearch(2, 4, {2}, early_stopping="sometimes")
+    assert not engine.has_work()
+
