@@ -27,6 +27,7 @@ DEMO_MODULES = [
     "phases.p3_5_paged_attention.kernel_demo",
     "phases.p3_5_paged_attention.demo",
     "phases.p4_1_copy_on_write.demo",
+    "phases.p4_2_beam_search.demo",
     "phases.p5_serving.demo",
     "phases.p4_3_prefix_caching.demo",
 ]

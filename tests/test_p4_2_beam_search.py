@@ -106,3 +106,11 @@ def test_beam_search_refuses_bad_input(tiny32):
         BeamSearch(2, 4, {2}, early_stopping="sometimes")
     assert not engine.has_work()
 
+
+def test_share_demo_runs_quick():
+    from common.__main__ import run_demo
+    report = run_demo("share_demo", model="tiny", device="cpu", dtype="fp32", quick=True)
+    runs = report.data["runs"]
+    assert [r["method"] for r in runs] == ["parallel sampling", "beam search"]
+    assert all(0 < r["saving"] < 1 and len(r["held"]) == r["decode_passes"] for r in runs)
+
