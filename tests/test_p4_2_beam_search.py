@@ -114,3 +114,7 @@ def test_share_demo_runs_quick():
     assert [r["method"] for r in runs] == ["parallel sampling", "beam search"]
     assert all(0 < r["saving"] < 1 and len(r["held"]) == r["decode_passes"] for r in runs)
 
+
+def test_notebook_runs():
+    from tests.nbrun import run_notebook
+    run_notebook("04_sharing.ipynb")
