@@ -112,6 +112,7 @@ def plot_gather(report: Report, png_path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
     rows = report.data["rows"]
     batches = sorted({r["batch"] for r in rows})
@@ -124,7 +125,10 @@ def plot_gather(report: Report, png_path) -> None:
             ys = [r[key] for r in sel]
             if all(y is not None for y in ys):
                 ax.plot(ctx, ys, marker="o", label=label)
-        ax.set(title=f"batch {b}", xlabel="context (tokens)", xscale="log", yscale="log")
+        ax.set(title=f"batch {b}", xlabel="context (tokens)", yscale="log")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ctx, [str(c) for c in ctx])
+        ax.xaxis.set_minor_locator(NullLocator())
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("ms per gather (one layer)")
     axes[0][0].legend()
