@@ -9,7 +9,8 @@ our engines: at every decode pass the engine records
                (what the same sequences would hold if each stored its own K/V)
 
 and the demo reports `1 - sum(held) / sum(unshared)` over the run (the saving
-averaged over time, in block-steps), and the same ratio at the peak.
+averaged over time, in block-steps) and `1 - max(held) / max(unshared)` (the
+pool each way would need at its peak).
 
 Workload: the first `n_prompts` of the interleaved short/long latency prompts
 (common/prompts.py, chat template applied), all submitted at once, each as one
@@ -97,8 +98,8 @@ def plot_share(report: Report, png_path) -> None:
 @demo("share_demo", phase="p4_2", help="KV memory saved by block sharing: parallel sampling (n) and beam search (k)",
       options=[Option("ns", int, cpu=[2, 4, 6], gpu=[2, 4, 6], many=True, help="samples per request"),
                Option("beam_widths", int, cpu=[2, 4, 6], gpu=[2, 4, 6], many=True, help="beam widths"),
-               Option("max_new_tokens", int, cpu=48, gpu=256, help="cap on generated tokens"),
-               Option("n_prompts", int, cpu=4, gpu=8, help="requests (interleaved short/long prompts)"),
+               Option("max_new_tokens", int, cpu=64, gpu=256, help="cap on generated tokens"),
+               Option("n_prompts", int, cpu=8, gpu=8, help="requests (interleaved short/long prompts)"),
                Option("block_size", int, cpu=DEFAULT_BLOCK_SIZE, help="tokens per KV block")],
       plot=plot_share)
 def share_demo(cfg: RunConfig) -> Report:
@@ -130,8 +131,8 @@ def share_demo(cfg: RunConfig) -> Report:
     t.notes += [
         "held: distinct blocks the running sequences hold; unshared: the sum of their table lengths (each "
         "sequence storing its own K/V); both sampled at every decode pass",
-        "saving (run avg) = 1 - sum(held) / sum(unshared) over the run; at peak: at the pass holding most blocks "
-        "(held/unshared blocks)",
+        "saving (run avg) = 1 - sum(held) / sum(unshared) over the run; at peak = 1 - max(held) / max(unshared): "
+        "the pool each way would need (max held / max unshared blocks)",
         "prompt tok: chat-template prompt length; gen tok: tokens per sample (parallel) or beam-search steps",
         f"parallel sampling: temperature {SAMPLE_TEMPERATURE}, seed {SAMPLE_SEED}, stop at EOS or the cap; "
         "beam search: HF rules, length_penalty 1.0, early_stopping False",
