@@ -8,8 +8,9 @@ On CUDA tensors the Triton kernels run. On CPU the PyTorch references run
 (Triton has no CPU backend; its interpreter is a correctness tool, not a
 fast path), and the first call says so once. For attention the CPU path is
 gather + SDPA (`paged_decode_attention_gather_sdpa`): tested equal to the
-fp32 reference, and faster on long contexts because it makes no fp32,
-head-repeated copies of K/V (attn_bench's `gather+SDPA ms` column). ENGINE_FORCE_TRITON_INTERPRET=1
+fp32 reference, it is the same SDPA call a `transformers` model makes over its
+own cache, and it makes no fp32, head-repeated copies of K/V, so its cost
+stays close to plain SDPA as contexts grow (attn_bench's `gather+SDPA ms`). ENGINE_FORCE_TRITON_INTERPRET=1
 forces the kernels on CPU, under the interpreter, for tests.
 
 For the K/V store both versions are kept: the Triton one is one launch that
