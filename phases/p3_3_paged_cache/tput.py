@@ -46,7 +46,7 @@ from phases.p3_3_paged_cache.scheduler import PagedScheduler, blocks_for
 
 TPUT_BATCH_SIZES_CPU = [1, 2, 4, 8]
 TPUT_BATCH_SIZES_GPU = [1, 2, 4, 8, 16, 32]   # the blog's table
-TPUT_NEW_TOKENS_CPU = 32
+TPUT_NEW_TOKENS_CPU = 64
 TPUT_NEW_TOKENS_GPU = 256
 QUICK_BATCH_SIZES = [1, 2]
 QUICK_NEW_TOKENS = 4
