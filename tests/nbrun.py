@@ -18,8 +18,6 @@ def run_notebook(name: str, timeout: int = NOTEBOOK_TIMEOUT_S) -> nbformat.Noteb
     nb = nbformat.read(path, as_version=4)
     env_pp = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{env_pp}" if env_pp else str(REPO_ROOT)
-    # MPLBACKEND=Agg: figures render to PNG outputs without a display.
-    os.environ.setdefault("MPLBACKEND", "Agg")
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(REPO_ROOT)}})
     client.execute()
     return nb
