@@ -285,6 +285,7 @@ class AsyncEngine:
         if len(req.ended) == req.n:  # nothing more will come for it: forget it
             for key in self.samples.keys(req.ticket):
                 self._owner.pop(key, None)
+            self.samples.forget(self.engine, req.ticket)
 
     def _dispatch(self, outputs) -> None:
         batch: dict[Request, list[TokenEvent]] = defaultdict(list)
@@ -304,6 +305,7 @@ class AsyncEngine:
         """Abort every request in the engine and tell its client (a step raised, or shutdown)."""
         for req in {id(r): r for r in self._owner.values()}.values():
             self.samples.abort(self.engine, req.ticket)
+            self.samples.forget(self.engine, req.ticket)
             self._call(self._deliver, {req: [error]})
         self._owner.clear()
         # Sequences nobody owns any more (e.g. caught mid-step) must not hold blocks either.
