@@ -14,9 +14,9 @@ import httpx
 import openai
 import pytest
 
-from phases.p3_5_paged_attention.engine import BatchedPagedEngine
 from phases.p5_serving.detokenize import IncrementalDetokenizer, StopStrings, TextStream
 from phases.p5_serving.launch import BackgroundServer
+from phases.p5_serving.samples import SAMPLES
 from phases.p5_serving.server import create_app
 from tests.oracles import hf_greedy
 
@@ -52,7 +52,7 @@ def post(srv, path: str, content: bytes) -> httpx.Response:
                       timeout=CLIENT_TIMEOUT_S, trust_env=False)
 
 
-class RecordingEngine(BatchedPagedEngine):
+class RecordingEngine(SAMPLES.engine_class):
     """Remembers every abort of a sequence that was running, and how far it had got."""
 
     def __init__(self, *a, **kw):
@@ -175,6 +175,20 @@ def test_n_samples_seeded_and_streamed(tiny_idle):
     assert list(streamed.values()) == [ch.text for ch in a.choices]
 
 
+def test_n_samples_share_the_prompt_blocks(tiny_idle):
+    engine = tiny_idle.app.state.engine.engine
+    copied = engine.n_copied
+    r = client(tiny_idle).completions.create(model="tiny", prompt=PROMPT, max_tokens=4, temperature=1.0, n=4,
+                                             extra_body={"ignore_eos": True})
+    assert len(r.choices) == 4
+    # One prefill, then the prompt's last (partly filled) block is copied on its first write by
+    # 3 of the 4 samples; the 4th writes in place. Independent sequences would copy nothing.
+    assert engine.n_copied - copied == 3
+    assert not engine.groups  # the finished request is forgotten: a long-running server keeps no records
+    with pytest.raises(openai.BadRequestError, match="max_running"):
+        client(tiny_idle).completions.create(model="tiny", prompt=PROMPT, max_tokens=4, n=9)
+
+
 def test_stop_string_ends_the_sequence_early(tiny_idle):
     c = client(tiny_idle)
     kw = dict(model="tiny", prompt=PROMPT, max_tokens=16, temperature=0, extra_body={"ignore_eos": True})
@@ -284,7 +298,7 @@ def test_full_queue_gets_503_and_pool_limits_get_400(tiny32):
         wait_idle(srv)
 
 
-class FailingEngine(BatchedPagedEngine):
+class FailingEngine(SAMPLES.engine_class):
     """Raises inside the next forward pass when told to (after admission took blocks), as a CUDA error would."""
     fail_next = False
 
