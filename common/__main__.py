@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from common import demos as registry
+from common.bench import cpu_threads
 from common.report import RESULTS_DIR, print_report, save_report
 
 
@@ -27,6 +28,9 @@ def build_parser(all_demos: dict[str, registry.Demo]) -> argparse.ArgumentParser
         sp.add_argument("--dtype", default=None, help="bf16 (default), fp16 or fp32")
         sp.add_argument("--results-dir", default=str(RESULTS_DIR), help="where JSON/markdown/PNG go")
         sp.add_argument("--no-save", action="store_true", help="print only, save nothing")
+        if "threads" not in {o.name for o in d.options}:
+            sp.add_argument("--threads", type=int, default=0,
+                            help="CPU intra-op threads (0: torch's default); 1 is steadier on a shared CPU")
         for o in d.options:
             flag = "--" + o.name.replace("_", "-")
             sp.add_argument(flag, dest=o.name, type=o.type, nargs="+" if o.many else None, default=None,
@@ -35,12 +39,13 @@ def build_parser(all_demos: dict[str, registry.Demo]) -> argparse.ArgumentParser
 
 
 def run_demo(name: str, model: str = "smollm2-135m", device: str | None = None, dtype: str | None = None,
-             options: dict | None = None, quick: bool = False):
-    """Resolve the options for this device, run the demo, return its Report."""
+             options: dict | None = None, quick: bool = False, threads: int = 0):
+    """Resolve the options for this device, run the demo (with `threads` CPU threads if > 0), return its Report."""
     demo = registry.get(name)
     cfg = registry.RunConfig(model=model, device=device, dtype=dtype, quick=quick)
     cfg.options = demo.resolve(cfg.on_gpu, options)
-    return demo.run(cfg)
+    with cpu_threads(threads):
+        return demo.run(cfg)
 
 
 def save_outputs(name: str, report, results_dir: Path | str = RESULTS_DIR) -> list[Path]:
@@ -69,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     demo = all_demos[args.demo]
     given = {o.name: getattr(args, o.name) for o in demo.options if getattr(args, o.name) is not None}
-    report = run_demo(args.demo, args.model, args.device, args.dtype, given)
+    report = run_demo(args.demo, args.model, args.device, args.dtype, given, threads=getattr(args, "threads", 0) or 0)
     print_report(report)
     if not args.no_save:
         for path in save_outputs(args.demo, report, args.results_dir):

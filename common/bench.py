@@ -155,6 +155,24 @@ def timed(device: str | torch.device | None = None) -> Iterator[dict]:
     out["s"] = now(device) - start
 
 
+@contextmanager
+def cpu_threads(n: int) -> Iterator[None]:
+    """Run with `n` intra-op CPU threads (0: leave torch's default), then restore.
+
+    On a small shared CPU, a multi-threaded op waits at a barrier for every
+    thread; when the other cores are busy with other work, that wait (a
+    scheduler time slice, ~10 ms) can dwarf the op itself. One thread measures
+    the operation rather than the neighbours. Every demo takes `--threads`.
+    """
+    before = torch.get_num_threads()
+    if n > 0:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def kv_bytes_per_token(lm) -> int:
     """Bytes of K and V one token occupies across all layers: 2 * L * H_kv * D * itemsize."""
     itemsize = torch.empty((), dtype=lm.dtype).element_size()

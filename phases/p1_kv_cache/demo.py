@@ -54,21 +54,11 @@ def plot_decode_sweep(report: Report, png_path) -> None:
           Option("new_tokens", int, cpu=DECODE_NEW_TOKENS_CPU, gpu=DECODE_NEW_TOKENS_GPU, many=True,
                  help="generated lengths to time (EOS ignored, so each run makes exactly this many tokens)"),
           Option("prompt", str, cpu=DECODE_PROMPT, help="the user message (chat template applied)"),
-          Option("threads", int, cpu=0, gpu=0,
-                 help="CPU intra-op threads while timing (0: torch's default); 1 is steadier on a shared CPU"),
       ],
       plot=plot_decode_sweep)
 def decode_sweep(cfg: RunConfig) -> Report:
-    # On a small CPU shared with other work, every multi-threaded op waits at a
-    # barrier for its slowest thread, which may be descheduled for a whole time
-    # slice; one thread then measures the model instead of the neighbours.
-    threads_before = torch.get_num_threads()
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
-    try:
-        return _sweep(cfg)
-    finally:
-        torch.set_num_threads(threads_before)
+    # `--threads 1` (a flag of every demo) is steadier on a small shared CPU.
+    return _sweep(cfg)
 
 
 def _sweep(cfg: RunConfig) -> Report:

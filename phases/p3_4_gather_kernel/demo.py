@@ -21,7 +21,7 @@ from common.report import Report
 from phases.p3_3_paged_cache.gather import gather_python
 from phases.p3_4_gather_kernel.batch import random_paged_batch
 from phases.p3_4_gather_kernel.reference import gather_reference
-from phases.p3_4_gather_kernel.timing import cpu_threads, lengths_for, median_ms
+from phases.p3_4_gather_kernel.timing import lengths_for, median_ms
 
 POOL_LAYERS = 2      # the pool interleaves layers inside each block; two are enough to gather "a layer"
 LAYER = 1
@@ -43,11 +43,9 @@ def _row_batch(lm, batch_size, context, block_size, device):
           Option("block_size", int, cpu=16, gpu=16, help="tokens per KV block"),
           Option("warmup", int, cpu=2, gpu=5, help="untimed calls before timing"),
           Option("iters", int, cpu=10, gpu=50, help="timed calls (median reported)"),
-          Option("threads", int, cpu=0, gpu=0, help="CPU intra-op threads while timing (0: torch's default)"),
       ], plot=lambda report, png: plot_gather(report, png))
 def gather_bench(cfg: RunConfig) -> Report:
-    with cpu_threads(cfg.threads):
-        return _run(cfg)
+    return _run(cfg)
 
 
 def _run(cfg: RunConfig) -> Report:

@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from common.bench import sync
+from common.bench import cpu_threads, sync  # noqa: F401  (cpu_threads re-exported)
 
 
 def median_ms(fn: Callable[[], object], device: str | torch.device, warmup: int = 3, iters: int = 20) -> float:
@@ -50,19 +50,3 @@ def lengths_for(context: int, batch: int, seed: int = 0) -> list[int]:
     return [context] + rest
 
 
-@contextmanager
-def cpu_threads(n: int) -> Iterator[None]:
-    """Run with `n` intra-op CPU threads (0: leave torch's default), then restore.
-
-    On a small shared CPU, a multi-threaded op waits at a barrier for every
-    thread; when the other cores are busy with other work, that wait (a
-    scheduler time slice, ~10 ms) can dwarf the op itself. One thread measures
-    the operation rather than the neighbours.
-    """
-    before = torch.get_num_threads()
-    if n > 0:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)

@@ -23,7 +23,7 @@ from common.demos import Option, RunConfig, demo
 from common.report import Report
 from phases.p3_4_gather_kernel.batch import random_paged_batch
 from phases.p3_4_gather_kernel.reference import gather_reference
-from phases.p3_4_gather_kernel.timing import cpu_threads, lengths_for, median_ms
+from phases.p3_4_gather_kernel.timing import lengths_for, median_ms
 from phases.p3_5_paged_attention.reference import (paged_decode_attention_gather_sdpa,
                                                    paged_decode_attention_reference, sdpa_decode_contiguous)
 
@@ -47,11 +47,9 @@ def _max_abs_err(a: torch.Tensor, b: torch.Tensor) -> float:
           Option("split_blocks", int, cpu=16, gpu=16, help="KV blocks per program in the split-KV variant"),
           Option("warmup", int, cpu=2, gpu=5, help="untimed calls before timing"),
           Option("iters", int, cpu=10, gpu=50, help="timed calls (median reported)"),
-          Option("threads", int, cpu=0, gpu=0, help="CPU intra-op threads while timing (0: torch's default)"),
       ], plot=lambda report, png: plot_attn(report, png))
 def attn_bench(cfg: RunConfig) -> Report:
-    with cpu_threads(cfg.threads):
-        return _run(cfg)
+    return _run(cfg)
 
 
 def _run(cfg: RunConfig) -> Report:

@@ -23,7 +23,6 @@ from common.demos import Option, RunConfig, demo
 from common.prompts import format_prompt
 from common.report import Report
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
-from phases.p3_4_gather_kernel.timing import cpu_threads
 from phases.p3_5_paged_attention.engine import BatchedPagedEngine
 from phases.p4_3_prefix_caching.engine import PrefixCachingEngine
 
@@ -144,8 +143,6 @@ def plot_prefix(report: Report, png_path) -> None:
           Option("max_running", int, cpu=4, gpu=64, help="sequences running at once"),
           Option("block_size", int, cpu=DEFAULT_BLOCK_SIZE, help="tokens per KV block"),
           Option("n_blocks", int, cpu=1024, gpu=0, help="KV pool blocks (0: size the pool from free memory)"),
-          Option("threads", int, cpu=0, gpu=0,
-                 help="CPU intra-op threads (0: torch's default); 1 is steadier on a shared CPU"),
       ], plot=plot_prefix)
 def prefix_demo(cfg: RunConfig) -> Report:
     from rich.progress import Progress
@@ -169,7 +166,7 @@ def prefix_demo(cfg: RunConfig) -> Report:
     gains = report.table("Speedup from prefix caching", ["shots", "TTFT speedup", "throughput speedup",
                                                          "outputs identical"])
     report.data.update(block_size=cfg.block_size, runs=[])
-    with cpu_threads(cfg.threads), Progress(transient=True) as progress:
+    with Progress(transient=True) as progress:
         # Warm-up on a throwaway engine: the first forward passes pay one-off costs.
         warm = BatchedPagedEngine(lm, **engine_kwargs)
         _run(warm, request_ids(lm, 0, 2), 2, progress, "warm-up")
@@ -195,7 +192,7 @@ def prefix_demo(cfg: RunConfig) -> Report:
             gains.add_row(shots, f"{off['mean_ttft_ms'] / on['mean_ttft_ms']:.2f}x",
                           f"{on['total_tok_s'] / off['total_tok_s']:.2f}x", f"{same}/{len(prompts)}")
     runs.notes += [
-        f"CPU threads: {cfg.threads or 'torch default'}" if not cfg.on_gpu else f"GPU: {report.meta.get('device_name')}",
+        f"CPU threads: {torch.get_num_threads()}" if not cfg.on_gpu else f"GPU: {report.meta.get('device_name')}",
         f"all requests arrive at t = 0; {opts['max_running']} run at once; block size {cfg.block_size}; "
         f"TTFT includes the time a request waits in the queue",
         "hit rate = prompt blocks found in the cache / full prompt blocks looked up ((len - 1) // block_size "
