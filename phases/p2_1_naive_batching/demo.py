@@ -97,7 +97,7 @@ def plot_waste(report, png_path) -> None:
             edgecolor="grey", label="steps carried after it finished (waste)")
     ax.invert_yaxis()
     ax.set_xlabel("decode steps of the batch")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, fontsize=8, frameon=False)
     ax.set_title(f"static batching: the batch ran {d['n_decode_steps']} decode steps ({report.meta.get('model')})")
     fig.tight_layout()
     fig.savefig(png_path, dpi=120)
