@@ -1,7 +1,9 @@
 """A request's life: `Status` and `Sequence`, shared by every scheduler from here on.
 
-A sequence moves WAITING -> PREFILLING -> DECODING -> DONE, exactly once each
-(phase 4's preemption adds PREEMPTED, which sends it back to WAITING).
+A sequence moves WAITING -> PREFILLING -> DECODING -> DONE, exactly once each,
+unless phase 4.4 preempts it: DECODING -> PREEMPTED, then back to PREFILLING
+(recomputation: its prompt and outputs are prefilled again) or straight to
+DECODING (swapping: its blocks are copied back in), possibly several times.
 `kv` is whatever KV state the engine keeps for it: a `DynamicCache` in phase
 2, a `BlockTable` from phase 3 on.
 """
@@ -21,13 +23,16 @@ class Status(Enum):
     PREFILLING = auto()
     DECODING = auto()
     DONE = auto()
+    PREEMPTED = auto()  # phase 4.4: evicted from the pool to make room, waiting to be recomputed or swapped in
 
 
 # The only moves a sequence may make. Anything else is a scheduler bug.
 ALLOWED_MOVES = {
     Status.WAITING: {Status.PREFILLING},
     Status.PREFILLING: {Status.DECODING, Status.DONE},
-    Status.DECODING: {Status.DONE},
+    Status.DECODING: {Status.DONE, Status.PREEMPTED},
+    # phase 4.4: recomputation prefills prompt + outputs again; a swap-in resumes decoding
+    Status.PREEMPTED: {Status.PREFILLING, Status.DECODING},
     Status.DONE: set(),
 }
 
