@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-DEMOS  := decode_sweep sweep waste_demo latency_demo wall alloc_demo table_demo block_size_study snapshot tput gather_bench attn_bench workload_bench bench_serve prefix_demo cow_demo share_demo
+DEMOS  := decode_sweep sweep waste_demo latency_demo wall alloc_demo table_demo block_size_study snapshot tput gather_bench attn_bench workload_bench bench_serve prefix_demo cow_demo share_demo preempt_demo stress_demo
 
 .PHONY: install demo test list serve $(DEMOS) clean-cache
 

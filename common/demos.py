@@ -30,6 +30,7 @@ DEMO_MODULES = [
     "phases.p4_2_beam_search.demo",
     "phases.p5_serving.demo",
     "phases.p4_3_prefix_caching.demo",
+    "phases.p4_4_preemption.demo",
 ]
 
 

@@ -1,0 +1,289 @@
+"""`preempt_demo` and `stress_demo`: a pool far too small for the traffic, and still no request lost.
+
+preempt_demo  A burst of requests (mixed prompt and output lengths, all at
+              t = 0) against a pool holding a fraction of what they would
+              need at once. Run with an unlimited pool (the reference), then
+              with preemption by recomputation and by swapping: preemptions,
+              tokens recomputed, blocks and bytes moved, time spent recovering,
+              throughput, every request completed, outputs identical to the
+              reference. Then the same workload at block sizes 8..128, the pool
+              always holding the same number of tokens (the paper's Fig. 19).
+stress_demo   A seeded random trace: bursts of plain requests, n seeded
+              samples and beam searches, overflowing the pool many times over.
+              Every promise of the scheduler is checked while it runs
+              (checks.py): FCFS, latest group preempted, whole groups, every
+              sequence finished exactly once, no block leaked (GPU or CPU pool).
+
+Both default to fp32 (unless --dtype): greedy outputs are then identical
+across different batch compositions, so "identical to the unlimited pool"
+tests preemption and not bf16 rounding (in bf16 even a run without any
+preemption can differ from another batch shape in a token or two).
+"""
+
+from __future__ import annotations
+
+from common.bench import MB, now
+from common.demos import Option, RunConfig, demo
+from common.report import Report
+from phases.p3_4_gather_kernel.timing import cpu_threads
+from phases.p3_5_paged_attention.engine import _blocks_for
+from phases.p4_1_copy_on_write.engine import worst_case_blocks
+from phases.p4_4_preemption.checks import Audited, check_finished
+from phases.p4_4_preemption.compose import PreemptingBeamEngine
+from phases.p4_4_preemption.engine import PREEMPTION_MODES
+from phases.p4_4_preemption.trace import burst, demand_tokens, drive, outputs_of, stress_trace
+
+DEMO_DTYPE = "fp32"
+MAX_RUNNING = 256  # high enough that the pool, not the slot count, limits the batch
+QUICK_PREEMPT = dict(n_requests=5, prompt_len=[4, 12], output_len=[3, 8], block_size=4, block_sizes=[4, 8])
+QUICK_STRESS = dict(n_requests=8, prompt_len=[3, 10], output_len=[2, 6], burst_size=[2, 4], burst_gap=[1, 2],
+                    block_size=4)
+WARMUP_REQUESTS = 2
+
+
+class AuditedEngine(Audited, PreemptingBeamEngine):
+    """The engine the demos run: preemption + beam search + samples, every scheduling decision checked."""
+
+
+def _opts(cfg: RunConfig, quick: dict) -> dict:
+    opts = dict(cfg.options)
+    if cfg.quick:
+        opts.update(quick)
+    return opts
+
+
+def _round_up(x: float, multiple: int) -> int:
+    return -(-int(x) // multiple) * multiple
+
+
+def _run(lm, trace, n_blocks: int, block_size: int, mode: str, progress, label: str) -> dict:
+    """Drive `trace` through a fresh audited engine; everything the tables need, JSON-ready."""
+    engine = AuditedEngine(lm, preemption_mode=mode, block_size=block_size, n_blocks=n_blocks,
+                           max_running=MAX_RUNNING)
+    task = progress.add_task(label, total=sum(r.n for r in trace))
+    start = now(lm.device)
+    groups = drive(engine, trace, on_step=lambda outs: progress.advance(task, sum(o.finished for o in outs)))
+    wall = now(lm.device) - start
+    progress.remove_task(task)
+    generated = sum(s.timing.n_generated for g in groups for s in g.seqs)
+    s = engine.summary()
+    return dict(s, mode=mode, block_size=block_size, n_blocks=n_blocks, wall_s=wall, tok_s=generated / wall,
+                generated=generated, completed=sum(g.done for g in groups), n_requests=len(groups),
+                n_seqs=sum(len(g.seqs) for g in groups), problems=check_finished(engine, groups),
+                outputs=outputs_of(groups), peak_blocks=engine.peak_blocks_used,
+                most_preempted=max([engine.preempted_ids.count(g.request_id) for g in groups] or [0]),
+                recovery_us_per_token=_us_per_token(s))
+
+
+def _us_per_token(s: dict) -> float:
+    """Recovery time per token of context brought back (swapped out and in, or recomputed)."""
+    tokens = s["tokens_swapped_in"] + s["tokens_recomputed"]
+    return s["recovery_s"] * 1e6 / tokens if tokens else float("nan")
+
+
+def _completed(r: dict) -> str:
+    ok = r["completed"] == r["n_requests"] and not r["problems"]
+    return f"{r['completed']}/{r['n_requests']} " + ("✓" if ok else "✗")
+
+
+def _same(r: dict, ref: dict) -> str:
+    same = sum(a == b for a, b in zip(r["outputs"], ref["outputs"]))
+    return f"{same}/{len(ref['outputs'])} " + ("✓" if same == len(ref["outputs"]) else "✗")
+
+
+def _warm_up(lm, trace, block_size: int) -> None:
+    """The first forward passes pay one-off costs; pay them on a throwaway engine."""
+    few = trace[:WARMUP_REQUESTS]
+    engine = PreemptingBeamEngine(lm, block_size=block_size, n_blocks=sum(
+        worst_case_blocks(len(r.prompt_ids), r.max_new_tokens, r.n, block_size) for r in few))
+    drive(engine, few)
+
+
+# --- preempt_demo -----------------------------------------------------------------------
+def plot_preempt(report: Report, png_path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report.data["sweep"]
+    sizes = sorted({r["block_size"] for r in rows})
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for mode, marker in zip(PREEMPTION_MODES, "os"):
+        by = {r["block_size"]: r for r in rows if r["mode"] == mode}
+        ax1.plot(sizes, [by[b]["recovery_us_per_token"] for b in sizes], marker=marker, label=mode)
+        ax2.plot(sizes, [by[b]["tok_s"] for b in sizes], marker=marker, label=mode)
+    ax2.axhline(report.data["unlimited"]["tok_s"], color="gray", ls="--", label="unlimited pool")
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [str(b) for b in sizes])
+        ax.set_xlabel("block size (tokens)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    ax1.set_yscale("log")
+    ax1.set_ylabel("recovery time per token brought back (µs)")
+    ax1.set_title("cost of getting a preempted token back")
+    ax2.set_ylabel("total throughput (tok/s)")
+    ax2.set_title("end to end, same pool size in tokens")
+    m = report.meta
+    fig.suptitle(f"preempt_demo: {m.get('model')} on {m.get('device_name', m.get('device'))}, {m.get('dtype')}")
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
+
+
+@demo("preempt_demo", phase="p4_4",
+      help="a burst against a small pool: preemption by recomputation vs swapping, and across block sizes",
+      options=[Option("n_requests", int, cpu=16, gpu=256, help="requests, all arriving at t = 0"),
+               Option("prompt_len", int, cpu=[32, 160], gpu=[64, 1024], many=True, help="min and max prompt tokens"),
+               Option("output_len", int, cpu=[16, 48], gpu=[64, 512], many=True,
+                      help="min and max new tokens (EOS ignored)"),
+               Option("pool_fraction", float, cpu=0.33, gpu=0.25,
+                      help="pool size, as a fraction of the KV the burst would hold if all ran at once"),
+               Option("block_size", int, cpu=16, help="block size of the recompute vs swap table"),
+               Option("block_sizes", int, cpu=[8, 16, 32, 64, 128], many=True, help="block sizes of the sweep"),
+               Option("threads", int, cpu=1, gpu=0,
+                      help="CPU intra-op threads (0: torch's default); 1 is steadier on a shared CPU"),
+               Option("seed", int, cpu=0, help="workload seed")],
+      plot=plot_preempt)
+def preempt_demo(cfg: RunConfig) -> Report:
+    from rich.progress import Progress
+
+    if cfg.dtype is None:
+        cfg.dtype = DEMO_DTYPE
+    lm = cfg.load()
+    report = cfg.new_report("preempt_demo")
+    o = _opts(cfg, QUICK_PREEMPT)
+    trace = burst(lm.vocab_size, o["n_requests"], tuple(o["prompt_len"]), tuple(o["output_len"]), o["seed"])
+    sizes = sorted(set(o["block_sizes"]) | {o["block_size"]})
+    demand = demand_tokens(trace)
+    largest = max(len(r.prompt_ids) + r.max_new_tokens for r in trace)
+    # The same pool, in tokens, at every block size (a multiple of the largest block size).
+    pool_tokens = max(_round_up(demand * o["pool_fraction"], max(sizes)), _round_up(largest, max(sizes)))
+
+    def unlimited_blocks(bs: int) -> int:
+        return sum(_blocks_for(len(r.prompt_ids) + r.max_new_tokens, bs) for r in trace)
+
+    results: dict[tuple[int, str], dict] = {}
+    with cpu_threads(o["threads"]), Progress(transient=True) as progress:
+        _warm_up(lm, trace, o["block_size"])
+        ref = _run(lm, trace, unlimited_blocks(o["block_size"]), o["block_size"], "recompute", progress,
+                   "unlimited pool")
+        for bs in [o["block_size"]] + [b for b in sizes if b != o["block_size"]]:
+            for mode in PREEMPTION_MODES:
+                results[bs, mode] = _run(lm, trace, pool_tokens // bs, bs, mode, progress,
+                                         f"block size {bs}, {mode}")
+
+    bs = o["block_size"]
+    main = report.table(
+        f"{len(trace)} requests at once into a pool of {pool_tokens // bs} blocks x {bs} tokens "
+        f"({pool_tokens} tokens, {pool_tokens / demand:.0%} of the burst's {demand})",
+        ["recovery", "preemptions", "groups recomputed", "tokens recomputed", "blocks out / in", "MB moved",
+         "recovery (s)", "wall (s)", "total tok/s", "completed", "= unlimited"])
+    main.add_row("unlimited pool", ref["n_preemptions"], "-", "-", "-", "-", "-", ref["wall_s"], ref["tok_s"],
+                 _completed(ref), "reference")
+    for mode in PREEMPTION_MODES:
+        r = results[bs, mode]
+        main.add_row(mode, r["n_preemptions"], r["n_recomputed"], r["tokens_recomputed"],
+                     f"{r['blocks_swapped_out']} / {r['blocks_swapped_in']}",
+                     round((r["bytes_swapped_out"] + r["bytes_swapped_in"]) / MB, 2), r["recovery_s"], r["wall_s"],
+                     r["tok_s"], _completed(r), _same(r, ref))
+    main.notes += [
+        f"prompts {o['prompt_len'][0]}-{o['prompt_len'][1]} tokens, outputs {o['output_len'][0]}-"
+        f"{o['output_len'][1]} (random token ids, EOS ignored, greedy); unlimited pool: "
+        f"{unlimited_blocks(bs)} blocks, peak use {ref['peak_blocks']}",
+        "recovery: swap = the indexed copies out and back in; recompute = each re-prefill pass's time x the "
+        "share of its tokens that were recomputed",
+        "completed: every request done, every sequence finished once, FCFS and latest-first preemption held, "
+        "no block leaked (GPU and CPU pools)",
+        f"CPU threads: {o['threads'] or 'torch default'}" if not cfg.on_gpu else f"GPU: {report.meta.get('device_name')}",
+    ]
+    sweep = report.table(f"Block size sweep: the same burst, the pool always {pool_tokens} tokens",
+                         ["block size", "blocks", "recovery", "preemptions", "tokens recomputed", "blocks moved",
+                          "MB moved", "recovery (ms)", "µs / token back", "total tok/s", "completed",
+                          "= unlimited"])
+    for b in sizes:
+        for mode in PREEMPTION_MODES:
+            r = results[b, mode]
+            sweep.add_row(b, r["n_blocks"], mode, r["n_preemptions"], r["tokens_recomputed"],
+                          r["blocks_swapped_out"] + r["blocks_swapped_in"],
+                          round((r["bytes_swapped_out"] + r["bytes_swapped_in"]) / MB, 2), r["recovery_s"] * 1e3,
+                          r["recovery_us_per_token"], r["tok_s"], _completed(r), _same(r, ref))
+    sweep.notes += [
+        "µs / token back: recovery time / tokens of context recovered (swapped back in, or recomputed)",
+        "the vLLM paper (GPU, PCIe) finds swapping slow at small block sizes (many small transfers) and "
+        "recomputation flat; here each direction is ONE indexed copy in the same RAM (a memcpy), so swapping "
+        "is cheap at every block size and recomputation costs a forward pass over the tokens",
+    ]
+    strip = ("outputs",)
+    report.data.update(unlimited={k: v for k, v in ref.items() if k not in strip}, pool_tokens=pool_tokens,
+                       demand_tokens=demand,
+                       sweep=[{k: v for k, v in r.items() if k not in strip} for r in results.values()])
+    return report
+
+
+# --- stress_demo ---------------------------------------------------------------------------
+@demo("stress_demo", phase="p4_4",
+      help="a seeded random trace (bursts, samples, beams) overflowing the pool many times; invariants checked",
+      options=[Option("n_requests", int, cpu=40, gpu=1000, help="requests in the trace"),
+               Option("prompt_len", int, cpu=[8, 48], gpu=[32, 512], many=True, help="min and max prompt tokens"),
+               Option("output_len", int, cpu=[4, 32], gpu=[16, 256], many=True, help="min and max new tokens"),
+               Option("burst_size", int, cpu=[4, 12], gpu=[16, 64], many=True, help="min and max requests per burst"),
+               Option("burst_gap", int, cpu=[1, 6], gpu=[1, 8], many=True, help="min and max steps between bursts"),
+               Option("p_samples", float, cpu=0.2, help="share of requests asking for n seeded samples"),
+               Option("p_beam", float, cpu=0.15, help="share of requests that are beam searches"),
+               Option("max_n", int, cpu=3, gpu=4, help="most samples / beams in one request"),
+               Option("pool_fraction", float, cpu=0.1, gpu=0.1,
+                      help="pool size, as a fraction of the KV the whole trace would hold at once"),
+               Option("block_size", int, cpu=8, gpu=16, help="tokens per KV block"),
+               Option("threads", int, cpu=1, gpu=0,
+                      help="CPU intra-op threads (0: torch's default); 1 is steadier on a shared CPU"),
+               Option("seed", int, cpu=0, help="trace seed")])
+def stress_demo(cfg: RunConfig) -> Report:
+    from rich.progress import Progress
+
+    if cfg.dtype is None:
+        cfg.dtype = DEMO_DTYPE
+    lm = cfg.load()
+    report = cfg.new_report("stress_demo")
+    o = _opts(cfg, QUICK_STRESS)
+    trace = stress_trace(lm.vocab_size, o["n_requests"], tuple(o["prompt_len"]), tuple(o["output_len"]),
+                         tuple(o["burst_size"]), tuple(o["burst_gap"]), o["p_samples"], o["p_beam"], o["max_n"],
+                         o["seed"])
+    bs = o["block_size"]
+    demand = demand_tokens(trace)
+    alone = max(worst_case_blocks(len(r.prompt_ids), r.max_new_tokens, r.n, bs) for r in trace)
+    n_blocks = max(_blocks_for(int(demand * o["pool_fraction"]), bs), alone)  # every request fits alone
+    with cpu_threads(o["threads"]), Progress(transient=True) as progress:
+        _warm_up(lm, trace, bs)
+        unlimited = sum(worst_case_blocks(len(r.prompt_ids), r.max_new_tokens, r.n, bs) for r in trace)
+        ref = _run(lm, trace, unlimited, bs, "recompute", progress, "unlimited pool")
+        runs = [_run(lm, trace, n_blocks, bs, mode, progress, mode) for mode in PREEMPTION_MODES]
+
+    kinds = {k: sum(r.kind == k for r in trace) for k in ("plain", "samples", "beam")}
+    t = report.table(
+        f"Stress: {len(trace)} requests ({kinds['plain']} plain, {kinds['samples']} with n samples, "
+        f"{kinds['beam']} beam searches) in bursts, a pool of {n_blocks} blocks x {bs} tokens "
+        f"({demand / (n_blocks * bs):.1f}x oversubscribed)",
+        ["recovery", "sequences", "preemptions", "swapped out / in", "recomputed", "swap fallbacks",
+         "most preempted", "completed", "invariants", "= unlimited", "wall (s)"])
+    for r in [ref] + runs:
+        t.add_row("unlimited pool" if r is ref else r["mode"], r["n_seqs"], r["n_preemptions"],
+                  f"{r['n_swapped_out']} / {r['n_swapped_in']}", r["n_recomputed"], r["n_swap_fallbacks"],
+                  r["most_preempted"], _completed(r),
+                  "held ✓" if not r["problems"] else f"{len(r['problems'])} broken ✗",
+                  "reference" if r is ref else _same(r, ref), r["wall_s"])
+    for r in runs:
+        t.notes += [f"{r['mode']}: {p}" for p in r["problems"][:5]]
+    t.notes += [
+        f"trace seed {o['seed']}: prompts {o['prompt_len'][0]}-{o['prompt_len'][1]}, outputs "
+        f"{o['output_len'][0]}-{o['output_len'][1]} tokens, bursts of {o['burst_size'][0]}-{o['burst_size'][1]} "
+        f"requests every {o['burst_gap'][0]}-{o['burst_gap'][1]} steps; samples at temperature 0.8, seeded",
+        "most preempted: preemptions of the single most preempted request",
+        "invariants: FCFS admission and swap-in, latest-arrived group preempted, whole groups only, every "
+        "sequence finished exactly once, no block leaked in the GPU or the CPU pool",
+        "= unlimited: greedy outputs, seeded samples and beam search results identical to the unlimited pool's",
+        f"CPU threads: {o['threads'] or 'torch default'}" if not cfg.on_gpu else f"GPU: {report.meta.get('device_name')}",
+    ]
+    report.data.update(demand_tokens=demand, n_blocks=n_blocks, kinds=kinds,
+                       runs=[{k: v for k, v in r.items() if k != "outputs"} for r in [ref] + runs])
+    return report
