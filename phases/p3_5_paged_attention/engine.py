@@ -176,6 +176,18 @@ class BatchedPagedEngine:
         rows = [s.kv.block_ids + [0] * (width - s.kv.n_blocks) for s in seqs]
         return torch.tensor(rows, dtype=torch.int32, device=self.lm.device)
 
+    def _paged_batch(self, seqs: list[Sequence], slots: list[int], is_decode: bool,
+                     segments: list[Segment] | None = None) -> PagedBatch:
+        """The attention metadata of one pass: where new K/V go, and every sequence's table and length
+        (after this pass's writes: slots are claimed before the forward pass)."""
+        dev = self.lm.device
+        return PagedBatch(
+            kv_store=self.allocator.kv_store,
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
+            block_tables=self._block_tables(seqs),
+            seq_lens=torch.tensor([s.kv.n_filled for s in seqs], dtype=torch.int32, device=dev),
+            is_decode=is_decode, segments=segments or [])
+
     def _prefill(self, seqs: list[Sequence]) -> list[StepOutput]:
         """All new prompts in one packed forward pass: input_ids [1, N]."""
         ids, positions, slots, segments = [], [], [], []
@@ -188,12 +200,7 @@ class BatchedPagedEngine:
             ids += new[start_pos:]
             positions += range(start_pos, len(new))
         dev = self.lm.device
-        batch = PagedBatch(
-            kv_store=self.allocator.kv_store,
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=self._block_tables(seqs),
-            seq_lens=torch.tensor([s.kv.n_filled for s in seqs], dtype=torch.int32, device=dev),
-            is_decode=False, segments=segments)
+        batch = self._paged_batch(seqs, slots, is_decode=False, segments=segments)
         last = torch.tensor([seg.start + seg.length - 1 for seg in segments], device=dev)
         logits = self._forward(torch.tensor([ids], device=dev), torch.tensor([positions], device=dev), batch,
                                logits_to_keep=last)[0]               # [S, V]
@@ -204,12 +211,7 @@ class BatchedPagedEngine:
         # The token fed now is the last one sampled; its K/V is written this pass.
         slots = [self._append_slots(s, 1)[0] for s in seqs]
         dev = self.lm.device
-        batch = PagedBatch(
-            kv_store=self.allocator.kv_store,
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=self._block_tables(seqs),
-            seq_lens=torch.tensor([s.kv.n_filled for s in seqs], dtype=torch.int32, device=dev),
-            is_decode=True)
+        batch = self._paged_batch(seqs, slots, is_decode=True)
         ids = torch.tensor([[s.output_ids[-1]] for s in seqs], device=dev)            # [S, 1]
         positions = torch.tensor([[s.kv.n_filled - 1] for s in seqs], device=dev)     # [S, 1]
         logits = self._forward(ids, positions, batch)[:, -1]                            # [S, V]
