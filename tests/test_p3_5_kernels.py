@@ -20,7 +20,8 @@ from phases.p3_4_gather_kernel.reference import gather_reference
 from phases.p3_5_paged_attention import ops
 from phases.p3_5_paged_attention.kernels import (paged_decode_attention_split, paged_decode_attention_triton,
                                                  write_kv_triton)
-from phases.p3_5_paged_attention.reference import (paged_decode_attention_gather_sdpa,
+from phases.p3_5_paged_attention.reference import (paged_decode_attention_gather_bmm,
+                                                   paged_decode_attention_gather_sdpa,
                                                    paged_decode_attention_reference, sdpa_decode_contiguous,
                                                    write_kv_reference)
 
@@ -96,11 +97,12 @@ def test_split_kv_equals_single_pass(blocks_per_split):
     close(split, single, torch.float32)
 
 
+@pytest.mark.parametrize("path", [paged_decode_attention_gather_sdpa, paged_decode_attention_gather_bmm])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cpu_path_gather_sdpa_equals_reference(dtype):
+def test_cpu_paths_equal_reference(dtype, path):
     q, b = make_case(8, 3, dtype=dtype, lens=[1, 9, 30], seed=15)
     ref = paged_decode_attention_reference(q, b.kv_store, LAYER, b.block_tables, b.seq_lens)
-    out = paged_decode_attention_gather_sdpa(q, b.kv_store, LAYER, b.block_tables, b.seq_lens)
+    out = path(q, b.kv_store, LAYER, b.block_tables, b.seq_lens)
     assert out.dtype == dtype
     close(out, ref, dtype)
 
@@ -109,6 +111,7 @@ def test_length_zero_gives_zeros_everywhere():
     q, b = make_case(4, 2, lens=[0, 6], seed=5)
     ref = paged_decode_attention_reference(q, b.kv_store, LAYER, b.block_tables, b.seq_lens)
     for out in (ref, paged_decode_attention_gather_sdpa(q, b.kv_store, LAYER, b.block_tables, b.seq_lens),
+                paged_decode_attention_gather_bmm(q, b.kv_store, LAYER, b.block_tables, b.seq_lens),
                 paged_decode_attention_triton(q, b.kv_store, LAYER, b.block_tables, b.seq_lens),
                 paged_decode_attention_split(q, b.kv_store, LAYER, b.block_tables, b.seq_lens, blocks_per_split=1)):
         assert not out[0].any() and torch.isfinite(out).all()

@@ -69,6 +69,32 @@ def paged_decode_attention_gather_sdpa(q: torch.Tensor, kv_store: torch.Tensor, 
     return sdpa_decode_contiguous(q, k, v, seq_lens, scale)
 
 
+def paged_decode_attention_gather_bmm(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int,
+                                      block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                                      scale: float | None = None, max_len: int | None = None) -> torch.Tensor:
+    """The same contract as gather + SDPA, computed as gather + two grouped batched matmuls (the CPU path).
+
+    For ONE query per sequence, CPU SDPA with a length mask spends most of its
+    time on per-row overhead (measured 11.2 ms vs 1.9 ms per layer at 64 x 160
+    tokens, SmolLM2 shapes, bf16, one thread). Viewing the query heads as
+    [B, n_kv_heads, group, D] makes GQA a plain batched matmul against each
+    KV head, with no repeated K/V: scores [B, n_kv_heads, group, L].
+    """
+    check_decode_inputs(q, kv_store, layer_idx, block_tables, seq_lens)
+    k, v = gather_reference(kv_store, layer_idx, block_tables, seq_lens, max_len)  # [B, H_kv, L, D]
+    batch, n_heads, head_dim = q.shape
+    n_kv_heads, length = k.shape[1], k.shape[2]
+    if n_heads % n_kv_heads:
+        raise ValueError(f"n_heads {n_heads} must be a multiple of n_kv_heads {n_kv_heads}")
+    scale = head_dim ** -0.5 if scale is None else scale
+    qg = q.reshape(batch, n_kv_heads, n_heads // n_kv_heads, head_dim)                # [B, H_kv, G, D]
+    scores = (qg @ k.to(q.dtype).transpose(-1, -2)).float() * scale                   # [B, H_kv, G, L] fp32
+    valid = torch.arange(length, device=q.device)[None, :] < seq_lens[:, None].to(q.device)   # [B, L]
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = scores.softmax(-1).nan_to_num(0.0).to(q.dtype)                            # length 0 -> zeros
+    return (probs @ v.to(q.dtype)).reshape(batch, n_heads, head_dim)
+
+
 def write_kv_reference(kv_store: torch.Tensor, layer_idx: int, k: torch.Tensor, v: torch.Tensor,
                        slot_mapping: torch.Tensor) -> None:
     """Store k, v [T, n_kv_heads, head_dim] into the pool at `slot_mapping` [T] (-1 = skip), in place."""
