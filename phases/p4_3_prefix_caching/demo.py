@@ -18,6 +18,8 @@ decode work and differ only in prefill.
 
 from __future__ import annotations
 
+import torch
+
 from common.bench import now, summarize
 from common.demos import Option, RunConfig, demo
 from common.prompts import format_prompt
