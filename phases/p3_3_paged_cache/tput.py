@@ -259,6 +259,8 @@ def plot_tput(report: Report, png_path) -> None:
         ax_tp.plot(xs, [r["tok_s"] for r in rows], marker="o", label=name)
     for ax, ylabel in ((ax_kv, "KV held at peak (MB)"), (ax_tp, "total tok/s")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(d["batch_sizes"], [str(b) for b in d["batch_sizes"]])
+        ax.set_ylim(bottom=0)  # from zero, so a 5% gap looks like one
         ax.set_xlabel("batch size (max_running)")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
