@@ -178,7 +178,8 @@ def test_swapping_a_sample_group_copies_each_shared_block_once(tiny32):
     assert check_finished(engine, [first, group]) == []
 
 
-def test_swap_space_round_trip_keeps_contents_and_sharing():
+@pytest.mark.parametrize("batched", [True, False])
+def test_swap_space_round_trip_keeps_contents_and_sharing(batched):
     gpu = BlockAllocator(10, n_layers=2, n_kv_heads=1, head_dim=3, block_size=2, dtype=torch.float32)
     gpu.kv_store.copy_(torch.randn_like(gpu.kv_store))
     parent = BlockTable(2)
@@ -187,7 +188,7 @@ def test_swap_space_round_trip_keeps_contents_and_sharing():
     other = BlockTable(2)
     other.append_slots(gpu, 2)                       # not part of the group: must stay put
     before = {id(t): gpu.kv_store[t.block_ids].clone() for t in (parent, child)}
-    space = SwapSpace(gpu, n_blocks=4)
+    space = SwapSpace(gpu, n_blocks=4, batched=batched)   # one indexed copy, or one copy per block
     assert space.swap_out([parent, child]) == 3      # copied once, not twice
     assert gpu.n_used == 1 and space.cpu.n_used == 3
     check_refcounts(space.cpu, [parent, child])      # CPU refcount 2 each: the sharing moved along

@@ -31,14 +31,17 @@ from phases.p4_1_copy_on_write.engine import worst_case_blocks
 from phases.p4_4_preemption.checks import Audited, check_finished
 from phases.p4_4_preemption.compose import PreemptingBeamEngine
 from phases.p4_4_preemption.engine import PREEMPTION_MODES
+from phases.p4_4_preemption.microbench import recovery_microbench
 from phases.p4_4_preemption.trace import burst, demand_tokens, drive, outputs_of, stress_trace
 
 DEMO_DTYPE = "fp32"
 MAX_RUNNING = 256  # high enough that the pool, not the slot count, limits the batch
-QUICK_PREEMPT = dict(n_requests=5, prompt_len=[4, 12], output_len=[3, 8], block_size=4, block_sizes=[4, 8])
+QUICK_PREEMPT = dict(n_requests=5, prompt_len=[4, 12], output_len=[3, 8], block_size=4, block_sizes=[4, 8],
+                     micro_seqs=2, micro_len=8, reps=1)
 QUICK_STRESS = dict(n_requests=8, prompt_len=[3, 10], output_len=[2, 6], burst_size=[2, 4], burst_gap=[1, 2],
                     block_size=4)
 WARMUP_REQUESTS = 2
+COLORS = {"swap": "tab:blue", "recompute": "tab:orange"}
 
 
 class AuditedEngine(Audited, PreemptingBeamEngine):
@@ -105,25 +108,31 @@ def plot_preempt(report: Report, png_path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = report.data["sweep"]
+    rows, micro = report.data["sweep"], report.data["micro"]
     sizes = sorted({r["block_size"] for r in rows})
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for mode, marker in zip(PREEMPTION_MODES, "os"):
+    ms = [m["block_size"] for m in micro]
+    ax1.plot(ms, [m["swap_ms"] for m in micro], marker="o", color=COLORS["swap"],
+             label="swap out + in, one indexed copy each way")
+    ax1.plot(ms, [m["swap_per_block_ms"] for m in micro], marker="^", ls="--", color=COLORS["swap"],
+             label="swap, one copy per block")
+    ax1.plot(ms, [m["recompute_ms"] for m in micro], marker="s", color=COLORS["recompute"],
+             label="recompute (one prefill pass)")
+    ax1.set_yscale("log")
+    ax1.set_ylabel(f"ms to bring back {micro[0]['tokens']} tokens")
+    ax1.set_title("cost of one recovery (micro-benchmark)")
+    for mode, marker in zip(PREEMPTION_MODES, "so"):
         by = {r["block_size"]: r for r in rows if r["mode"] == mode}
-        ax1.plot(sizes, [by[b]["recovery_us_per_token"] for b in sizes], marker=marker, label=mode)
-        ax2.plot(sizes, [by[b]["tok_s"] for b in sizes], marker=marker, label=mode)
+        ax2.plot(sizes, [by[b]["tok_s"] for b in sizes], marker=marker, color=COLORS[mode], label=mode)
     ax2.axhline(report.data["unlimited"]["tok_s"], color="gray", ls="--", label="unlimited pool")
+    ax2.set_ylabel("total throughput (tok/s)")
+    ax2.set_title(f"end to end, pool of {report.data['pool_tokens']} tokens")
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
         ax.set_xticks(sizes, [str(b) for b in sizes])
         ax.set_xlabel("block size (tokens)")
         ax.grid(alpha=0.3)
-        ax.legend()
-    ax1.set_yscale("log")
-    ax1.set_ylabel("recovery time per token brought back (µs)")
-    ax1.set_title("cost of getting a preempted token back")
-    ax2.set_ylabel("total throughput (tok/s)")
-    ax2.set_title("end to end, same pool size in tokens")
+        ax.legend(fontsize=8)
     m = report.meta
     fig.suptitle(f"preempt_demo: {m.get('model')} on {m.get('device_name', m.get('device'))}, {m.get('dtype')}")
     fig.tight_layout()
@@ -135,7 +144,7 @@ def plot_preempt(report: Report, png_path) -> None:
       help="a burst against a small pool: preemption by recomputation vs swapping, and across block sizes",
       options=[Option("n_requests", int, cpu=12, gpu=256, help="requests, all arriving at t = 0"),
                Option("prompt_len", int, cpu=[8, 48], gpu=[64, 1024], many=True, help="min and max prompt tokens"),
-               Option("output_len", int, cpu=[16, 48], gpu=[64, 512], many=True,
+               Option("output_len", int, cpu=[16, 40], gpu=[64, 512], many=True,
                       help="min and max new tokens (EOS ignored)"),
                Option("pool_fraction", float, cpu=0.4, gpu=0.25,
                       help="pool size, as a fraction of the KV the burst would hold if all ran at once"),
@@ -143,6 +152,9 @@ def plot_preempt(report: Report, png_path) -> None:
                Option("block_sizes", int, cpu=[8, 16, 32, 64, 128], many=True, help="block sizes of the sweep"),
                Option("threads", int, cpu=1, gpu=0,
                       help="CPU intra-op threads (0: torch's default); 1 is steadier on a shared CPU"),
+               Option("micro_seqs", int, cpu=4, gpu=32, help="micro-benchmark: sequences recovered at once"),
+               Option("micro_len", int, cpu=128, gpu=1024, help="micro-benchmark: tokens per sequence"),
+               Option("reps", int, cpu=3, help="micro-benchmark: repetitions (the fastest is kept)"),
                Option("seed", int, cpu=0, help="workload seed")],
       plot=plot_preempt)
 def preempt_demo(cfg: RunConfig) -> Report:
@@ -172,6 +184,9 @@ def preempt_demo(cfg: RunConfig) -> Report:
             for mode in PREEMPTION_MODES:
                 results[bs, mode] = _run(lm, trace, pool_tokens // bs, bs, mode, progress,
                                          f"block size {bs}, {mode}")
+        task = progress.add_task("micro-benchmark", total=None)
+        micro = recovery_microbench(lm, sizes, o["micro_seqs"], o["micro_len"], o["reps"])
+        progress.remove_task(task)
 
     bs = o["block_size"]
     main = report.table(
@@ -210,13 +225,24 @@ def preempt_demo(cfg: RunConfig) -> Report:
                           r["recovery_us_per_token"], r["tok_s"], _completed(r), _same(r, ref))
     sweep.notes += [
         "µs / token back: recovery time / tokens of context recovered (swapped back in, or recomputed)",
-        "the vLLM paper (GPU, PCIe) finds swapping slow at small block sizes (many small transfers) and "
-        "recomputation flat; here each direction is ONE indexed copy in the same RAM (a memcpy), so swapping "
-        "is cheap at every block size and recomputation costs a forward pass over the tokens",
+        "larger blocks, same pool: fewer blocks, more of each left empty, fewer requests fit at once, so the "
+        "pool runs dry less often (fewer preemptions) but the batch is smaller",
+    ]
+    mt = report.table(f"Micro-benchmark: bringing back {o['micro_seqs']} x {o['micro_len']} tokens of K/V "
+                      f"({micro[0]['tokens']} tokens), fastest of {o['reps']}",
+                      ["block size", "blocks", "swap out + in (ms)", "same, one copy per block (ms)",
+                       "recompute (ms)", "recompute / swap"])
+    for m in micro:
+        mt.add_row(m["block_size"], m["n_blocks"], m["swap_ms"], m["swap_per_block_ms"], m["recompute_ms"],
+                   f"{m['recompute_ms'] / m['swap_ms']:.0f}x")
+    mt.notes += [
+        "swap: SwapSpace.swap_out then swap_in (one indexed copy per direction); one copy per block is the "
+        "vLLM v0 way (a cudaMemcpyAsync per block), whose fixed cost per copy grows with the number of blocks",
+        "recompute: one prefill pass over the same tokens (what a re-prefill after preemption costs)",
     ]
     strip = ("outputs",)
     report.data.update(unlimited={k: v for k, v in ref.items() if k not in strip}, pool_tokens=pool_tokens,
-                       demand_tokens=demand,
+                       demand_tokens=demand, micro=micro,
                        sweep=[{k: v for k, v in r.items() if k not in strip} for r in results.values()])
     return report
 

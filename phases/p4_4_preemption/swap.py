@@ -52,14 +52,19 @@ class SwapTraffic:
 
 
 class SwapSpace:
-    def __init__(self, gpu: BlockAllocator, n_blocks: int):
-        """A CPU pool of `n_blocks` blocks shaped like `gpu`'s blocks (same layers, heads, block size, dtype)."""
+    def __init__(self, gpu: BlockAllocator, n_blocks: int, batched: bool = True):
+        """A CPU pool of `n_blocks` blocks shaped like `gpu`'s blocks (same layers, heads, block size, dtype).
+
+        `batched=False` copies block by block instead (one transfer each, as vLLM v0 did): only for
+        measuring what batching saves (preempt_demo's micro-benchmark).
+        """
         # gpu.kv_store: [n_blocks, n_layers, 2, n_kv_heads, block_size, head_dim]
         _, n_layers, _, n_kv_heads, block_size, head_dim = gpu.kv_store.shape
         self.gpu = gpu
         self.cpu = BlockAllocator(n_blocks, n_layers, n_kv_heads, head_dim, block_size, device="cpu",
                                   dtype=gpu.kv_store.dtype)
         self.device = gpu.kv_store.device
+        self.batched = batched
         self.out = SwapTraffic()
         self.into = SwapTraffic()
 
@@ -97,7 +102,11 @@ class SwapSpace:
             for _ in range(n_tables - 1):
                 dst.incref(mapping[b])
         start = now(self.device)
-        self._copy(src.kv_store, dst.kv_store, blocks, [mapping[b] for b in blocks])
+        if self.batched:
+            self._copy(src.kv_store, dst.kv_store, blocks, [mapping[b] for b in blocks])
+        else:
+            for b in blocks:  # one small transfer per block
+                dst.kv_store[mapping[b]].copy_(src.kv_store[b])
         traffic.seconds += now(self.device) - start
         for table in tables:
             for b in table.block_ids:
