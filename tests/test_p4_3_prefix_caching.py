@@ -198,9 +198,9 @@ def test_admission_counts_only_the_blocks_a_request_really_takes(tiny32):
     admitted_at = {}
     for cls in (BatchedPagedEngine, PrefixCachingEngine):
         engine = cls(tiny32, max_running=4, block_size=BS, n_blocks=8)
-        engine.add(prompt_ids=prefix + [7], max_new_tokens=4, ignore_eos=True)  # worst case 5 blocks
+        engine.add(prompt_ids=prefix + [7], max_new_tokens=5, ignore_eos=True)  # worst case 13 + 4 tokens: 5 blocks
         engine.step()                                      # A holds 4 blocks, may claim 1 more
-        b = engine.add(prompt_ids=prefix + [9], max_new_tokens=4, ignore_eos=True)
+        b = engine.add(prompt_ids=prefix + [9], max_new_tokens=5, ignore_eos=True)
         engine.step()
         admitted_at[cls] = b.kv is not None
         engine.run()

@@ -206,9 +206,9 @@ def test_swap_space_round_trip_keeps_contents_and_sharing(batched):
 def test_a_prompt_that_cannot_fit_is_refused_up_front_and_the_others_finish(tiny32):
     engine = PreemptingEngine(tiny32, block_size=4, n_blocks=5)
     with pytest.raises(ValueError, match=r"prompt of 20 tokens .* needs 6 blocks of 4 tokens.* pool has 5"):
-        engine.add(prompt_ids=list(range(100, 120)), max_new_tokens=1)
+        engine.add(prompt_ids=list(range(100, 120)), max_new_tokens=2)
     with pytest.raises(ValueError, match=r"x3 sequences\) needs 6 blocks"):
-        engine.add(prompt_ids=list(range(100, 112)), max_new_tokens=1, n=3)
+        engine.add(prompt_ids=list(range(100, 112)), max_new_tokens=2, n=3)
     with pytest.raises(ValueError, match=r"8 prompt \+ 40 new tokens need up to 12 blocks"):
         engine.add(prompt_ids=list(range(100, 108)), max_new_tokens=40)   # could outgrow the pool alone
     ok = [engine.add(prompt_ids=list(range(200 + 9 * i, 206 + 9 * i)), max_new_tokens=8, ignore_eos=True)

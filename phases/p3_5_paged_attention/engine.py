@@ -18,7 +18,7 @@ Later phases subclass this engine and override its hooks rather than edit it:
 finished sequence's blocks).
 
 Admission here is conservative: a sequence is admitted only if the pool can
-hold its prompt *and* its max_new_tokens on top of what the running sequences
+hold its prompt *and* its new tokens (`max_kv_tokens`) on top of what the running sequences
 may still claim, so decode never runs out of blocks. Blocks are still taken
 one at a time as tokens arrive; only the admission check is worst-case.
 (Phase 4 admits optimistically and preempts instead.)
@@ -54,6 +54,15 @@ def _blocks_for(n_tokens: int, block_size: int) -> int:
     return -(-n_tokens // block_size)
 
 
+def max_kv_tokens(n_prompt: int, max_new_tokens: int) -> int:
+    """Most tokens a request can hold in the pool: its prompt and every new token but the last.
+
+    The last token sampled ends the request, so it is never fed back and its K/V
+    is never written. Counting it would make a request that ends exactly on a
+    block boundary reserve a block it can never use."""
+    return n_prompt + max(max_new_tokens - 1, 0)
+
+
 class BatchedPagedEngine:
     def __init__(self, lm, max_running: int = DEFAULT_MAX_RUNNING, block_size: int = DEFAULT_BLOCK_SIZE,
                  n_blocks: int | None = None, max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
@@ -87,8 +96,9 @@ class BatchedPagedEngine:
         if total > self.lm.max_context:
             raise ValueError(f"request of {len(seq.prompt_ids)} prompt + {max_new_tokens} new tokens exceeds "
                              f"the model's context of {self.lm.max_context} tokens")
-        if _blocks_for(total, self.block_size) > self.allocator.n_blocks:
-            raise ValueError(f"request needs {_blocks_for(total, self.block_size)} blocks of {self.block_size} "
+        need = _blocks_for(max_kv_tokens(len(seq.prompt_ids), max_new_tokens), self.block_size)
+        if need > self.allocator.n_blocks:
+            raise ValueError(f"request needs {need} blocks of {self.block_size} "
                              f"tokens, but the whole pool has {self.allocator.n_blocks}")
         self._next_id += 1
         seq.timing = SeqTiming(arrival=now(self.lm.device) if arrival is None else arrival)
@@ -136,7 +146,7 @@ class BatchedPagedEngine:
 
     def _reserved_blocks(self) -> int:
         """Blocks the running sequences may still claim before they finish (worst case)."""
-        return sum(_blocks_for(s.n_tokens - len(s.output_ids) + s.max_new_tokens, self.block_size)
+        return sum(_blocks_for(max_kv_tokens(len(s.prompt_ids), s.max_new_tokens), self.block_size)
                    - s.kv.n_blocks for s in self.running)
 
     def _admit(self) -> list[Sequence]:
@@ -158,8 +168,8 @@ class BatchedPagedEngine:
 
     # --- hooks for later phases ----------------------------------------------------------
     def _blocks_to_admit(self, seq: Sequence) -> int:
-        """Free blocks `seq` must find to be admitted (here: its worst case, prompt + max_new_tokens)."""
-        return _blocks_for(len(seq.prompt_ids) + seq.max_new_tokens, self.block_size)
+        """Free blocks `seq` must find to be admitted (here: its worst case, see `max_kv_tokens`)."""
+        return _blocks_for(max_kv_tokens(len(seq.prompt_ids), seq.max_new_tokens), self.block_size)
 
     def _on_admit(self, seq: Sequence) -> None:
         """Give an admitted sequence its (empty) block table. Prefix caching maps cached blocks in here."""

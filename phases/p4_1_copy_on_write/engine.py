@@ -35,7 +35,7 @@ from common.bench import SeqTiming
 from common.sampling import GREEDY, SamplingParams, make_generator
 from phases.p2_2_scheduler.sequence import Sequence, Status
 from phases.p3_2_block_table.block_table import BlockTable
-from phases.p3_5_paged_attention.engine import BatchedPagedEngine, StepOutput, _blocks_for
+from phases.p3_5_paged_attention.engine import BatchedPagedEngine, StepOutput, _blocks_for, max_kv_tokens
 from phases.p4_1_copy_on_write.block_ops import CopyQueue, append_slots_cow, blocks_held, fork
 
 NO_ROOM = math.inf  # `_blocks_to_admit` answer when a group would not fit under max_running
@@ -78,7 +78,7 @@ class SequenceGroup:
 def worst_case_blocks(n_prompt: int, max_new_tokens: int, n: int, block_size: int) -> int:
     """Most blocks n sequences forked from one prompt can hold at once: full prompt blocks counted once."""
     shared = n_prompt // block_size  # full prompt blocks: never written again, shared by all n
-    return shared + n * (_blocks_for(n_prompt + max_new_tokens, block_size) - shared)
+    return shared + n * (_blocks_for(max_kv_tokens(n_prompt, max_new_tokens), block_size) - shared)
 
 
 class SharingEngine(BatchedPagedEngine):

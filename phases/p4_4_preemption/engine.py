@@ -98,9 +98,12 @@ class PreemptingEngine(RecomputePrefill, SharingEngine):
         if prompt_ids is None and prompt:
             prompt_ids = self.lm.prompt_ids(prompt)
         if prompt_ids and isinstance(n, int) and n >= 1:
-            first = worst_case_blocks(len(prompt_ids), 1, n, self.block_size)
+            # the least it takes to make progress: the prompt, and its first token fed back if more follow
+            fed_back = max_new_tokens > 1
+            first = worst_case_blocks(len(prompt_ids), 1 + fed_back, n, self.block_size)
             if first > self.allocator.n_blocks:
-                raise ValueError(f"prompt of {len(prompt_ids)} tokens (+1 generated token, x{n} sequences) needs "
+                extra = "+1 generated token, " if fed_back else ""
+                raise ValueError(f"prompt of {len(prompt_ids)} tokens ({extra}x{n} sequences) needs "
                                  f"{first} blocks of {self.block_size} tokens, but the whole pool has "
                                  f"{self.allocator.n_blocks}: it could never run")
         # phase 4.1's check follows: prompt + max_new_tokens must fit in the whole pool (worst case)
