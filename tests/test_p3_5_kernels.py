@@ -118,17 +118,18 @@ def test_length_zero_gives_zeros_everywhere():
         close(out, ref, torch.float32)
 
 
-def test_attention_ignores_other_sequences_and_padding():
+@pytest.mark.parametrize("path", [paged_decode_attention_triton, paged_decode_attention_gather_bmm])
+def test_attention_ignores_other_sequences_and_padding(path):
     # Changing blocks that belong to nobody, or table entries past a length, changes nothing.
     q, b = make_case(4, 2, lens=[3, 9], seed=6)
-    before = paged_decode_attention_triton(q, b.kv_store, LAYER, b.block_tables, b.seq_lens)
+    before = path(q, b.kv_store, LAYER, b.block_tables, b.seq_lens)
     used = {i for ids in b.block_ids for i in ids}
     spare = [i for i in range(b.kv_store.shape[0]) if i not in used]
     b.kv_store[spare] = 1e4
     b.kv_store[:, 0] = -1e4  # another layer
     tables = b.block_tables.clone()
     tables[0, 1:] = spare[0]
-    after = paged_decode_attention_triton(q, b.kv_store, LAYER, tables, b.seq_lens)
+    after = path(q, b.kv_store, LAYER, tables, b.seq_lens)
     assert torch.equal(before, after)
 
 
