@@ -4,7 +4,8 @@
    laid out contiguously and padded to the longest sequence, with a length mask:
    what a non-paged engine runs (the copy that builds that layout is not timed).
 2. reference: `paged_decode_attention_reference`, gather from the pool, then attend
-   in fp32; and gather + SDPA, the CPU path `ops.paged_decode_attention` takes.
+   in fp32; gather + SDPA; and gather per KV head + batched matmuls
+   (`paged_decode_attention_gather_bmm`), the CPU path `ops.paged_decode_attention` takes.
 3. kernel: `paged_decode_attention_triton`, reads K/V in place through the
    block tables (and its split-KV variant); timed on a GPU only.
 
@@ -24,7 +25,8 @@ from common.report import Report
 from phases.p3_4_gather_kernel.batch import random_paged_batch
 from phases.p3_4_gather_kernel.reference import gather_reference
 from phases.p3_4_gather_kernel.timing import lengths_for, median_ms
-from phases.p3_5_paged_attention.reference import (paged_decode_attention_gather_sdpa,
+from phases.p3_5_paged_attention.reference import (paged_decode_attention_gather_bmm,
+                                                   paged_decode_attention_gather_sdpa,
                                                    paged_decode_attention_reference, sdpa_decode_contiguous)
 
 POOL_LAYERS = 2
@@ -64,8 +66,8 @@ def _run(cfg: RunConfig) -> Report:
     dtype_name = str(lm.dtype).removeprefix("torch.")
     table = report.table(f"decode attention, one layer ({lm.n_heads} query heads over {lm.n_kv_heads} KV heads, "
                          f"head_dim {lm.head_dim}, block_size {cfg.block_size}, {dtype_name})",
-                         ["batch", "context", "SDPA ms", "ref ms", "gather+SDPA ms", "kernel ms", "split-KV ms",
-                          "kernel/SDPA", "ref err", "kernel err"])
+                         ["batch", "context", "SDPA ms", "ref ms", "gather+SDPA ms", "CPU path ms", "kernel ms",
+                          "split-KV ms", "kernel/SDPA", "ref err", "kernel err"])
     rows = []
     configs = [(b, c) for b in opts["batch_sizes"] for c in opts["context_lens"]]
     gen = torch.Generator().manual_seed(0)
@@ -88,21 +90,25 @@ def _run(cfg: RunConfig) -> Report:
                                device, opts["warmup"], opts["iters"])
             gs_ms = median_ms(lambda: paged_decode_attention_gather_sdpa(*paged, max_len=context),
                               device, opts["warmup"], opts["iters"])
+            cpu_ms = median_ms(lambda: paged_decode_attention_gather_bmm(*paged, max_len=context),
+                               device, opts["warmup"], opts["iters"])
             kernel_ms, split_ms, kernel_err = _kernel(paged, sdpa_out, device, on_gpu, check=on_gpu or i == 0,
                                                       split_blocks=cfg.split_blocks, opts=opts)
             ratio = kernel_ms / sdpa_ms if isinstance(kernel_ms, float) else "-"
             ref_err = _max_abs_err(ref_out, sdpa_out)
-            table.add_row(batch_size, context, sdpa_ms, ref_ms, gs_ms, kernel_ms, split_ms, ratio,
+            table.add_row(batch_size, context, sdpa_ms, ref_ms, gs_ms, cpu_ms, kernel_ms, split_ms, ratio,
                           f"{ref_err:.1e}", kernel_err if isinstance(kernel_err, str) else f"{kernel_err:.1e}")
             rows.append(dict(batch=batch_size, context=context, tokens=sum(lens), sdpa_ms=sdpa_ms,
-                             reference_ms=ref_ms, gather_sdpa_ms=gs_ms, kernel_ms=kernel_ms if on_gpu else None,
+                             reference_ms=ref_ms, gather_sdpa_ms=gs_ms, cpu_path_ms=cpu_ms,
+                             kernel_ms=kernel_ms if on_gpu else None,
                              split_ms=split_ms if on_gpu else None, ref_err=ref_err,
                              kernel_err=None if isinstance(kernel_err, str) else kernel_err))
             progress.advance(task)
     report.data["rows"] = rows
     table.notes.append("Median ms per call. SDPA reads K/V already contiguous (a non-paged engine's layout); ref "
-                       "gathers from the pool then attends in fp32; gather+SDPA (the engine's CPU path) gathers then "
-                       "runs SDPA; the kernel reads the pool in place. Errors: max |x - SDPA|.")
+                       "gathers from the pool then attends in fp32; gather+SDPA gathers then runs SDPA; CPU path (what "
+                       "the engine runs on a CPU) gathers per KV head with index_select, then two batched matmuls; "
+                       "the kernel reads the pool in place. Errors: max |x - SDPA|.")
     if not on_gpu:
         table.notes.append("CPU: the kernel only runs in Triton's interpreter (each program in Python), so it is not "
                            "timed; its error is checked on the first row. GPU timings: modal run modal_run.py::attn_bench")
@@ -137,7 +143,7 @@ def plot_attn(report: Report, png_path) -> None:
         sel = sorted((r for r in rows if r["batch"] == b), key=lambda r: r["context"])
         ctx = [r["context"] for r in sel]
         for key, label in (("sdpa_ms", "SDPA, contiguous K/V"), ("reference_ms", "reference (gather + fp32 attend)"),
-                           ("gather_sdpa_ms", "gather + SDPA (CPU path)"),
+                           ("gather_sdpa_ms", "gather + SDPA"), ("cpu_path_ms", "gather + bmm (CPU path)"),
                            ("kernel_ms", "paged kernel"), ("split_ms", "paged kernel, split-KV")):
             ys = [r[key] for r in sel]
             if all(y is not None for y in ys):

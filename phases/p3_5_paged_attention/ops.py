@@ -7,12 +7,13 @@
 On CUDA tensors the Triton kernels run. On CPU the PyTorch references run
 (Triton has no CPU backend; its interpreter is a correctness tool, not a
 fast path), and the first call says so once. For attention the CPU path is
-gather + grouped batched matmuls (`paged_decode_attention_gather_bmm`): tested
-equal to the fp32 reference; it replaced gather + SDPA after workload_bench's
-profile showed CPU SDPA (one query row per sequence, length mask) taking half
-of a 64-sequence decode step (11.2 ms vs 1.9 ms per layer in a microbenchmark).
-ENGINE_FORCE_TRITON_INTERPRET=1
-forces the kernels on CPU, under the interpreter, for tests.
+a gather per KV head + grouped batched matmuls (`paged_decode_attention_gather_bmm`),
+tested equal to the fp32 reference. It replaced gather + SDPA after
+workload_bench's profile showed CPU SDPA (one query row per sequence, length
+mask) taking half of a 64-sequence decode step, then the element-by-element
+gather taking a third of what was left (see reference.py for the numbers).
+ENGINE_FORCE_TRITON_INTERPRET=1 forces the kernels on CPU, under the
+interpreter, for tests.
 
 For the K/V store both versions are kept: the Triton one is one launch that
 writes K and V of every token and every head; the torch one is two index_put
