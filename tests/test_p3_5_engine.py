@@ -54,6 +54,23 @@ def test_one_forward_pass_per_phase_of_a_step(tiny32):
     assert engine.n_steps == 5 and engine.n_forward_passes == 5
 
 
+def test_index_plans_are_made_once_per_forward_pass_not_per_layer(tiny32, monkeypatch):
+    from phases.p3_5_paged_attention import plans
+    made = {"write": 0, "decode": 0}
+    for kind, fn in (("write", plans.plan_write), ("decode", plans.plan_decode)):
+        def counted(*args, _fn=fn, _kind=kind, **kwargs):
+            made[_kind] += 1
+            return _fn(*args, **kwargs)
+        monkeypatch.setattr(plans, f"plan_{kind}", counted)
+    assert tiny32.model.config.num_hidden_layers > 1
+    engine = BatchedPagedEngine(tiny32, max_running=8, block_size=4, n_blocks=64)
+    for n in (3, 6, 9):
+        engine.add(prompt_ids=list(range(200, 200 + n)), max_new_tokens=5, ignore_eos=True)
+    engine.run()
+    # 5 passes write K/V (1 prefill + 4 decode); the 4 decode passes read the pool by block table
+    assert made == {"write": 5, "decode": 4}
+
+
 def test_every_state_visited_once_and_blocks_freed_as_sequences_finish(tiny32):
     engine = BatchedPagedEngine(tiny32, max_running=2, block_size=4, n_blocks=32)
     seqs = [engine.add(prompt_ids=[300 + i] * (2 + i), max_new_tokens=2 + 3 * i, ignore_eos=True) for i in range(4)]

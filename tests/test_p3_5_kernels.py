@@ -243,3 +243,23 @@ def test_attn_bench_demo_quick(tmp_path):
     assert all(r["kernel_ms"] is None for r in rows)  # never timed on a CPU
     plot_attn(report, tmp_path / "a.png")
     assert (tmp_path / "a.png").stat().st_size > 0
+
+
+def test_per_pass_plans_give_the_same_answers_as_planning_per_call():
+    from phases.p3_5_paged_attention.plans import plan_decode, plan_write
+    q, b = make_case(4, 3, lens=[1, 9, 30], seed=21)
+    plan = plan_decode(b.kv_store, b.block_tables, b.seq_lens)
+    for layer in range(b.kv_store.shape[1]):  # one plan serves every layer
+        assert torch.equal(paged_decode_attention_gather_bmm(q, b.kv_store, layer, b.block_tables, b.seq_lens),
+                           paged_decode_attention_gather_bmm(q, b.kv_store, layer, b.block_tables, b.seq_lens,
+                                                             plan=plan))
+    gen = torch.Generator().manual_seed(22)
+    k = torch.randn(5, N_KV_HEADS, HEAD_DIM, generator=gen)
+    v = torch.randn(5, N_KV_HEADS, HEAD_DIM, generator=gen)
+    slots = torch.tensor([3, -1, 17, 8, -1])  # two padding tokens store nothing
+    planned, unplanned = b.kv_store.clone(), b.kv_store.clone()
+    write_kv_reference(planned, LAYER, k, v, slots, plan=plan_write(planned, slots))
+    write_kv_reference(unplanned, LAYER, k, v, slots)
+    assert torch.equal(planned, unplanned) and not torch.equal(planned, b.kv_store)
+    with pytest.raises(ValueError, match="slot_mapping must lie in"):
+        plan_write(b.kv_store, torch.tensor([b.kv_store.shape[0] * b.kv_store.shape[4]]))

@@ -42,8 +42,12 @@ def check_pool(kv_store: torch.Tensor, layer_idx: int) -> None:
         raise ValueError(f"layer_idx {layer_idx} out of range for a pool with {n_layers} layers")
 
 
-def check_tables(kv_store: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
-    """block_tables [B, max_blocks] and seq_lens [B], integer, on the pool's device."""
+def check_tables(kv_store: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                 values: bool = True) -> None:
+    """block_tables [B, max_blocks] and seq_lens [B], integer, on the pool's device.
+
+    values=False skips the value checks: for a caller that checked these same tables once
+    already (phase 3.5 checks a forward pass's tables once, not in each of its layers)."""
     if block_tables.dim() != 2:
         raise ValueError(f"block_tables must be [batch, max_blocks], got shape {tuple(block_tables.shape)}")
     if seq_lens.dim() != 1 or seq_lens.shape[0] != block_tables.shape[0]:
@@ -54,7 +58,7 @@ def check_tables(kv_store: torch.Tensor, block_tables: torch.Tensor, seq_lens: t
             raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
         if t.device != kv_store.device:
             raise ValueError(f"{name} is on {t.device} but kv_store is on {kv_store.device}")
-    if kv_store.device.type != "cpu" or seq_lens.numel() == 0:
+    if not values or kv_store.device.type != "cpu" or seq_lens.numel() == 0:
         return
     n_blocks, block_size = kv_store.shape[0], kv_store.shape[4]
     capacity = block_tables.shape[1] * block_size
@@ -69,6 +73,6 @@ def check_tables(kv_store: torch.Tensor, block_tables: torch.Tensor, seq_lens: t
 
 
 def check_paged_inputs(kv_store: torch.Tensor, layer_idx: int, block_tables: torch.Tensor,
-                       seq_lens: torch.Tensor) -> None:
+                       seq_lens: torch.Tensor, values: bool = True) -> None:
     check_pool(kv_store, layer_idx)
-    check_tables(kv_store, block_tables, seq_lens)
+    check_tables(kv_store, block_tables, seq_lens, values)

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from phases.p3_5_paged_attention.ops import gather_kv, paged_decode_attention, write_kv
+from phases.p3_5_paged_attention.ops import gather_kv, paged_decode_attention, plan_decode, plan_write, write_kv
 
 ATTN_NAME = "engine_paged_pool"
 
@@ -52,12 +53,21 @@ class PagedBatch:
     is_decode: bool             # True: [S, 1] layout; False: packed [1, N] prefill
     segments: list[Segment] = field(default_factory=list)  # prefill only
 
+    # Worked out at the first layer that needs them, reused by every other layer of the pass.
+    @cached_property
+    def write_plan(self):
+        return plan_write(self.kv_store, self.slot_mapping)
+
+    @cached_property
+    def decode_plan(self):
+        return plan_decode(self.kv_store, self.block_tables, self.seq_lens)
+
 
 def _write_new_kv(batch: PagedBatch, layer_idx: int, key: torch.Tensor, value: torch.Tensor) -> None:
     # key/value [B, H_kv, T, D] -> one row per new token [N, H_kv, D], in slot_mapping order
     k = key.transpose(1, 2).reshape(-1, key.shape[1], key.shape[3])
     v = value.transpose(1, 2).reshape(-1, value.shape[1], value.shape[3])
-    write_kv(batch.kv_store, layer_idx, k, v, batch.slot_mapping)
+    write_kv(batch.kv_store, layer_idx, k, v, batch.slot_mapping, plan=batch.write_plan)
 
 
 def _prefill_segment(module, q, k_new, v_new, seg: Segment, batch: PagedBatch, scaling: float) -> torch.Tensor:
@@ -94,7 +104,7 @@ def paged_attention_forward(module, query, key, value, attention_mask=None, scal
     if paged.is_decode:
         # query [S, H, 1, D] -> [S, H, D]; every sequence at its own length, one call
         out = paged_decode_attention(query[:, :, 0, :], paged.kv_store, layer, paged.block_tables,
-                                     paged.seq_lens, scaling)
+                                     paged.seq_lens, scaling, plan=paged.decode_plan)
         return out.unsqueeze(1), None                                 # [S, 1, H, D]
     outs = []
     for seg in paged.segments:

@@ -16,9 +16,10 @@ PADDING_SLOT = -1  # a slot_mapping entry that stores nothing (a padding token)
 
 
 def check_decode_inputs(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int,
-                        block_tables: torch.Tensor, seq_lens: torch.Tensor) -> None:
-    """q [B, n_heads, head_dim] against the pool [.., n_kv_heads, block_size, head_dim] and the tables."""
-    check_paged_inputs(kv_store, layer_idx, block_tables, seq_lens)
+                        block_tables: torch.Tensor, seq_lens: torch.Tensor, values: bool = True) -> None:
+    """q [B, n_heads, head_dim] against the pool [.., n_kv_heads, block_size, head_dim] and the tables.
+    values=False: shapes only (the tables' contents were checked once for the whole pass)."""
+    check_paged_inputs(kv_store, layer_idx, block_tables, seq_lens, values)
     n_kv_heads, head_dim = kv_store.shape[3], kv_store.shape[5]
     if q.dim() != 3:
         raise ValueError(f"q must be [batch, n_heads, head_dim] (one decode token per sequence), "
@@ -36,8 +37,9 @@ def check_decode_inputs(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int,
 
 
 def check_write_inputs(kv_store: torch.Tensor, layer_idx: int, k: torch.Tensor, v: torch.Tensor,
-                       slot_mapping: torch.Tensor) -> None:
-    """k, v [T, n_kv_heads, head_dim]; slot_mapping [T] int (block_id * block_size + offset, or -1)."""
+                       slot_mapping: torch.Tensor, values: bool = True) -> None:
+    """k, v [T, n_kv_heads, head_dim]; slot_mapping [T] int (block_id * block_size + offset, or -1).
+    values=False: shapes only (the slots were checked once for the whole pass)."""
     check_pool(kv_store, layer_idx)
     n_blocks, n_kv_heads, block_size, head_dim = kv_store.shape[0], kv_store.shape[3], kv_store.shape[4], kv_store.shape[5]
     expected = (slot_mapping.shape[0] if slot_mapping.dim() == 1 else -1, n_kv_heads, head_dim)
@@ -51,7 +53,7 @@ def check_write_inputs(kv_store: torch.Tensor, layer_idx: int, k: torch.Tensor, 
                              f"head_dim={head_dim}], got {tuple(t.shape)}")
         if t.device != kv_store.device or slot_mapping.device != kv_store.device:
             raise ValueError(f"k, v and slot_mapping must be on the pool's device {kv_store.device}")
-    if kv_store.device.type == "cpu" and slot_mapping.numel():
+    if values and kv_store.device.type == "cpu" and slot_mapping.numel():
         lo, hi = int(slot_mapping.min()), int(slot_mapping.max())
         if lo < PADDING_SLOT or hi >= n_blocks * block_size:
             raise ValueError(f"slot_mapping must lie in [0, {n_blocks * block_size}) (or be {PADDING_SLOT} "

@@ -1,7 +1,9 @@
 """The paged-attention operations the engine calls, each routed to a Triton kernel or its reference.
 
-    paged_decode_attention(q, kv_store, layer_idx, block_tables, seq_lens, scale) -> [B, n_heads, head_dim]
-    write_kv(kv_store, layer_idx, k, v, slot_mapping)                             (in place)
+    paged_decode_attention(q, kv_store, layer_idx, block_tables, seq_lens, scale, plan=None) -> [B, n_heads, head_dim]
+    write_kv(kv_store, layer_idx, k, v, slot_mapping, plan=None)                  (in place)
+    plan_decode(kv_store, block_tables, seq_lens) / plan_write(kv_store, slot_mapping)
+        what the CPU paths can work out once per forward pass (plans.py); None on a GPU
     gather_kv(kv_store, layer_idx, block_tables, seq_lens) -> (k, v)              (phase 3.4)
 
 On CUDA tensors the Triton kernels run. On CPU the PyTorch references run
@@ -28,16 +30,18 @@ from __future__ import annotations
 import torch
 
 from phases.p3_4_gather_kernel.dispatch import announce_reference_once, gather_kv, use_kernels
+from phases.p3_5_paged_attention import plans
 from phases.p3_5_paged_attention.reference import paged_decode_attention_gather_bmm, write_kv_reference
 
-__all__ = ["paged_decode_attention", "write_kv", "gather_kv"]
+__all__ = ["paged_decode_attention", "write_kv", "gather_kv", "plan_decode", "plan_write"]
 
 ATTENTION_FEATURE = "paged attention"
 
 
 def paged_decode_attention(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                           scale: float | None = None, blocks_per_split: int | None = None) -> torch.Tensor:
+                           scale: float | None = None, blocks_per_split: int | None = None,
+                           plan: plans.DecodePlan | None = None) -> torch.Tensor:
     """Decode attention for a batch, K/V read from the pool in place.
 
     q            [B, n_heads, head_dim]  one new token per sequence (its K/V already written)
@@ -47,6 +51,7 @@ def paged_decode_attention(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: i
     scale        softmax scale (default head_dim ** -0.5)
     blocks_per_split  None: one program per (sequence, KV head) covers the whole context.
                       n: split-KV, each program covers n blocks (GPU, long context at small batch).
+    plan         `plan_decode(...)` of these tables, made once per forward pass (CPU path; None: made here)
     Returns [B, n_heads, head_dim] in q's dtype.
     """
     if use_kernels(q.device):
@@ -56,14 +61,26 @@ def paged_decode_attention(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: i
         return kernels.paged_decode_attention_split(q, kv_store, layer_idx, block_tables, seq_lens, scale,
                                                     blocks_per_split)
     announce_reference_once(ATTENTION_FEATURE)
-    return paged_decode_attention_gather_bmm(q, kv_store, layer_idx, block_tables, seq_lens, scale)
+    return paged_decode_attention_gather_bmm(q, kv_store, layer_idx, block_tables, seq_lens, scale, plan=plan)
 
 
 def write_kv(kv_store: torch.Tensor, layer_idx: int, k: torch.Tensor, v: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    """Store k, v [T, n_kv_heads, head_dim] at slot_mapping [T] (block_id * block_size + offset; -1 skips)."""
+             slot_mapping: torch.Tensor, plan: plans.WritePlan | None = None) -> None:
+    """Store k, v [T, n_kv_heads, head_dim] at slot_mapping [T] (block_id * block_size + offset; -1 skips).
+    plan: `plan_write(...)` of these slots, made once per forward pass (CPU path; None: made here)."""
     if use_kernels(kv_store.device):
         from phases.p3_5_paged_attention.kernels import write_kv_triton
         write_kv_triton(kv_store, layer_idx, k, v, slot_mapping)
     else:
-        write_kv_reference(kv_store, layer_idx, k, v, slot_mapping)
+        write_kv_reference(kv_store, layer_idx, k, v, slot_mapping, plan=plan)
+
+
+def plan_write(kv_store: torch.Tensor, slot_mapping: torch.Tensor) -> plans.WritePlan | None:
+    """The per-pass half of `write_kv` on CPU; None where the Triton kernel runs (it needs none)."""
+    return None if use_kernels(kv_store.device) else plans.plan_write(kv_store, slot_mapping)
+
+
+def plan_decode(kv_store: torch.Tensor, block_tables: torch.Tensor,
+                seq_lens: torch.Tensor) -> plans.DecodePlan | None:
+    """The per-pass half of `paged_decode_attention` on CPU; None where the Triton kernel runs."""
+    return None if use_kernels(kv_store.device) else plans.plan_decode(kv_store, block_tables, seq_lens)

@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from phases.p3_4_gather_kernel.reference import K_INDEX, V_INDEX, gather_reference, max_length
-from phases.p3_5_paged_attention.kernel_checks import PADDING_SLOT, check_decode_inputs, check_write_inputs
+from phases.p3_5_paged_attention.kernel_checks import check_decode_inputs, check_write_inputs
+from phases.p3_5_paged_attention.plans import DecodePlan, WritePlan, plan_decode, plan_write
 
 
 def paged_decode_attention_reference(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int,
@@ -73,7 +74,8 @@ def paged_decode_attention_gather_sdpa(q: torch.Tensor, kv_store: torch.Tensor, 
 
 def paged_decode_attention_gather_bmm(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int,
                                       block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                                      scale: float | None = None, max_len: int | None = None) -> torch.Tensor:
+                                      scale: float | None = None, max_len: int | None = None,
+                                      plan: DecodePlan | None = None) -> torch.Tensor:
     """The reference's contract, computed the fast way for a CPU: gather per KV head, then batched matmuls.
 
     Two things cost time on a CPU at decode (measured at 64 sequences x 144
@@ -90,44 +92,41 @@ def paged_decode_attention_gather_bmm(q: torch.Tensor, kv_store: torch.Tensor, l
     Slots past a sequence's length are read but never weighted: the mask gives
     them probability exactly 0, and the pool holds only finite values (it
     starts zeroed), so 0 x stale value = 0 and no tail needs zeroing.
+    `plan`: the blocks to read and the mask, made once per forward pass
+    (plans.py); without one it is made here.
     """
-    check_decode_inputs(q, kv_store, layer_idx, block_tables, seq_lens)
+    check_decode_inputs(q, kv_store, layer_idx, block_tables, seq_lens, values=False)  # the plan checks values
+    if plan is None:
+        plan = plan_decode(kv_store, block_tables, seq_lens, max_len)
     batch, n_heads, head_dim = q.shape
     n_kv_heads, block_size = kv_store.shape[3], kv_store.shape[4]
-    if n_heads % n_kv_heads:
-        raise ValueError(f"n_heads {n_heads} must be a multiple of n_kv_heads {n_kv_heads}")
     scale = head_dim ** -0.5 if scale is None else scale
-    n_logical = -(-max_length(seq_lens, max_len) // block_size)                 # blocks covering the longest
-    if n_logical == 0:
+    if plan.n_logical == 0:
         return torch.zeros_like(q)
-    length = n_logical * block_size
-    lens = seq_lens.to(q.device)[:, None]                                        # [B, 1]
-    starts = torch.arange(n_logical, device=q.device) * block_size
-    # Table entries past a sequence's end are padding: read block 0 there (masked below).
-    ids = torch.where(starts[None, :] < lens, block_tables[:, :n_logical].long(), 0).reshape(-1)  # [B * n_logical]
-    k = kv_store.new_empty(n_kv_heads, batch * n_logical, block_size, head_dim)
+    length = plan.n_logical * block_size
+    k = kv_store.new_empty(n_kv_heads, batch * plan.n_logical, block_size, head_dim)
     v = torch.empty_like(k)
     for h in range(n_kv_heads):
-        torch.index_select(kv_store[:, layer_idx, K_INDEX, h], 0, ids, out=k[h])  # [B * n_logical, bs, D]
-        torch.index_select(kv_store[:, layer_idx, V_INDEX, h], 0, ids, out=v[h])
+        torch.index_select(kv_store[:, layer_idx, K_INDEX, h], 0, plan.ids, out=k[h])  # [B * n_logical, bs, D]
+        torch.index_select(kv_store[:, layer_idx, V_INDEX, h], 0, plan.ids, out=v[h])
     k = k.view(n_kv_heads, batch, length, head_dim).to(q.dtype)                  # [H_kv, B, L, D]
     v = v.view(n_kv_heads, batch, length, head_dim).to(q.dtype)
     qg = q.view(batch, n_kv_heads, n_heads // n_kv_heads, head_dim).transpose(0, 1)  # [H_kv, B, G, D]
     scores = (qg @ k.transpose(-1, -2)).float() * scale                          # [H_kv, B, G, L] fp32
-    valid = torch.arange(length, device=q.device)[None, :] < lens               # [B, L]
-    scores = scores.masked_fill(~valid[None, :, None, :], float("-inf"))
+    scores = scores.masked_fill(~plan.valid[None, :, None, :], float("-inf"))
     probs = scores.softmax(-1).nan_to_num(0.0).to(q.dtype)                      # length 0 -> zeros
     return (probs @ v).transpose(0, 1).reshape(batch, n_heads, head_dim)        # [B, H, D]
 
 
 def write_kv_reference(kv_store: torch.Tensor, layer_idx: int, k: torch.Tensor, v: torch.Tensor,
-                       slot_mapping: torch.Tensor) -> None:
-    """Store k, v [T, n_kv_heads, head_dim] into the pool at `slot_mapping` [T] (-1 = skip), in place."""
-    check_write_inputs(kv_store, layer_idx, k, v, slot_mapping)
-    keep = slot_mapping != PADDING_SLOT
-    slots = slot_mapping[keep].long()
-    block_size = kv_store.shape[4]
-    blocks, offsets = slots // block_size, slots % block_size                    # [T'] each
+                       slot_mapping: torch.Tensor, plan: WritePlan | None = None) -> None:
+    """Store k, v [T, n_kv_heads, head_dim] into the pool at `slot_mapping` [T] (-1 = skip), in place.
+    `plan`: the (block, offset) of each slot, made once per forward pass (plans.py)."""
+    check_write_inputs(kv_store, layer_idx, k, v, slot_mapping, values=False)  # the plan checks values
+    if plan is None:
+        plan = plan_write(kv_store, slot_mapping)
+    if plan.rows is not None:
+        k, v = k[plan.rows], v[plan.rows]                                        # drop padding tokens
     # Advanced indices (blocks, offsets) split by a slice: the indexed view is [T', n_kv_heads, head_dim].
-    kv_store[blocks, layer_idx, K_INDEX, :, offsets] = k[keep].to(kv_store.dtype)
-    kv_store[blocks, layer_idx, V_INDEX, :, offsets] = v[keep].to(kv_store.dtype)
+    kv_store[plan.blocks, layer_idx, K_INDEX, :, plan.offsets] = k.to(kv_store.dtype)
+    kv_store[plan.blocks, layer_idx, V_INDEX, :, plan.offsets] = v.to(kv_store.dtype)
