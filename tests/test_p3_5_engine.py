@@ -55,7 +55,9 @@ def test_one_forward_pass_per_phase_of_a_step(tiny32):
 
 
 def test_index_plans_are_made_once_per_forward_pass_not_per_layer(tiny32, monkeypatch):
+    from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
     from phases.p3_5_paged_attention import plans
+    monkeypatch.setenv(FORCE_KERNELS_ENV, "0")  # plans belong to the CPU path
     made = {"write": 0, "decode": 0}
     for kind, fn in (("write", plans.plan_write), ("decode", plans.plan_decode)):
         def counted(*args, _fn=fn, _kind=kind, **kwargs):

@@ -57,6 +57,20 @@ def test_kernel_equals_reference_equals_sdpa(block_size, group):
     out = paged_decode_attention_triton(q, b.kv_store, LAYER, b.block_tables, b.seq_lens, scale)
     assert out.shape == q.shape and out.dtype == q.dtype
     close(out, ref, torch.float32)
+    cpu = paged_decode_attention_gather_bmm(q, b.kv_store, LAYER, b.block_tables, b.seq_lens, scale)
+    close(cpu, ref, torch.float32)  # the engine's CPU path, on the same boundary-length cases
+
+
+def test_cpu_path_takes_a_non_contiguous_query_and_refuses_a_plan_made_for_other_tables():
+    from phases.p3_5_paged_attention.plans import plan_decode
+    q, b = make_case(4, 2, lens=[3, 9], seed=23)
+    ref = paged_decode_attention_reference(q, b.kv_store, LAYER, b.block_tables, b.seq_lens)
+    q_strided = q.transpose(0, 1).contiguous().transpose(0, 1)        # same values, other strides
+    close(paged_decode_attention_gather_bmm(q_strided, b.kv_store, LAYER, b.block_tables, b.seq_lens), ref,
+          torch.float32)
+    other = plan_decode(b.kv_store, b.block_tables[:1], b.seq_lens[:1])
+    with pytest.raises(ValueError, match="plan was made for other tables"):
+        paged_decode_attention_gather_bmm(q, b.kv_store, LAYER, b.block_tables, b.seq_lens, plan=other)
 
 
 def test_real_model_shapes():

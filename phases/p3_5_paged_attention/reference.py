@@ -100,6 +100,9 @@ def paged_decode_attention_gather_bmm(q: torch.Tensor, kv_store: torch.Tensor, l
         plan = plan_decode(kv_store, block_tables, seq_lens, max_len)
     batch, n_heads, head_dim = q.shape
     n_kv_heads, block_size = kv_store.shape[3], kv_store.shape[4]
+    if plan.valid.shape != (batch, plan.n_logical * block_size) or plan.n_logical > block_tables.shape[1]:
+        raise ValueError(f"plan was made for other tables: it covers {tuple(plan.valid.shape)} slots, "
+                         f"this batch has {batch} sequences and tables of {block_tables.shape[1]} blocks")
     scale = head_dim ** -0.5 if scale is None else scale
     if plan.n_logical == 0:
         return torch.zeros_like(q)
@@ -111,7 +114,7 @@ def paged_decode_attention_gather_bmm(q: torch.Tensor, kv_store: torch.Tensor, l
         torch.index_select(kv_store[:, layer_idx, V_INDEX, h], 0, plan.ids, out=v[h])
     k = k.view(n_kv_heads, batch, length, head_dim).to(q.dtype)                  # [H_kv, B, L, D]
     v = v.view(n_kv_heads, batch, length, head_dim).to(q.dtype)
-    qg = q.view(batch, n_kv_heads, n_heads // n_kv_heads, head_dim).transpose(0, 1)  # [H_kv, B, G, D]
+    qg = q.reshape(batch, n_kv_heads, n_heads // n_kv_heads, head_dim).transpose(0, 1)  # [H_kv, B, G, D]
     scores = (qg @ k.transpose(-1, -2)).float() * scale                          # [H_kv, B, G, L] fp32
     scores = scores.masked_fill(~plan.valid[None, :, None, :], float("-inf"))
     probs = scores.softmax(-1).nan_to_num(0.0).to(q.dtype)                      # length 0 -> zeros

@@ -18,9 +18,9 @@ The copies of a step are batched into one indexed copy run just before the
 forward pass (block_ops.CopyQueue), so a step with many forks costs one launch.
 
 Admission counts the shared prompt blocks once: a group of n needs
-`full_prompt_blocks + n * (blocks_for(prompt + max_new) - full_prompt_blocks)`
+`full_prompt_blocks + n * (blocks_for(max_kv_tokens(prompt, max_new)) - full_prompt_blocks)`
 blocks in the worst case (each sample's own copy of the partial block plus its
-output), and n free slots under `max_running`, since it will run as n sequences.
+output; `max_kv_tokens` = prompt + max_new - 1, the last token is never fed back), and n free slots under `max_running`, since it will run as n sequences.
 """
 
 from __future__ import annotations

@@ -37,7 +37,8 @@ seeded request gives the same tokens with or without preemption, and greedy
 output equals an unlimited pool's.
 
 Requests: `add()` refuses up front (ValueError, sizes named) a prompt that
-cannot fit in the whole pool with its first generated token, and, as in phase
+cannot fit in the whole pool with its first generated token (when more than
+one token is wanted: a single new token is never fed back), and, as in phase
 4.1, a request whose prompt + max_new_tokens could outgrow the whole pool on
 its own. So any accepted group, alone in the pool, always fits: preempting
 every later group always makes room, and nothing is ever truncated or lost.
