@@ -22,10 +22,9 @@ preemption can differ from another batch shape in a token or two).
 
 from __future__ import annotations
 
-from common.bench import MB, now
+from common.bench import MB, cpu_threads, now
 from common.demos import Option, RunConfig, demo
 from common.report import Report
-from phases.p3_4_gather_kernel.timing import cpu_threads
 from phases.p3_5_paged_attention.engine import _blocks_for
 from phases.p4_1_copy_on_write.engine import worst_case_blocks
 from phases.p4_4_preemption.checks import Audited, check_finished
@@ -48,11 +47,14 @@ class AuditedEngine(Audited, PreemptingBeamEngine):
     """The engine the demos run: preemption + beam search + samples, every scheduling decision checked."""
 
 
-def _opts(cfg: RunConfig, quick: dict) -> dict:
+def _start(cfg: RunConfig, name: str, quick: dict):
+    """What both demos do first: fp32 unless told otherwise, the model, an empty report, the options."""
+    if cfg.dtype is None:
+        cfg.dtype = DEMO_DTYPE
     opts = dict(cfg.options)
     if cfg.quick:
         opts.update(quick)
-    return opts
+    return cfg.load(), cfg.new_report(name), opts
 
 
 def _round_up(x: float, multiple: int) -> int:
@@ -160,11 +162,7 @@ def plot_preempt(report: Report, png_path) -> None:
 def preempt_demo(cfg: RunConfig) -> Report:
     from rich.progress import Progress
 
-    if cfg.dtype is None:
-        cfg.dtype = DEMO_DTYPE
-    lm = cfg.load()
-    report = cfg.new_report("preempt_demo")
-    o = _opts(cfg, QUICK_PREEMPT)
+    lm, report, o = _start(cfg, "preempt_demo", QUICK_PREEMPT)
     trace = burst(lm.vocab_size, o["n_requests"], tuple(o["prompt_len"]), tuple(o["output_len"]), o["seed"])
     sizes = sorted(set(o["block_sizes"]) | {o["block_size"]})
     demand = demand_tokens(trace)
@@ -267,11 +265,7 @@ def preempt_demo(cfg: RunConfig) -> Report:
 def stress_demo(cfg: RunConfig) -> Report:
     from rich.progress import Progress
 
-    if cfg.dtype is None:
-        cfg.dtype = DEMO_DTYPE
-    lm = cfg.load()
-    report = cfg.new_report("stress_demo")
-    o = _opts(cfg, QUICK_STRESS)
+    lm, report, o = _start(cfg, "stress_demo", QUICK_STRESS)
     trace = stress_trace(lm.vocab_size, o["n_requests"], tuple(o["prompt_len"]), tuple(o["output_len"]),
                          tuple(o["burst_size"]), tuple(o["burst_gap"]), o["p_samples"], o["p_beam"], o["max_n"],
                          o["seed"])

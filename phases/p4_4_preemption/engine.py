@@ -101,7 +101,7 @@ class PreemptingEngine(RecomputePrefill, SharingEngine):
         if prompt_ids and isinstance(n, int) and n >= 1:
             # the least it takes to make progress: the prompt, and its first token fed back if more follow
             fed_back = max_new_tokens > 1
-            first = worst_case_blocks(len(prompt_ids), 1 + fed_back, n, self.block_size)
+            first = worst_case_blocks(len(prompt_ids), 2 if fed_back else 1, n, self.block_size)
             if first > self.allocator.n_blocks:
                 extra = "+1 generated token, " if fed_back else ""
                 raise ValueError(f"prompt of {len(prompt_ids)} tokens ({extra}x{n} sequences) needs "

@@ -36,7 +36,7 @@ import torch
 
 from common.bench import now
 from phases.p2_2_scheduler.sequence import Sequence, Status
-from phases.p3_5_paged_attention.attention import PagedBatch, Segment
+from phases.p3_5_paged_attention.attention import Segment
 from phases.p3_5_paged_attention.engine import StepOutput, _blocks_for
 
 
@@ -79,12 +79,7 @@ class RecomputePrefill:
                 if lead is seq:
                     self.stats.n_recomputed += 1
         dev = self.lm.device
-        batch = PagedBatch(
-            kv_store=self.allocator.kv_store,
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=dev),
-            block_tables=self._block_tables(seqs),
-            seq_lens=torch.tensor([s.kv.n_filled for s in seqs], dtype=torch.int32, device=dev),
-            is_decode=False, segments=segments)
+        batch = self._paged_batch(seqs, slots, is_decode=False, segments=segments)
         last = torch.tensor([seg.start + seg.length - 1 for seg in segments], device=dev)
         start_s = now(dev)
         logits = self._forward(torch.tensor([ids], device=dev), torch.tensor([positions], device=dev), batch,
