@@ -17,7 +17,9 @@ JSON/markdown/PNG under results/, named by GPU and model.
   client at `<url>/v1`. ENGINE_SERVE_MODEL picks the model (default: the
   remote default above).
 Defining the app needs no Modal credentials (the tests import this file);
-`modal run` itself needs a token (`modal token new`).
+`modal run` itself needs a token (`modal token new`). Defining it imports no
+phase: entrypoints come from the demo table (common.demos.DEMO_MODULES), and
+a demo's module is imported only where it runs.
 """
 
 from __future__ import annotations
@@ -89,9 +91,9 @@ def _make_entrypoint(demo_name: str):
     return entrypoint
 
 
-# One `modal run modal_run.py::<demo>` entrypoint per registered demo.
+# One `modal run modal_run.py::<demo>` entrypoint per demo, from the table alone (no phase imported here).
 ENTRYPOINTS = {}
-for _name in registry.load_all():
+for _name in registry.names():
     ENTRYPOINTS[_name] = app.local_entrypoint(name=_name)(_make_entrypoint(_name))
     globals()[_name] = ENTRYPOINTS[_name]
 

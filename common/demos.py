@@ -1,37 +1,56 @@
-"""The demo registry: one place that knows every demo, its options and defaults.
+"""The demo registry: one table naming every demo and the module that defines it.
 
-A phase registers a demo with the `@demo(...)` decorator in its own `demo.py`.
-`python -m common <name>` (common/__main__.py) and `modal run
-modal_run.py::<name>` (modal_run.py) both look demos up here, so a demo runs
-the same code on a laptop CPU and on a Modal GPU; only the defaults differ
-(`Option.cpu` vs `Option.gpu`), because a CPU minute buys far fewer tokens.
+A phase defines a demo with the `@demo(...)` decorator in its own `demo.py`
+and adds one line to DEMO_MODULES below. `python -m common <name>`
+(common/__main__.py) and `modal run modal_run.py::<name>` (modal_run.py) both
+look demos up here, so a demo runs the same code on a laptop CPU and on a
+Modal GPU; only the defaults differ (`Option.cpu` vs `Option.gpu`), because a
+CPU minute buys far fewer tokens.
+
+The registry is lazy: `get(name)` imports only the module that defines
+`name`. A demo whose module needs a package that is not installed (the
+server's fastapi and uvicorn, say) fails alone, with `MissingPackage` naming
+the package and its install command; every other demo still runs. Nothing in
+common/ imports a phase until a demo is asked for by name.
 """
 
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from common.report import Report
 
-# Every module that registers demos, in reading order. A new phase adds its line here.
-DEMO_MODULES = [
-    "phases.p1_kv_cache.demo",
-    "phases.p2_1_naive_batching.demo",
-    "phases.p2_3_continuous_batching.demo",
-    "phases.p3_1_block_allocator.demo",
-    "phases.p3_2_block_table.demo",
-    "phases.p3_3_paged_cache.demo",
-    "phases.p3_4_gather_kernel.demo",
-    "phases.p3_5_paged_attention.kernel_demo",
-    "phases.p3_5_paged_attention.demo",
-    "phases.p4_1_copy_on_write.demo",
-    "phases.p4_2_beam_search.demo",
-    "phases.p5_serving.demo",
-    "phases.p4_3_prefix_caching.demo",
-    "phases.p4_4_preemption.demo",
-]
+# Every demo -> the module that defines it, in reading order. A new demo adds its line here.
+# `tput` is defined in p3_3 and taken over by p3_5 (see `demo(extends=...)`): the table names the latest.
+DEMO_MODULES: dict[str, str] = {
+    "decode_sweep": "phases.p1_kv_cache.demo",
+    "sweep": "phases.p2_1_naive_batching.demo",
+    "waste_demo": "phases.p2_1_naive_batching.demo",
+    "latency_demo": "phases.p2_3_continuous_batching.demo",
+    "wall": "phases.p2_3_continuous_batching.demo",
+    "alloc_demo": "phases.p3_1_block_allocator.demo",
+    "table_demo": "phases.p3_2_block_table.demo",
+    "block_size_study": "phases.p3_2_block_table.demo",
+    "snapshot": "phases.p3_3_paged_cache.demo",
+    "gather_bench": "phases.p3_4_gather_kernel.demo",
+    "attn_bench": "phases.p3_5_paged_attention.kernel_demo",
+    "tput": "phases.p3_5_paged_attention.demo",
+    "workload_bench": "phases.p3_5_paged_attention.demo",
+    "cow_demo": "phases.p4_1_copy_on_write.demo",
+    "share_demo": "phases.p4_2_beam_search.demo",
+    "prefix_demo": "phases.p4_3_prefix_caching.demo",
+    "preempt_demo": "phases.p4_4_preemption.demo",
+    "stress_demo": "phases.p4_4_preemption.demo",
+    "bench_serve": "phases.p5_serving.demo",
+}
+
+REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements.txt"
+# Import names whose PyPI distribution has another name (or comes with another package).
+DISTRIBUTION_OF = {"starlette": "fastapi", "pydantic": "fastapi", "yaml": "pyyaml", "PIL": "pillow"}
 
 
 @dataclass
@@ -108,42 +127,97 @@ class Demo:
         return {o.name: given.get(o.name, o.default(on_gpu)) for o in self.options}
 
 
-DEMOS: dict[str, Demo] = {}
+DEMOS: dict[str, Demo] = {}          # name -> the demo the command runs (from DEMO_MODULES' module)
+EARLIER: dict[str, list[Demo]] = {}   # name -> earlier versions a later phase took over (still importable)
+
+
+class UnknownDemo(LookupError):
+    """No demo of that name."""
+
+
+class MissingPackage(RuntimeError):
+    """A demo's module needs a Python package that is not installed here."""
+
+    def __init__(self, what: str, package: str):
+        self.what, self.package = what, package   # what: "demo 'bench_serve'", "`python -m common serve`", ...
+        super().__init__(f"{what} needs the Python package '{package}', which is not installed. "
+                         f"Install it with:  {install_command(package)}")
+
+
+def install_command(package: str) -> str:
+    """`pip install <package>==<the version requirements.txt pins>` (unpinned if it pins none)."""
+    pinned = package
+    if REQUIREMENTS.exists():
+        m = re.search(rf"^{re.escape(package)}==(\S+)", REQUIREMENTS.read_text(), re.MULTILINE | re.IGNORECASE)
+        if m:
+            pinned = f"{package}=={m.group(1)}"
+    return f"pip install {pinned}"
 
 
 def demo(name: str, phase: str, help: str, options: list[Option] | None = None,
          plot: Callable | None = None, needs_model: bool = True, extends: str | None = None):
     """Register the decorated function `run(cfg) -> Report` as demo `name`.
 
-    `extends="p3_3"`: a later phase deliberately takes over an earlier phase's
-    demo of the same name (e.g. `tput` gains the batched engine in p3_5). The
-    earlier function stays importable; the command runs the latest one.
+    The module DEMO_MODULES names for `name` defines the demo the command
+    runs. `extends="p3_3"` says a later phase deliberately takes over an
+    earlier phase's demo of the same name (`tput` gains the batched engine in
+    p3_5); the earlier function stays importable and is kept in EARLIER.
     """
+    if name not in DEMO_MODULES:
+        raise ValueError(f"demo '{name}' is not in common.demos.DEMO_MODULES; add the line "
+                         f"'\"{name}\": \"<its module>\"' there")
+
     def register(fn: Callable[[RunConfig], Report]):
-        earlier = DEMOS.get(name)
-        if earlier and earlier.run.__module__ != fn.__module__ and earlier.phase != extends:
-            raise ValueError(f"demo '{name}' registered twice (by {earlier.phase} and {phase}); "
-                             f"pass extends='{earlier.phase}' if {phase} means to take it over")
-        DEMOS[name] = Demo(name, fn, phase, help, options or [], plot, needs_model)
+        entry = Demo(name, fn, phase, help, options or [], plot, needs_model)
+        if fn.__module__ == DEMO_MODULES[name]:
+            DEMOS[name] = entry
+        else:
+            EARLIER.setdefault(name, []).append(entry)
         return fn
     return register
 
 
-def load_all() -> dict[str, Demo]:
-    """Import every demo module (registering its demos) and return the registry."""
-    for mod in DEMO_MODULES:
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError as e:
-            # A phase not written yet is skipped; a broken import inside one is not.
-            if e.name and mod.startswith(e.name):
-                continue
-            raise
-    return DEMOS
+def names() -> list[str]:
+    """Every demo name, in reading order, without importing any phase."""
+    return list(DEMO_MODULES)
+
+
+def missing_distribution(err: ModuleNotFoundError) -> str | None:
+    """The third-party distribution whose absence `err` reports, or None if it is this repo's own module
+    (a bug to show in full, not a package to install)."""
+    missing = (err.name or "").split(".")[0]
+    if not missing or missing in {"common", "phases"}:
+        return None
+    return DISTRIBUTION_OF.get(missing, missing)
 
 
 def get(name: str) -> Demo:
-    demos = load_all()
-    if name not in demos:
-        raise SystemExit(f"unknown demo '{name}'. Demos: {', '.join(sorted(demos))}")
-    return demos[name]
+    """The demo `name`, importing only the module that defines it.
+
+    Raises UnknownDemo for a name not in the table, MissingPackage when its
+    module needs a package that is not installed."""
+    if name not in DEMO_MODULES:
+        raise UnknownDemo(f"unknown demo '{name}'. Demos: {', '.join(sorted(DEMO_MODULES))}")
+    module = DEMO_MODULES[name]
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        package = missing_distribution(e)
+        if package is None:
+            raise
+        raise MissingPackage(f"demo '{name}'", package) from e
+    if name not in DEMOS:
+        raise RuntimeError(f"{module} was imported but defines no demo '{name}' (common.demos.DEMO_MODULES "
+                           "names it as the module that does)")
+    return DEMOS[name]
+
+
+def load_all() -> tuple[dict[str, Demo], dict[str, MissingPackage]]:
+    """Import every demo module: (the demos that load here, {name: why} for those that need a missing package)."""
+    loaded, missing = {}, {}
+    for name in DEMO_MODULES:
+        try:
+            loaded[name] = get(name)
+        except MissingPackage as e:
+            missing[name] = e
+    return loaded, missing

@@ -1,0 +1,127 @@
+"""The lazy demo registry and `python -m common`: a demo imports only its own module, a missing
+optional package breaks only the demos that need it, and bad input ends in one line and exit 2.
+
+Each command runs in a fresh interpreter in which some packages are made unimportable
+(`sys.modules[name] = None`, which makes `import name` raise ModuleNotFoundError exactly as
+on a machine without it)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common import demos as registry
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SERVER_PACKAGES = ["fastapi", "uvicorn", "starlette", "httpx", "openai"]
+TINY_SWEEP = ["sweep", "--model", "tiny", "--device", "cpu", "--dtype", "fp32", "--quick"]
+
+
+def run_common(args: list[str], hide: list[str] = (), results_dir: Path | None = None):
+    """`python -m common <args>` with the packages in `hide` unimportable; returns the CompletedProcess."""
+    if results_dir is not None:
+        args = [*args, "--results-dir", str(results_dir)]
+    code = ("import sys\n"
+            f"for name in {list(hide)!r}: sys.modules[name] = None\n"
+            "from common.__main__ import main\n"
+            f"sys.exit(main({args!r}))\n")
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+
+
+def one_error_line(done) -> str:
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, f"expected one line on stderr, got:\n{done.stderr}"
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_the_table_names_every_demo_and_each_module_defines_its_demos():
+    loaded, missing = registry.load_all()
+    assert not missing, "every optional package is installed in the test venv"
+    assert list(loaded) == registry.names() == list(registry.DEMO_MODULES)
+    for name, demo in loaded.items():
+        assert demo.run.__module__ == registry.DEMO_MODULES[name]
+    # p3_3's `tput` was taken over by p3_5 and is kept as an earlier version
+    assert [d.phase for d in registry.EARLIER["tput"]] == ["p3_3"]
+
+
+def test_common_imports_no_phase():
+    code = ("import sys, common, common.demos, common.__main__, common.model, common.bench, common.report, "
+            "common.workload, common.sampling, common.prompts\n"
+            "bad = sorted(m for m in sys.modules if m.startswith('phases'))\nprint(bad)\nsys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_demo_imports_only_its_own_phase_modules():
+    code = ("import sys\nfrom common import demos\ndemos.get('decode_sweep')\n"
+            "print(sorted({m.split('.')[1] for m in sys.modules if m.startswith('phases.')}))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "['p0_generate', 'p1_kv_cache']"
+
+
+def test_sweep_runs_without_the_server_packages(tmp_path):
+    done = run_common(TINY_SWEEP, hide=SERVER_PACKAGES, results_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "sweep_cpu_tiny.json").read_text())
+    assert report["tables"][0]["rows"]
+    assert (tmp_path / "sweep_cpu_tiny.png").exists()
+
+
+def test_a_demo_that_needs_a_missing_package_says_which_and_how_to_install_it(tmp_path):
+    done = run_common(["bench_serve", "--model", "tiny", "--device", "cpu", "--quick"], hide=["fastapi"],
+                      results_dir=tmp_path)
+    assert done.returncode == 2
+    line = one_error_line(done)
+    assert "demo 'bench_serve' needs the Python package 'fastapi'" in line
+    assert "pip install fastapi==" in line
+    assert not list(tmp_path.iterdir())
+
+
+def test_serve_without_uvicorn_says_so_in_one_line():
+    done = run_common(["serve", "--model", "tiny"], hide=["uvicorn"])
+    assert done.returncode == 2
+    assert "'uvicorn'" in one_error_line(done) and "pip install uvicorn==" in done.stderr
+
+
+def test_list_marks_the_demos_whose_package_is_missing():
+    done = run_common(["--list"], hide=["fastapi"])
+    assert done.returncode == 0, done.stderr
+    lines = {line.split()[0]: line for line in done.stdout.splitlines() if line.strip()}
+    assert set(lines) == set(registry.names())
+    assert "unavailable" in lines["bench_serve"] and "fastapi" in lines["bench_serve"]
+    assert "[p2_1]" in lines["sweep"]
+
+
+def test_without_matplotlib_the_tables_are_saved_and_the_plot_is_skipped_in_one_line(tmp_path):
+    done = run_common(TINY_SWEEP, hide=["matplotlib"], results_dir=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "sweep_cpu_tiny.json").exists() and (tmp_path / "sweep_cpu_tiny.md").exists()
+    assert not (tmp_path / "sweep_cpu_tiny.png").exists()
+    assert "needs the Python package 'matplotlib'" in done.stderr
+
+
+@pytest.mark.parametrize("args, words", [
+    (["sweep", "--device", "cuda", "--model", "tiny"], "no CUDA GPU"),
+    (["sweep", "--dtype", "fp8", "--model", "tiny", "--device", "cpu"], "unknown dtype 'fp8'"),
+    (["sweep", "--model", "no-such-model", "--device", "cpu"], "unknown model 'no-such-model'"),
+    (["no_such_demo"], "unknown demo 'no_such_demo'"),
+])
+def test_bad_input_is_one_line_and_exit_status_2(args, words):
+    if "cuda" in args:
+        import torch
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA")
+    done = run_common(args)
+    assert done.returncode == 2
+    assert words in one_error_line(done)
+
+
+def test_a_demo_outside_the_table_is_refused_at_definition():
+    with pytest.raises(ValueError, match="DEMO_MODULES"):
+        registry.demo("not_in_the_table", phase="p9", help="")
