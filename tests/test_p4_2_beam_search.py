@@ -107,6 +107,19 @@ def test_beam_search_refuses_bad_input(tiny32):
     assert not engine.has_work()
 
 
+def test_scores_meet_the_logits_on_their_device_and_only_the_candidates_come_back():
+    """The H100 failure ("Expected all tensors to be on the same device, cuda:0 and cpu") without a GPU:
+    under FakeTensorMode a tensor has a shape and a device but no data, and ops still check devices."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    search = BeamSearch(3, 8, {2})
+    search.running_scores, search.running_tokens = torch.tensor([-0.5, -1.0, -2.0]), [[5], [6], [7]]
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        scores, index = search._top_candidates(torch.empty(3, 100, device="cuda"))  # logits on "cuda"
+    assert scores.device.type == index.device.type == "cpu"
+    assert scores.shape == index.shape == (search.n_candidates,)
+    assert search.running_scores.device.type == "cpu"
+
+
 def test_share_demo_runs_quick():
     from common.__main__ import run_demo
     report = run_demo("share_demo", model="tiny", device="cpu", dtype="fp32", quick=True)

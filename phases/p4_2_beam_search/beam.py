@@ -29,6 +29,15 @@ oracle for the best sequence:
 
 Masked entries use HF's -1e9 arithmetic (not -inf), so the scores and the
 ties break exactly as in HF.
+
+Where the numbers live: the vocabulary-wide work (log-softmax, adding each
+beam's score, the top-C over all beams x vocabulary) runs on the logits'
+device, a GPU in a real run. Only the C best candidates then come to the host,
+once per step; everything the search keeps between steps (scores, token
+lists, finished hypotheses) is a handful of numbers on the CPU. HF runs the
+vocabulary-wide ops on the same device, and the few float32 adds, divides and
+comparisons done here on the host round exactly as they would on a GPU, so the
+search still matches `generate(num_beams=k)` run on the logits' device.
 """
 
 from __future__ import annotations
@@ -84,9 +93,7 @@ class BeamSearch:
         n_live, vocab = logits.shape
         if n_live != len(self.running_tokens):
             raise ValueError(f"expected logits for {len(self.running_tokens)} beams, got {n_live}")
-        log_probs = F.log_softmax(logits.float(), dim=-1)                      # [n_live, V]
-        totals = (log_probs + self.running_scores[:, None]).reshape(-1)       # [n_live * V]
-        top_scores, top_index = torch.topk(totals, self.n_candidates)          # [C] best first
+        top_scores, top_index = self._top_candidates(logits)                   # [C] best first, on the CPU
         parents, tokens = top_index // vocab, top_index % vocab                # [C], [C]
         length = self.n_generated + 1                                          # tokens after this step
         hits_stop = torch.isin(tokens, self.eos) | (length >= self.max_new_tokens)  # [C] bool
@@ -116,6 +123,16 @@ class BeamSearch:
         self.n_generated = length
         self._update_done(hits_stop)
         return parents[keep].tolist()
+
+    def _top_candidates(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The C best (score, flat index into [n_live * V]) continuations, brought to the host."""
+        log_probs = F.log_softmax(logits.float(), dim=-1)                      # [n_live, V] on logits' device
+        running = self.running_scores.to(logits.device)                       # [n_live]: a few floats across
+        totals = (log_probs + running.unsqueeze(1)).reshape(-1)                # [n_live * V]
+        top_scores, top_index = torch.topk(totals, self.n_candidates)          # [C] each, best first
+        # One trip to the host per step (the first copy waits for the GPU, the second is ready):
+        # the bookkeeping is on C numbers and Python lists, cheaper there than as tiny GPU kernels.
+        return top_scores.cpu(), top_index.cpu()
 
     def finished_flags(self) -> torch.Tensor:
         return torch.tensor([h is not None for h in self.finished])
