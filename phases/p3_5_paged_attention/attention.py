@@ -80,9 +80,11 @@ def _prefill_segment(module, q, k_new, v_new, seg: Segment, batch: PagedBatch, s
     # A prefix is already in the pool (prefix cache hit, or recomputation after
     # preemption): read the whole context (prefix + this segment) back from the pool.
     row = slice(seg.row, seg.row + 1)
-    k_all, v_all = gather_kv(batch.kv_store, module.layer_idx, batch.block_tables[row], batch.seq_lens[row])
-    total = seg.context_len + seg.length
-    k_all, v_all = k_all[:, :, :total], v_all[:, :, :total]        # [1, H_kv, total, D]
+    total = seg.context_len + seg.length                             # = seq_lens[row], known on the host
+    # Passing the length spares the gather from reading it out of seq_lens: on a GPU that read
+    # would wait for the stream, once per layer per segment.
+    k_all, v_all = gather_kv(batch.kv_store, module.layer_idx, batch.block_tables[row], batch.seq_lens[row],
+                             max_len=total)                          # [1, H_kv, total, D]
     # query i sits at absolute position context_len + i and sees keys 0..context_len + i
     q_pos = torch.arange(seg.context_len, total, device=q.device)[:, None]
     k_pos = torch.arange(total, device=q.device)[None, :]
