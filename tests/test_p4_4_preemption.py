@@ -202,6 +202,18 @@ def test_swap_space_round_trip_keeps_contents_and_sharing(batched):
         SwapSpace(gpu, n_blocks=2).swap_out([parent, child])
 
 
+def test_swap_space_is_pinned_only_for_a_cuda_pool():
+    """Pinned CPU memory lets the GPU copy blocks by DMA (and swap-in without waiting); it needs CUDA.
+    A CUDA pool is faked (FakeTensorMode: shapes and devices, no data), so this runs without a GPU."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    shape = dict(n_layers=2, n_kv_heads=1, head_dim=4, block_size=2, dtype=torch.float32)
+    on_cpu = SwapSpace(BlockAllocator(4, **shape), n_blocks=4)
+    assert not on_cpu.pinned and not on_cpu.cpu.kv_store.is_pinned()
+    with FakeTensorMode():
+        on_cuda = SwapSpace(BlockAllocator(4, **shape, device="cuda"), n_blocks=4)
+    assert on_cuda.pinned and on_cuda.cpu.kv_store.device.type == "cpu"
+
+
 # --- requests that cannot fit, misuse, aborts ---------------------------------------------------------------
 def test_a_prompt_that_cannot_fit_is_refused_up_front_and_the_others_finish(tiny32):
     engine = PreemptingEngine(tiny32, block_size=4, n_blocks=5)

@@ -27,6 +27,16 @@ rather than one small transfer per block. vLLM v0 instead issued one
 small block sizes (many small PCIe transfers, §7.3); a gather first pays for
 small blocks with one extra on-device copy instead. On a CPU-only machine both
 pools live in the same RAM and the "transfer" is a memcpy.
+
+When the accelerator's pool is on CUDA, the CPU pool is *pinned* (page-locked)
+memory, and so is the staging buffer each transfer goes through. The GPU's DMA
+engine reads and writes pinned memory directly; from ordinary pageable memory
+the driver first copies through a pinned bounce buffer of its own, and cannot
+overlap the copy with anything. A swap-in needs no wait: the copy is queued on
+the stream, and every kernel that reads those blocks later is queued after it.
+A swap-out must wait for its copy, because the CPU reads the blocks right
+after. (`SwapTraffic.seconds` reads a synchronised clock, so the time of both
+copies is measured either way.)
 """
 
 from __future__ import annotations
@@ -36,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common.bench import now
+from common.bench import now, sync
 from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks
 from phases.p3_2_block_table.block_table import BlockTable
 
@@ -61,9 +71,11 @@ class SwapSpace:
         # gpu.kv_store: [n_blocks, n_layers, 2, n_kv_heads, block_size, head_dim]
         _, n_layers, _, n_kv_heads, block_size, head_dim = gpu.kv_store.shape
         self.gpu = gpu
-        self.cpu = BlockAllocator(n_blocks, n_layers, n_kv_heads, head_dim, block_size, device="cpu",
-                                  dtype=gpu.kv_store.dtype)
         self.device = gpu.kv_store.device
+        # Page-locked only where there is a GPU to DMA from (pinning needs CUDA; a CPU-only pool gains nothing).
+        self.pinned = self.device.type == "cuda"
+        self.cpu = BlockAllocator(n_blocks, n_layers, n_kv_heads, head_dim, block_size, device="cpu",
+                                  dtype=gpu.kv_store.dtype, pin_memory=self.pinned)
         self.batched = batched
         self.out = SwapTraffic()
         self.into = SwapTraffic()
@@ -105,8 +117,9 @@ class SwapSpace:
         if self.batched:
             self._copy(src.kv_store, dst.kv_store, blocks, [mapping[b] for b in blocks])
         else:
-            for b in blocks:  # one small transfer per block
-                dst.kv_store[mapping[b]].copy_(src.kv_store[b])
+            for b in blocks:  # one small transfer per block, queued without waiting (vLLM v0's cudaMemcpyAsync)
+                dst.kv_store[mapping[b]].copy_(src.kv_store[b], non_blocking=self.pinned)
+            sync(self.device)  # every queued copy has landed before either pool's blocks are read or reused
         traffic.seconds += now(self.device) - start
         for table in tables:
             for b in table.block_ids:
@@ -127,13 +140,27 @@ class SwapSpace:
                 filled[b] = max(filled.get(b, 0), min(t.block_size, t.n_filled - i * t.block_size))
         return sum(filled.values())
 
-    @staticmethod
-    def _copy(src_store: torch.Tensor, dst_store: torch.Tensor, src_ids: list[int], dst_ids: list[int]) -> None:
-        """dst_store[dst_ids] = src_store[src_ids]: whole blocks, all layers, K and V, in one indexed copy."""
+    def _copy(self, src_store: torch.Tensor, dst_store: torch.Tensor, src_ids: list[int], dst_ids: list[int]) -> None:
+        """dst_store[dst_ids] = src_store[src_ids]: whole blocks, all layers, K and V, in one indexed copy.
+
+        A gather on the source device, one transfer, a scatter on the destination device.
+        """
         if not src_ids:
             return
         src_idx = torch.tensor(src_ids, dtype=torch.int64, device=src_store.device)   # [m]
         dst_idx = torch.tensor(dst_ids, dtype=torch.int64, device=dst_store.device)   # [m]
-        moved = src_store.index_select(0, src_idx)   # [m, n_layers, 2, n_kv_heads, block_size, head_dim]
-        # A blocking transfer: the destination must hold the data before the source blocks are reused.
-        dst_store.index_copy_(0, dst_idx, moved.to(dst_store.device))
+        shape = (len(src_ids), *src_store.shape[1:])  # [m, n_layers, 2, n_kv_heads, block_size, head_dim]
+        if src_store.device == dst_store.device:      # a CPU-only machine: both pools in the same RAM
+            dst_store.index_copy_(0, dst_idx, src_store.index_select(0, src_idx))
+        elif dst_store.device.type == "cpu":          # swap out
+            moved = torch.empty(shape, dtype=src_store.dtype, pin_memory=self.pinned)
+            # Blocking: the CPU scatters these bytes on the next line, so it must wait for them anyway.
+            moved.copy_(src_store.index_select(0, src_idx))
+            dst_store.index_copy_(0, dst_idx, moved)
+        else:                                         # swap in
+            moved = torch.empty(shape, dtype=src_store.dtype, pin_memory=self.pinned)
+            torch.index_select(src_store, 0, src_idx, out=moved)  # gathered straight into pinned memory
+            # Asynchronous: the CPU blocks were read above, so they may be reused at once; kernels
+            # that later read the GPU blocks run on the same stream, after the copy. (Torch keeps
+            # `moved` from being handed out again until the copy is done.)
+            dst_store.index_copy_(0, dst_idx, moved.to(dst_store.device, non_blocking=self.pinned))
