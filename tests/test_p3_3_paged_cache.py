@@ -222,11 +222,66 @@ def test_tput_demo_runs_and_accounts_kv_exactly(tiny32, tmp_path):
 
 
 def test_tput_engine_selection():
-    from phases.p3_3_paged_cache.tput import TPUT_ENGINES, pick_engines
+    from phases.p3_3_paged_cache.tput import TPUT_ENGINES, EngineRunner, pick_engines
     assert [e.name for e in pick_engines(TPUT_ENGINES, ["paged"])] == ["paged"]
     assert pick_engines(TPUT_ENGINES, []) == TPUT_ENGINES
     with pytest.raises(ValueError, match="unknown engine"):
         pick_engines(TPUT_ENGINES, ["vllm"])
+    # An on-request engine runs only when named, after the default ones.
+    extra = EngineRunner("extra", "named only", run=None)
+    assert pick_engines(TPUT_ENGINES, [], [extra]) == TPUT_ENGINES
+    assert [e.name for e in pick_engines(TPUT_ENGINES, ["extra", "dyn"], [extra])] == ["dyn", "extra"]
+
+
+def _recording_runner(calls: list):
+    """An engine that does no work: it notes each call's (prompt ids, new tokens, max_running)."""
+    from common.bench import SeqTiming
+    from phases.p3_3_paged_cache.tput import EngineRun, EngineRunner
+
+    def run(lm, requests, max_running):
+        calls.append(([r.ids(lm) for r in requests], [r.max_new_tokens for r in requests], max_running))
+        timings = [SeqTiming(arrival=0.0) for _ in requests]
+        for t, r in zip(timings, requests):
+            for i in range(r.max_new_tokens):
+                t.token(1.0 + i)
+        return EngineRun([[0] * r.max_new_tokens for r in requests], timings, 1,
+                         settings=dict(max_running=max_running, knob="x"))
+    return EngineRunner("rec", "records its calls", run)
+
+
+def test_measure_warms_up_on_the_workloads_own_shapes(tiny32):
+    from types import SimpleNamespace
+
+    from phases.p3_3_paged_cache.tput import WARMUP_NEW_TOKENS_CPU, measure, tput_requests, warmup_requests
+    calls = []
+    requests = tput_requests(interleaved_latency_prompts(), 3, new_tokens=5)
+    row = measure(tiny32, _recording_runner(calls), requests, 2)
+    (warm_ids, warm_new, warm_bs), (ids, new, bs) = calls
+    # CPU: the same prompts and max_running (same prefill shapes), only a couple of new tokens.
+    assert warm_ids == ids and warm_bs == bs == 2
+    assert warm_new == [WARMUP_NEW_TOKENS_CPU] * 3 and new == [5] * 3
+    assert row["settings"] == dict(max_running=2, knob="x") and "untimed" in row["warmup"]
+    # CUDA: exactly the requests to be timed (compiled code is built for their shapes).
+    assert warmup_requests(SimpleNamespace(device="cuda:0"), requests) == requests
+    measure(tiny32, _recording_runner(calls := []), requests, 2, warm=False)
+    assert len(calls) == 1
+
+
+def test_tput_warms_each_cell_once_and_reports_settings(tiny32):
+    from common.demos import RunConfig
+    from phases.p3_3_paged_cache.tput import WARMUP_NEW_TOKENS_CPU, run_tput
+    cfg = RunConfig(model="tiny", device="cpu", dtype="fp32", _lm=tiny32)
+    cfg.options = dict(batch_sizes=[1, 2], new_tokens=4, engines=[], repeats=2)
+    calls = []
+    report = run_tput(cfg, [_recording_runner(calls)])
+    # Run 1: warm-up then timed run, per batch size; run 2: timed runs only.
+    assert [(len(ids), new[0], bs) for ids, new, bs in calls] == [
+        (1, WARMUP_NEW_TOKENS_CPU, 1), (1, 4, 1), (2, WARMUP_NEW_TOKENS_CPU, 2), (2, 4, 2), (1, 4, 1), (2, 4, 2)]
+    assert calls[0][0] == calls[1][0] and calls[2][0] == calls[3][0]   # warmed on the prompts it then timed
+    notes = report.tables[1].notes
+    assert "rec settings at batch 2: max_running=2, knob=x" in notes
+    assert any(n.startswith("every engine at every batch size: warmed up") for n in notes)
+    assert all(r["settings"]["max_running"] == r["batch_size"] for r in report.data["rows"])
 
 
 def test_notebook_runs():

@@ -8,14 +8,17 @@ An engine enters the comparison as an `EngineRunner`:
       run    run(lm, requests, max_running) -> EngineRun
                requests     list[common.workload.Request], all arriving at once
                max_running  how many sequences the engine may run together
-             returns EngineRun(outputs, timings, kv_peak_bytes, note):
+             returns EngineRun(outputs, timings, kv_peak_bytes, note, settings):
                outputs        new token ids per request, in request order
                timings        one common.bench.SeqTiming per request
                kv_peak_bytes  the most KV bytes the engine held at one time
                note           optional line for the table notes
+               settings       what the engine ran with (max_running, block size, pool, ...),
+                              so a reader can reproduce the row
 
-`measure(lm, runner, requests, max_running)` times one run and returns a row
-dict; `run_tput(cfg, engines)` is the whole demo body (a batch-size sweep over
+`measure(lm, runner, requests, max_running)` warms the engine up on the
+workload's own shapes (`warm_up`), then times one run and returns a row dict;
+`run_tput(cfg, engines)` is the whole demo body (a batch-size sweep over
 `engines`, or over those named by the `--engines` option), and `TPUT_ENGINES`
 lists this phase's two engines. A later phase
 takes over the `tput` demo and adds its own engine like this:
@@ -30,7 +33,7 @@ engines do exactly the same work and their tok/s are comparable.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import cycle, islice
 from typing import Callable
 
@@ -51,7 +54,7 @@ TPUT_REPEATS = 3  # runs per cell, the fastest kept
 TPUT_NEW_TOKENS_GPU = 256
 QUICK_BATCH_SIZES = [1, 2]
 QUICK_NEW_TOKENS = 4
-WARMUP_NEW_TOKENS = 2
+WARMUP_NEW_TOKENS_CPU = 2   # a CPU warm-up runs the workload's prompts with only this many new tokens each
 
 
 # --- the runner interface -----------------------------------------------------------------
@@ -61,11 +64,14 @@ class EngineRun:
     timings: list[SeqTiming]          # one per request
     kv_peak_bytes: int                # most KV bytes held at once during the run
     note: str = ""
+    settings: dict = field(default_factory=dict)   # what it ran with, JSON-ready: enough to reproduce the row
 
     @classmethod
-    def from_sequences(cls, seqs: list[Sequence], kv_peak_bytes: int, note: str = "") -> "EngineRun":
+    def from_sequences(cls, seqs: list[Sequence], kv_peak_bytes: int, note: str = "",
+                       settings: dict | None = None) -> "EngineRun":
         seqs = sorted(seqs, key=lambda s: s.seq_id)
-        return cls([list(s.output_ids) for s in seqs], [s.timing for s in seqs], kv_peak_bytes, note)
+        return cls([list(s.output_ids) for s in seqs], [s.timing for s in seqs], kv_peak_bytes, note,
+                   settings or {})
 
 
 @dataclass
@@ -123,7 +129,8 @@ def run_dynamic(lm, requests: list[Request], max_running: int) -> EngineRun:
     """Phase 2.3: continuous batching, one DynamicCache per sequence."""
     sched = DynamicPeakScheduler(lm, max_running)
     _submit(sched, lm, requests)
-    return EngineRun.from_sequences(sched.run(), sched.peak_kv_bytes)
+    return EngineRun.from_sequences(sched.run(), sched.peak_kv_bytes,
+                                    settings=dict(max_running=max_running, kv="one DynamicCache per sequence"))
 
 
 def workload_pool_blocks(lm, requests: list[Request], block_size: int) -> int:
@@ -139,7 +146,9 @@ def run_paged(lm, requests: list[Request], max_running: int, block_size: int = D
     finished = sched.run()
     assert sched.allocator.n_free == n_blocks, "blocks leaked"
     return EngineRun.from_sequences(finished, sched.peak_kv_bytes,
-                                    note=f"pool of {n_blocks} blocks x {block_size} tokens")
+                                    note=f"pool of {n_blocks} blocks x {block_size} tokens",
+                                    settings=dict(max_running=max_running, block_size=block_size,
+                                                  pool_blocks=n_blocks))
 
 
 TPUT_ENGINES: list[EngineRunner] = [
@@ -150,8 +159,46 @@ TPUT_ENGINES: list[EngineRunner] = [
 
 
 # --- measuring -----------------------------------------------------------------------------
-def measure(lm, runner: EngineRunner, requests: list[Request], max_running: int) -> dict:
-    """Run `requests` through one engine, timed; one row of numbers (JSON-serialisable)."""
+def _on_cuda(device) -> bool:
+    return str(device).startswith("cuda")
+
+
+def warmup_requests(lm, requests: list[Request]) -> list[Request]:
+    """What an engine runs, untimed, before its timed run on `requests`.
+
+    CUDA: the very same requests. Compiled code (HF's static-cache `generate` with
+    CUDA graphs, kernel autotuning) is built per shape: batch size, prompt lengths,
+    cache length. Only the same requests are sure to give the same shapes, and a
+    first call that compiles can take 4x as long as a warm one, or longer.
+    CPU: nothing compiles. The same prompts (same batch size and prompt lengths)
+    with only WARMUP_NEW_TOKENS_CPU new tokens each warm what there is to warm
+    (allocator, lazy initialisation, kernel choice per shape) at a fraction of
+    the cost of running everything twice.
+    """
+    if _on_cuda(lm.device):
+        return list(requests)
+    return [replace(r, max_new_tokens=min(r.max_new_tokens, WARMUP_NEW_TOKENS_CPU)) for r in requests]
+
+
+def warmup_rule(device) -> str:
+    """One line for the report: how `warm_up` warms an engine on `device`."""
+    if _on_cuda(device):
+        return "warmed up by one untimed run of the same requests (the shapes compiled code is built for)"
+    return (f"warmed up by one untimed run of the same prompts with {WARMUP_NEW_TOKENS_CPU} new tokens each "
+            "(CPU: nothing compiles; that covers the prefill's and a decode step's shapes)")
+
+
+def warm_up(lm, runner: EngineRunner, requests: list[Request], max_running: int) -> None:
+    """Run `runner` untimed, with `max_running`, on the workload's own shapes (see `warmup_requests`)."""
+    runner.run(lm, warmup_requests(lm, requests), max_running)
+
+
+def measure(lm, runner: EngineRunner, requests: list[Request], max_running: int, warm: bool = True) -> dict:
+    """Warm the engine up on these requests' shapes (`warm_up`; skipped with `warm=False` when it has
+    just run them), then run `requests` through it, timed; one row of numbers (JSON-serialisable)."""
+    if warm:
+        warm_up(lm, runner, requests, max_running)
+    warmup = warmup_rule(lm.device) if warm else "warm: an earlier timed run of the same requests"
     start = now(lm.device)
     result = runner.run(lm, requests, max_running)
     wall_s = now(lm.device) - start
@@ -159,7 +206,12 @@ def measure(lm, runner: EngineRunner, requests: list[Request], max_running: int)
     return dict(engine=runner.name, batch_size=max_running, n_seqs=m.n_seqs, total_tokens=m.total_tokens,
                 wall_s=wall_s, tok_s=m.total_tok_s, ms_per_tok=m.mean_ms_per_token, ttft_ms=m.mean_ttft_ms,
                 kv_peak_bytes=result.kv_peak_bytes, kv_peak_mb=result.kv_peak_bytes / MB,
-                outputs=result.outputs, note=result.note)
+                outputs=result.outputs, note=result.note, settings=result.settings, warmup=warmup)
+
+
+def format_settings(settings: dict) -> str:
+    """`k=v, k=v`: one engine's settings on one line of table notes."""
+    return ", ".join(f"{k}={v}" for k, v in settings.items())
 
 
 def tput_options() -> list[Option]:
@@ -175,21 +227,27 @@ def tput_options() -> list[Option]:
     ]
 
 
-def pick_engines(engines: list[EngineRunner], names: list[str] | None) -> list[EngineRunner]:
-    """The engines named in `names`, in the order of `engines` (all of them when `names` is empty)."""
+def pick_engines(engines: list[EngineRunner], names: list[str] | None,
+                 on_request: list[EngineRunner] = ()) -> list[EngineRunner]:
+    """The engines named in `names` (all of `engines` when `names` is empty), in the order of
+    `engines` then `on_request`. An engine in `on_request` runs only when named."""
     if not names:
         return list(engines)
-    unknown = set(names) - {e.name for e in engines}
+    known = list(engines) + [e for e in on_request if e.name not in {k.name for k in engines}]
+    unknown = set(names) - {e.name for e in known}
     if unknown:
-        raise ValueError(f"unknown engine(s) {sorted(unknown)}; this demo has {[e.name for e in engines]}")
-    return [e for e in engines if e.name in names]
+        raise ValueError(f"unknown engine(s) {sorted(unknown)}; this demo has {[e.name for e in known]}")
+    return [e for e in known if e.name in names]
 
 
-def run_tput(cfg: RunConfig, engines: list[EngineRunner]) -> Report:
-    """For each batch size: every engine runs the same requests; KV peak, tok/s, ms/tok side by side."""
+def run_tput(cfg: RunConfig, engines: list[EngineRunner], on_request: list[EngineRunner] = ()) -> Report:
+    """For each batch size: every engine runs the same requests; KV peak, tok/s, ms/tok side by side.
+
+    `engines` run by default; `on_request` ones only when the `engines` option names them.
+    """
     from rich.progress import Progress
 
-    engines = pick_engines(engines, cfg.options.get("engines"))
+    engines = pick_engines(engines, cfg.options.get("engines"), on_request)
     lm = cfg.load()
     batch_sizes, new_tokens = cfg.batch_sizes, cfg.new_tokens
     if cfg.quick:
@@ -198,12 +256,10 @@ def run_tput(cfg: RunConfig, engines: list[EngineRunner]) -> Report:
         raise ValueError(f"batch sizes must be >= 1 and new_tokens >= 1, got {batch_sizes}, {new_tokens}")
     prompts = interleaved_latency_prompts()
     report = cfg.new_report("tput")
-    # Warm-up: the first forward passes of a process pay for one-off setup; keep them out of the table.
-    for engine in engines:
-        engine.run(lm, tput_requests(prompts, 1, WARMUP_NEW_TOKENS), 1)
     # Each cell is a few seconds of work, so on a shared machine one slow moment moves it a lot.
     # Noise only ever slows a run down: run every cell `repeats` times, interleaved so each
-    # engine meets the same moments, and keep the fastest.
+    # engine meets the same moments, and keep the fastest. Every cell's first run is preceded
+    # by a warm-up on its own shapes (`measure`); later runs repeat shapes already warm.
     repeats = 1 if cfg.quick else max(1, cfg.options.get("repeats", 1))
     best: dict[tuple[int, str], dict] = {}
     with Progress(transient=True) as progress:
@@ -212,14 +268,14 @@ def run_tput(cfg: RunConfig, engines: list[EngineRunner]) -> Report:
             for bs in batch_sizes:
                 for engine in engines:
                     progress.update(task, description=f"tput: {engine.name}, batch {bs}, run {rep + 1}/{repeats}")
-                    row = measure(lm, engine, tput_requests(prompts, bs, new_tokens), bs)
+                    row = measure(lm, engine, tput_requests(prompts, bs, new_tokens), bs, warm=rep == 0)
                     if (bs, engine.name) not in best or row["wall_s"] < best[bs, engine.name]["wall_s"]:
                         best[bs, engine.name] = row
                     progress.advance(task)
     rows = [best[bs, e.name] for bs in batch_sizes for e in engines]
-    _tables(report, engines, rows, batch_sizes, new_tokens, repeats)
+    _tables(report, engines, rows, batch_sizes, new_tokens, repeats, warmup_rule(lm.device))
     report.data = dict(engines=[e.name for e in engines], batch_sizes=batch_sizes, new_tokens=new_tokens,
-                       repeats=repeats,
+                       repeats=repeats, warmup=warmup_rule(lm.device),
                        rows=[{k: v for k, v in r.items() if k != "outputs"} for r in rows])
     return report
 
@@ -233,7 +289,7 @@ def kv_unit(largest_bytes: int) -> tuple[str, int]:
 
 
 def _tables(report: Report, engines: list[EngineRunner], rows: list[dict], batch_sizes: list[int],
-            new_tokens: int, repeats: int = 1) -> None:
+            new_tokens: int, repeats: int = 1, warmup: str = "") -> None:
     by = {(r["batch_size"], r["engine"]): r for r in rows}
     names = [e.name for e in engines]
     unit, scale = kv_unit(max(r["kv_peak_bytes"] for r in rows))
@@ -255,6 +311,13 @@ def _tables(report: Report, engines: list[EngineRunner], rows: list[dict], batch
     for e in engines:
         extra = next((by[bs, e.name]["note"] for bs in reversed(batch_sizes) if by[bs, e.name]["note"]), "")
         speed.notes.append(f"{e.name}: {e.label}" + (f" ({extra} at batch {batch_sizes[-1]})" if extra else ""))
+    if warmup:
+        speed.notes.append(f"every engine at every batch size: {warmup}"
+                           + ("; later repeats run on warm shapes" if repeats > 1 else ""))
+    for e in engines:
+        settings = by[batch_sizes[-1], e.name].get("settings")
+        if settings:
+            speed.notes.append(f"{e.name} settings at batch {batch_sizes[-1]}: {format_settings(settings)}")
 
 
 def plot_tput(report: Report, png_path) -> None:
