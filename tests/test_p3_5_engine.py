@@ -1,5 +1,7 @@
 """BatchedPagedEngine: one batched forward pass per step, outputs equal HF generate token for token."""
 
+import json
+
 import pytest
 import torch
 
@@ -125,15 +127,51 @@ def test_bad_input_is_refused_up_front(tiny32):
 
 def test_runners_agree_with_each_other(tiny32):
     from common.workload import mixed_work
-    from phases.p3_5_paged_attention.runners import run_batched, run_hf_cb, run_hf_static, run_static
+    from phases.p3_5_paged_attention.runners import (run_batched, run_hf_cb, run_hf_compiled, run_hf_static,
+                                                     run_static)
 
     requests = mixed_work(tiny32.vocab_size, n=5, prompt_len=(3, 9), output_len=(2, 7))
     expected = [hf_greedy(tiny32, r.prompt_ids, r.max_new_tokens, ignore_eos=True) for r in requests]
-    for run in (run_batched, run_static, run_hf_static, run_hf_cb):
+    for run in (run_batched, run_static, run_hf_static, run_hf_compiled, run_hf_cb):
         result = run(tiny32, requests, 3)
         assert result.outputs == expected, run.__name__
         assert [t.n_generated for t in result.timings] == [r.max_new_tokens for r in requests]
         assert result.kv_peak_bytes > 0
+        assert result.settings, f"{run.__name__} does not say what it ran with"
+
+
+def test_hf_compiled_peer_runs_a_static_cache_and_equals_hf_greedy(tiny32):
+    # On CPU transformers does not compile (only on accelerators), so both calls run the eager
+    # static-cache path; the compiled path is for the gpu tier. EOS honoured here, unlike above.
+    from common.workload import Request
+    from phases.p3_5_paged_attention.runners import run_hf_compiled
+
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(100, 40000, (n,), generator=gen).tolist() for n in (2, 7, 12)]
+    requests = [Request(prompt_ids=p, max_new_tokens=n) for p, n in zip(prompts, (9, 4, 6))]
+    for compile in (False, True):
+        result = run_hf_compiled(tiny32, requests, 2, compile=compile)
+        assert result.outputs == [hf_greedy(tiny32, r.prompt_ids, r.max_new_tokens) for r in requests]
+        s = result.settings
+        assert s["cache_implementation"] == "static" and s["compiled"] is False and s["disable_compile"] is True
+        assert s["rows"] == 3 and s["padded_prompt_len"] == 12 and s["max_new_tokens"] == 9
+        assert s["static_cache_len"] == f">= {12 + 9 - 1}"
+        for t in result.timings:   # CPU: one clock reading per step, in order, after the arrival
+            assert t.arrival <= t.first_token <= t.finish and t.token_times == sorted(t.token_times)
+
+
+def test_peers_run_on_cuda_by_default_and_anywhere_by_name():
+    from common.demos import get
+    from phases.p3_3_paged_cache.tput import pick_engines
+    from phases.p3_5_paged_attention.runners import ALL_ENGINES, HF_COMPILED, ON_REQUEST, default_engines
+
+    assert HF_COMPILED not in default_engines(on_gpu=False)
+    assert default_engines(on_gpu=True) == ALL_ENGINES + [HF_COMPILED]
+    assert pick_engines(default_engines(on_gpu=False), ["hf_compiled", "batched"], ON_REQUEST) == [
+        next(e for e in ALL_ENGINES if e.name == "batched"), HF_COMPILED]
+    bench = get("workload_bench")
+    assert "hf_compiled" in bench.resolve(on_gpu=True)["engines"]
+    assert "hf_compiled" not in bench.resolve(on_gpu=False)["engines"]
 
 
 def test_workload_bench_and_tput_demos_run_quick():
@@ -145,6 +183,16 @@ def test_workload_bench_and_tput_demos_run_quick():
     assert any("roofline" in t for t in titles)
     ratios = next(t for t in report.tables if t.title.startswith("Ratios"))
     assert len(ratios.rows) == 4
+    # Every row says how it ran and how it was warmed up, in the data and in the table notes.
+    json.dumps(report.data)
+    equal = next(t for t in report.tables if t.title.startswith("equal work"))
+    for name, row in report.data["results"]["equal"].items():
+        assert row["settings"] and row["warmup"].startswith("warmed up by one untimed run")
+        assert any(n.startswith(f"{name} settings: ") for n in equal.notes)
+    rows = report.data["results"]["equal"]
+    assert rows["batched"]["settings"]["block_size"] == 16 and rows["batched"]["settings"]["max_running"] == 4
+    assert rows["hf_static"]["settings"]["cache_implementation"].startswith("dynamic")
+    assert rows["hf_cb"]["settings"]["page_size"] == 16
     report = run_demo("tput", model="tiny", device="cpu", dtype="fp32", quick=True)
     engines = report.data["engines"]
     assert {"static", "dyn", "paged", "batched", "hf_cb"} <= set(engines)

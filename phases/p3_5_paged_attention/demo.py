@@ -3,7 +3,8 @@
 `tput` takes over phase 3.3's demo of that name (`extends="p3_3"`): the same
 batch-size sweep over the blog's prompts, now with static batching (p2_1),
 per-sequence continuous batching (p2_3), per-sequence paged (p3_3), the
-batched paged engine (p3_5) and transformers' `generate_batch`.
+batched paged engine (p3_5) and transformers' `generate_batch`; on CUDA also
+transformers' compiled static-cache `generate` (`hf_compiled`).
 
 `workload_bench` compares engines on the kind of trace vLLM's benchmarks use:
 N requests with random-token prompts of 16-128 tokens and fixed per-request
@@ -13,6 +14,12 @@ output lengths, EOS ignored, so every engine does exactly the same work.
          batch must carry every row to the longest, continuous engines don't.
 Then: how close the batched engine gets to this machine's compute roofline,
 and a profile of one full-batch decode step (where the time goes).
+
+Fair peers: every engine is warmed up on the workload's own shapes right
+before its timed run (`measure` in phase 3.3's tput.py: on CUDA the same
+requests, since compiled code is built per shape), and each row's settings
+(cache, compile, page/block size, pool, max_running) are in the table notes
+and in `report.data`, so a reader can rerun any row.
 """
 
 from __future__ import annotations
@@ -20,16 +27,19 @@ from __future__ import annotations
 from common.demos import Option, RunConfig, demo
 from common.report import Report
 from common.workload import EQUAL_WORK_N, equal_work, mixed_work
-from phases.p3_3_paged_cache.tput import EngineRunner, measure, plot_tput, run_tput, tput_options
+from phases.p3_3_paged_cache.tput import (EngineRunner, format_settings, measure, plot_tput, run_tput,
+                                          tput_options, warmup_rule)
 from phases.p3_5_paged_attention.engine import BatchedPagedEngine
 from phases.p3_5_paged_attention.roofline import (measure_matmul_flops, profile_decode_step,
                                                   roofline_tokens_per_s)
-from phases.p3_5_paged_attention.runners import (ALL_ENGINES, BATCHED, HF_CB, HF_STATIC, run_hf_cb)
-from phases.p3_3_paged_cache.tput import TPUT_ENGINES
+from phases.p3_5_paged_attention.runners import (ALL_ENGINES, HF_COMPILED, HF_STATIC, ON_REQUEST,
+                                                 default_engines, run_hf_cb)
 
 # (page_size, max_batch_tokens) tried for generate_batch; the table keeps its best.
 HF_CB_CONFIGS = ["16:256", "16:1024", "32:512"]
 QUICK = dict(n=4, prompt_len=(4, 12), output_len=4, mixed_output=(2, 6))
+WORKLOAD_ENGINES = ["hf_static", "hf_cb", "paged", "batched"]
+WORKLOAD_ENGINES_GPU = ["hf_static", "hf_compiled", "hf_cb", "paged", "batched"]
 TARGETS = {  # (workload, faster engine, slower engine) -> the ratio the issue asks for
     ("equal", "batched", "hf_cb"): 3.0,
     ("equal", "batched", "hf_static"): 1.0,
@@ -41,7 +51,7 @@ TARGETS = {  # (workload, faster engine, slower engine) -> the ratio the issue a
 @demo("tput", phase="p3_5", extends="p3_3", options=tput_options(), plot=plot_tput,
       help="KV memory and tok/s per batch size for every engine, ours and transformers'")
 def tput(cfg: RunConfig) -> Report:
-    return run_tput(cfg, ALL_ENGINES)
+    return run_tput(cfg, default_engines(cfg.on_gpu), on_request=ON_REQUEST)
 
 
 def _hf_cb_runner(config: str) -> EngineRunner:
@@ -67,8 +77,8 @@ def _workloads(cfg: RunConfig, vocab: int) -> dict:
           Option("mixed_min", int, cpu=16, help="shortest output, mixed workload"),
           Option("mixed_max", int, cpu=256, help="longest output, mixed workload"),
           Option("workloads", str, cpu=["equal", "mixed"], many=True, help="equal and/or mixed"),
-          Option("engines", str, cpu=["hf_static", "hf_cb", "paged", "batched"], many=True,
-                 help="from: static dyn paged batched hf_static hf_cb"),
+          Option("engines", str, cpu=WORKLOAD_ENGINES, gpu=WORKLOAD_ENGINES_GPU, many=True,
+                 help="from: static dyn paged batched hf_static hf_compiled hf_cb"),
           Option("hf_cb_configs", str, cpu=HF_CB_CONFIGS, many=True, help="page_size:max_batch_tokens for hf_cb"),
       ])
 def workload_bench(cfg: RunConfig) -> Report:
@@ -78,15 +88,11 @@ def workload_bench(cfg: RunConfig) -> Report:
     report = cfg.new_report("workload_bench")
     workloads = {k: v for k, v in _workloads(cfg, lm.vocab_size).items() if k in cfg.workloads}
     hf_cb_configs = cfg.hf_cb_configs[:1] if cfg.quick else cfg.hf_cb_configs
-    by_name = {e.name: e for e in ALL_ENGINES + [HF_STATIC]}
+    by_name = {e.name: e for e in ALL_ENGINES + [HF_STATIC, HF_COMPILED]}
     unknown = set(cfg.engines) - set(by_name)
     if unknown:
         raise ValueError(f"unknown engine(s) {sorted(unknown)}; choose from {sorted(by_name)}")
     max_running = max(len(r) for r in workloads.values())
-    # Warm-up: one tiny request through every engine kept out of the numbers.
-    warm = equal_work(lm.vocab_size, 1, (4, 8), 2)
-    for name in cfg.engines:
-        (by_name[name] if name != "hf_cb" else _hf_cb_runner(hf_cb_configs[0])).run(lm, warm, 1)
 
     results: dict[str, dict[str, dict]] = {}
     n_runs = len(workloads) * (len(cfg.engines) - ("hf_cb" in cfg.engines) + ("hf_cb" in cfg.engines) * len(hf_cb_configs))
@@ -99,7 +105,7 @@ def workload_bench(cfg: RunConfig) -> Report:
                 rows = []
                 for runner in runners:
                     progress.update(task, description=f"{wname}: {runner.name}")
-                    rows.append(measure(lm, runner, requests, max_running))
+                    rows.append(measure(lm, runner, requests, max_running))   # warms up on these requests first
                     progress.advance(task)
                 best = max(rows, key=lambda r: r["tok_s"])
                 if len(rows) > 1:
@@ -107,7 +113,7 @@ def workload_bench(cfg: RunConfig) -> Report:
                                     ", ".join(f"{r['engine']} {r['tok_s']:.1f} tok/s" for r in rows))
                 best["engine"] = name
                 results[wname][name] = best
-    _workload_tables(report, workloads, results)
+    _workload_tables(report, workloads, results, warmup_rule(lm.device))
     _targets_table(report, results)
     _roofline_and_profile(report, lm, workloads, results, cfg)
     report.data["results"] = {w: {e: {k: v for k, v in row.items() if k != "outputs"} for e, row in rows.items()}
@@ -115,7 +121,7 @@ def workload_bench(cfg: RunConfig) -> Report:
     return report
 
 
-def _workload_tables(report: Report, workloads: dict, results: dict) -> None:
+def _workload_tables(report: Report, workloads: dict, results: dict, warmup: str) -> None:
     for wname, rows in results.items():
         reqs = workloads[wname]
         outs = [r.max_new_tokens for r in reqs]
@@ -136,6 +142,14 @@ def _workload_tables(report: Report, workloads: dict, results: dict) -> None:
                            + (f"; {row['note']}" if row.get("note") else ""))
         t.notes.append("Greedy outputs can differ in bf16 (different batch shapes round differently); "
                        "the fp32 tests assert token-for-token equality with HF generate.")
+        t.notes.append(f"every engine: {warmup}")
+        if any(name in rows for name in ("hf_static", "hf_compiled")):
+            t.notes.append("hf_static, hf_compiled: every row's token i is timed when step i+1's logits are "
+                           "ready (CUDA events on a GPU: no synchronize per step), so TTFT runs to the end of the "
+                           "first decode step and ms/tok is the mean step time of the one padded batch")
+        for name, row in rows.items():
+            if row.get("settings"):
+                t.notes.append(f"{name} settings: {format_settings(row['settings'])}")
 
 
 def _targets_table(report: Report, results: dict) -> None:
