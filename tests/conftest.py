@@ -1,9 +1,48 @@
-"""Shared fixtures: models are loaded once per test session (fp32 for token-exact checks)."""
+"""Shared fixtures: models are loaded once per test session (fp32 for token-exact checks).
+
+The `gpu` tier: tests marked `@pytest.mark.gpu` (everything under tests/gpu/)
+need a CUDA GPU. Without one they are collected and skipped with the reason.
+`make gpu-check` runs only them (`pytest -m gpu`) on a GPU machine.
+ENGINE_TEST_DEVICE=cpu runs the same tier on the CPU instead (slow; for
+checking the tier itself on a machine without a GPU).
+"""
+
+import os
 
 import pytest
 import torch
 
 from common.model import load_model
+
+TEST_DEVICE_ENV = "ENGINE_TEST_DEVICE"
+NO_GPU_REASON = ("gpu tier: needs a CUDA GPU (torch.cuda.is_available() is False here); "
+                 "run `make gpu-check` on a GPU machine or `modal run modal_run.py::gpu_check`")
+
+
+def gpu_tier_device() -> str | None:
+    """The device the gpu tier runs on here: 'cuda', or ENGINE_TEST_DEVICE; None: skip the tier."""
+    forced = os.environ.get(TEST_DEVICE_ENV)
+    if forced:
+        return forced
+    return "cuda" if torch.cuda.is_available() else None
+
+
+def pytest_collection_modifyitems(config, items):
+    if gpu_tier_device() is not None:
+        return
+    skip = pytest.mark.skip(reason=NO_GPU_REASON)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def gpu_device() -> str:
+    """Where gpu-tier tests put their tensors and models ('cuda' unless ENGINE_TEST_DEVICE says otherwise)."""
+    device = gpu_tier_device()
+    if device is None:
+        pytest.skip(NO_GPU_REASON)
+    return device
 
 
 @pytest.fixture(scope="session")
