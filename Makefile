@@ -1,13 +1,16 @@
 # Two commands set everything up from a fresh clone:
 #   make demo   venv + install + the main job (the batch-size sweep, CPU, packaged model)
 #   make test   venv + install + the whole test suite
+# On a CUDA machine:
+#   make gpu-check   the gpu test tier, then every demo on the GPU; reports under results/
+#                    (GPU_PY=python3 uses an existing CUDA Python instead of the venv)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 DEMOS  := decode_sweep sweep waste_demo latency_demo wall alloc_demo table_demo block_size_study snapshot tput gather_bench attn_bench workload_bench bench_serve prefix_demo cow_demo share_demo preempt_demo stress_demo
 
-.PHONY: install demo test list serve $(DEMOS) clean-cache
+.PHONY: install demo test gpu-check list serve $(DEMOS) clean-cache
 
 install: $(VENV)/.installed
 
@@ -25,6 +28,12 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q
+
+# The venv is built only when gpu-check runs with it; GPU_PY=<python> runs on an existing CUDA install.
+GPU_PY ?= $(PY)
+GPU_CHECK_ARGS ?=
+gpu-check: $(if $(filter $(PY),$(GPU_PY)),install)
+	$(GPU_PY) -m common.gpu_check $(GPU_CHECK_ARGS)
 
 list: install
 	$(PY) -m common --list

@@ -28,7 +28,8 @@ RSS_SAMPLE_INTERVAL_S = 0.005  # how often the CPU peak-memory sampler reads RSS
 def sync(device: str | torch.device | None = None) -> None:
     """Wait for queued GPU work, so the next clock read means something."""
     if torch.cuda.is_available() and (device is None or str(device).startswith("cuda")):
-        torch.cuda.synchronize()
+        # "cuda" or None: the current GPU; "cuda:1": that one
+        torch.cuda.synchronize(device if device is not None and ":" in str(device) else None)
 
 
 def now(device: str | torch.device | None = None) -> float:

@@ -51,7 +51,7 @@ def test_the_table_names_every_demo_and_each_module_defines_its_demos():
 
 def test_common_imports_no_phase():
     code = ("import sys, common, common.demos, common.__main__, common.model, common.bench, common.report, "
-            "common.workload, common.sampling, common.prompts, common.tokenizer\n"
+            "common.workload, common.sampling, common.prompts, common.tokenizer, common.gpu_check\n"
             "bad = sorted(m for m in sys.modules if m.startswith('phases'))\nprint(bad)\nsys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
