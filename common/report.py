@@ -64,7 +64,8 @@ def _slug(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9.+-]+", "-", str(s)).strip("-").lower()
 
 
-def _git_commit() -> str:
+def git_commit() -> str:
+    """This checkout's short commit (+dirty when tracked files changed); "unknown" outside a git checkout."""
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT,
                              capture_output=True, text=True, timeout=5)
@@ -85,7 +86,7 @@ def environment_meta(device: str | None = None, model: str | None = None, dtype:
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "model": model, "dtype": dtype, "device": device,
         "torch": torch.__version__, "transformers": transformers.__version__,
-        "python": platform.python_version(), "commit": _git_commit(),
+        "python": platform.python_version(), "commit": git_commit(),
     }
     if device and device.startswith("cuda") and torch.cuda.is_available():
         meta["device_name"] = torch.cuda.get_device_name(0)

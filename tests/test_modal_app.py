@@ -1,11 +1,9 @@
 """The Modal app: defined without credentials and without importing any phase; one entrypoint
-per demo; function bodies run locally."""
+per demo, plus the gpu tier and the fan-out; function bodies run locally."""
 
 import json
 import subprocess
 import sys
-
-import pytest
 
 import modal_run
 from common import demos as registry
@@ -13,9 +11,11 @@ from common import demos as registry
 
 def test_every_demo_has_an_entrypoint():
     names = set(registry.names())
-    assert names == set(registry.DEMO_MODULES) == set(modal_run.ENTRYPOINTS)
+    assert names == set(registry.DEMO_MODULES)
+    assert names <= set(modal_run.ENTRYPOINTS) and set(modal_run.ENTRYPOINTS) == names
     for name in names:
         assert getattr(modal_run, name) is modal_run.ENTRYPOINTS[name]
+    assert modal_run.gpu_check is not None and modal_run.all_demos is not None
 
 
 def test_defining_the_app_imports_no_phase():
@@ -30,11 +30,17 @@ def test_image_uses_the_pinned_requirements():
     assert "torch==2.13.0" in reqs and "triton==3.7.1" in reqs
 
 
-@pytest.mark.parametrize("demo", ["decode_sweep"])
-def test_remote_body_runs_locally_and_report_round_trips(demo, tmp_path):
-    if demo not in registry.names():
-        pytest.skip(f"{demo} not registered yet")
-    report = modal_run.run_remote.local(demo, model="tiny", device="cpu", dtype="fp32", quick=True)
+def test_remote_body_runs_locally_and_report_round_trips(tmp_path):
+    report = modal_run.run_remote.local("decode_sweep", model="tiny", device="cpu", dtype="fp32", quick=True)
     json.dumps(report)  # what crosses the wire must be plain JSON
-    modal_run.show_and_save(demo, report, results_dir=tmp_path)
-    assert list(tmp_path.glob("*.json")) and list(tmp_path.glob("*.md"))
+    modal_run.show_and_save("decode_sweep", report, results_dir=tmp_path)
+    assert list(tmp_path.glob("decode-sweep_cpu_tiny.json")) and list(tmp_path.glob("decode-sweep_cpu_tiny.md"))
+
+
+def test_fan_out_saves_every_report_and_names_the_failures(tmp_path, capsys):
+    ok = modal_run.run_remote.local("decode_sweep", model="tiny", device="cpu", dtype="fp32", quick=True)
+    failed = modal_run.save_each(["decode_sweep", "sweep"], [ok, RuntimeError("CUDA error: out of memory")],
+                                 results_dir=tmp_path)
+    assert failed == ["sweep"]
+    assert (tmp_path / "decode-sweep_cpu_tiny.json").exists()
+    assert "sweep failed: RuntimeError: CUDA error: out of memory" in capsys.readouterr().out
