@@ -22,7 +22,6 @@ import torch
 
 from common.bench import now, summarize
 from common.demos import Option, RunConfig, demo
-from common.prompts import format_prompt
 from common.report import Report
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_5_paged_attention.engine import BatchedPagedEngine
@@ -75,9 +74,7 @@ def sentence(i: int) -> str:
 
 def request_ids(lm, n_shots: int, n_requests: int) -> list[list[int]]:
     system = system_prompt(n_shots)
-    texts = [format_prompt(lm.tokenizer, sentence(i), system=system) for i in range(n_requests)]
-    # The chat template already holds the special tokens.
-    return [lm.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    return [lm.prompt_ids(sentence(i), system=system) for i in range(n_requests)]
 
 
 def shared_prefix_len(prompts: list[list[int]]) -> int:
