@@ -84,6 +84,12 @@ class RunConfig:
             return options[name]
         raise AttributeError(name)
 
+    def use_quick(self, **smallest: Any) -> None:
+        """Under `quick`, run with these option values instead (the smallest that still exercise every code
+        path); the report's meta then records what really ran. Without `quick`, nothing changes."""
+        if self.quick:
+            self.options.update(smallest)
+
     @property
     def on_gpu(self) -> bool:
         from common.model import pick_device

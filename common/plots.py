@@ -45,7 +45,7 @@ def lines(path, x: Sequence, series: dict[str, Sequence], xlabel: str, ylabel: s
 
 
 def twin_lines(path, x: Sequence, left: tuple[str, Sequence], right: tuple[str, Sequence],
-               xlabel: str, title: str | None = None, logx: bool = False) -> Path:
+               xlabel: str, title: str | None = None, logx: bool = False, right_logy: bool = False) -> Path:
     """Two quantities with different units against one x: left and right y axes."""
     fig, ax = plt.subplots(figsize=WIDE)
     ax.plot(x, left[1], marker="o", color="tab:blue", label=left[0])
@@ -53,6 +53,8 @@ def twin_lines(path, x: Sequence, left: tuple[str, Sequence], right: tuple[str, 
     ax2 = ax.twinx()
     ax2.plot(x, right[1], marker="s", color="tab:orange", label=right[0])
     ax2.set_ylabel(right[0], color="tab:orange")
+    if right_logy:
+        ax2.set_yscale("log")
     ax.set_xlabel(xlabel)
     if logx:
         ax.set_xscale("log", base=2)
@@ -78,23 +80,93 @@ def bars(path, labels: Sequence[str], series: dict[str, Sequence], ylabel: str,
     return _finish(fig, path, title)
 
 
-def timelines(path, panels: dict[str, list[dict]], xlabel: str = "time (s)", title: str | None = None) -> Path:
-    """Gantt charts, one panel per scheduler: which sequence occupies which slot when.
 
-    panels: {name: [{"slot": int, "start": float, "end": float, "label": str}, ...]}
+
+def side_by_side(path, x: Sequence, panels: dict[str, dict[str, Sequence]], xlabel: str,
+                 title: str | None = None) -> Path:
+    """Panels next to each other, one per quantity ({y label: {series: ys}}), against one x on a log2
+    axis with a tick at every x; each y axis starts at zero, so a 5% gap looks like one."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
+    for ax, (ylabel, series) in zip(axes[0], panels.items()):
+        for label, ys in series.items():
+            ax.plot(x, ys, marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(x), [str(v) for v in x])
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return _finish(fig, path, title)
+
+
+def hbars_used_and_wasted(path, labels: Sequence[str], used: Sequence, wasted: Sequence, used_label: str,
+                          wasted_label: str, xlabel: str, title: str | None = None) -> Path:
+    """One horizontal bar per label: the part put to use, then (hatched grey) the part spent for nothing."""
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    ax.barh(labels, used, color="tab:blue", label=used_label)
+    ax.barh(labels, wasted, left=used, color="lightgrey", hatch="//", edgecolor="grey", label=wasted_label)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, fontsize=8, frameon=False)
+    if title:
+        ax.set_title(title)
+    return _finish(fig, path)
+
+
+def gantt(path, panels: dict[str, list[dict]], n_rows: int, row_name: str, xlabel: str,
+          title: str | None = None, inches_per_row: float = 0.4, fontsize: int = 8) -> Path:
+    """Who holds which row (a slot, a block) when: one panel per name, one bar per holding.
+
+    panels: {panel title: [{"row": int, "start": float, "end": float, "label": str, "color": int,
+                            "hatched": bool}]}; `color` indexes the tab10 palette; a hatched span is drawn
+    light grey (held for nothing) and unlabelled; a label goes on a span only where it fits.
     """
-    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.2 * len(panels) + 0.5), sharex=True, squeeze=False)
+    height = 1.2 + len(panels) * max(1.2, inches_per_row * n_rows)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(11, height), sharex=True, squeeze=False)
     cmap = plt.get_cmap("tab10")
+    end = max((s["end"] for spans in panels.values() for s in spans), default=1)
     for ax, (name, spans) in zip(axes[:, 0], panels.items()):
         for s in spans:
-            color = cmap(hash(s["label"]) % 10) if not isinstance(s.get("color"), int) else cmap(s["color"] % 10)
-            ax.barh(s["slot"], s["end"] - s["start"], left=s["start"], color=color, edgecolor="black", height=0.8)
-            ax.text(s["start"] + (s["end"] - s["start"]) / 2, s["slot"], s["label"], ha="center", va="center", fontsize=8)
-        n_slots = 1 + max((s["slot"] for s in spans), default=0)
-        ax.set_yticks(range(n_slots))
-        ax.set_yticklabels([f"slot {i}" for i in range(n_slots)])
-        ax.invert_yaxis()
-        ax.set_title(name, loc="left", fontsize=10)
+            hatched = s.get("hatched", False)
+            ax.barh(s["row"], s["end"] - s["start"], left=s["start"], height=0.8, edgecolor="black",
+                    linewidth=0.5, color="lightgrey" if hatched else cmap(s["color"] % 10),
+                    hatch="//" if hatched else None)
+            if not hatched and s["end"] - s["start"] > end / 80:   # too narrow a bar gets no label
+                ax.text((s["start"] + s["end"]) / 2, s["row"], s["label"], ha="center", va="center",
+                        fontsize=fontsize)
+        ax.set_yticks(range(n_rows), [f"{row_name} {i}" for i in range(n_rows)])
+        ax.set_ylim(n_rows - 0.5, -0.5)
+        if name:
+            ax.set_title(name, loc="left", fontsize=10)
         ax.grid(alpha=0.3, axis="x")
+    axes[-1, 0].set_xlim(left=0)
     axes[-1, 0].set_xlabel(xlabel)
+    return _finish(fig, path, title)
+
+
+def per_batch_timings(path, rows: list[dict], series: dict[str, str], ylabel: str, title: str | None = None) -> Path:
+    """Kernel benchmarks: one panel per batch size, milliseconds against context length (log-log).
+
+    rows: [{"batch", "context", <key>: ms or None}]; series: {key: line label}. A series
+    with any None in a panel (not timed here, e.g. a kernel on a CPU) is left out of it.
+    """
+    from matplotlib.ticker import NullLocator
+
+    batches = sorted({r["batch"] for r in rows})
+    fig, axes = plt.subplots(1, len(batches), figsize=(4.2 * len(batches), 3.6), squeeze=False, sharey=True)
+    for ax, b in zip(axes[0], batches):
+        sel = sorted((r for r in rows if r["batch"] == b), key=lambda r: r["context"])
+        ctx = [r["context"] for r in sel]
+        for key, label in series.items():
+            ys = [r[key] for r in sel]
+            if all(y is not None for y in ys):
+                ax.plot(ctx, ys, marker="o", label=label)
+        ax.set(title=f"batch {b}", xlabel="context (tokens)", yscale="log")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ctx, [str(c) for c in ctx])
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel(ylabel)
+    axes[0][0].legend(fontsize=8)
     return _finish(fig, path, title)

@@ -34,6 +34,11 @@ class Table:
         self.rows.append(list(cells))
 
 
+def shorten(text: str, width: int, ellipsis: str = "…") -> str:
+    """`text` cut to at most `width` characters for a table cell, ending in `ellipsis` where it was cut."""
+    return text if len(text) <= width else text[:width - len(ellipsis)] + ellipsis
+
+
 @dataclass
 class Report:
     demo: str

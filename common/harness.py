@@ -1,0 +1,187 @@
+"""The engine-comparison harness: any engine, the same requests, one row of numbers each.
+
+An engine enters as an `EngineRunner`; common/ never imports a phase, a phase's
+demo builds its engine and hands it over:
+
+    EngineRunner(name, label, run)
+      name   short column prefix ("dyn", "paged", ...)
+      label  one line saying what it is (printed under the tables)
+      run    run(lm, requests, max_running) -> EngineRun
+               requests     list[common.workload.Request], all arriving at once
+               max_running  how many sequences the engine may run together
+             returns EngineRun(outputs, timings, kv_peak_bytes, note, settings):
+               outputs        new token ids per request, in request order
+               timings        one common.bench.SeqTiming per request
+               kv_peak_bytes  the most KV bytes the engine held at one time
+               note           optional line for the table notes
+               settings       what the engine ran with (max_running, block size, pool, ...),
+                              so a reader can reproduce the row
+
+`measure(lm, runner, requests, max_running)` warms the engine up on the
+workload's own shapes (`warm_up`), then times one run and returns a row dict.
+`pick_engines` chooses engines by name (the demos' `--engines`). The batch-size
+sweep built on this is common/tput.py.
+
+Helpers for the phases' runners, written against the schedulers' shared shape
+(`add(prompt, max_new_tokens, ...)`, `run(progress)`, `running`, `step()`):
+`PeakKV` (the most KV bytes held at once), `submit` (queue requests),
+`run_prompts` (queue prompts with one arrival time, run under a progress bar),
+`workload_pool_blocks` (a pool that never makes anyone wait).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from common.bench import MB, SeqTiming, now, summarize
+from common.progress import progress_bar
+from common.workload import Request
+
+WARMUP_NEW_TOKENS_CPU = 2   # a CPU warm-up runs the workload's prompts with only this many new tokens each
+
+
+# --- the runner interface -----------------------------------------------------------------
+@dataclass
+class EngineRun:
+    outputs: list[list[int]]          # new token ids per request, in request order
+    timings: list[SeqTiming]          # one per request
+    kv_peak_bytes: int                # most KV bytes held at once during the run
+    note: str = ""
+    settings: dict = field(default_factory=dict)   # what it ran with, JSON-ready: enough to reproduce the row
+
+    @classmethod
+    def from_sequences(cls, seqs: list, kv_peak_bytes: int, note: str = "", settings: dict | None = None) -> "EngineRun":
+        """From an engine's finished sequences: anything with `seq_id`, `output_ids` and `timing` (a SeqTiming),
+        numbered in request order."""
+        seqs = sorted(seqs, key=lambda s: s.seq_id)
+        return cls([list(s.output_ids) for s in seqs], [s.timing for s in seqs], kv_peak_bytes, note,
+                   settings or {})
+
+
+@dataclass
+class EngineRunner:
+    name: str
+    label: str
+    run: Callable[..., EngineRun] = field(repr=False)   # run(lm, requests, max_running) -> EngineRun
+
+
+class PeakKV:
+    """Mixin for a scheduler: remembers the most KV bytes its running sequences held at once.
+
+    Works with any scheduler that has `running` (its sequences), `kv_bytes(seq)`
+    (the bytes one holds), `free_kv(seq)` (called as one finishes) and `step()`,
+    as phase 2.3's `ContinuousScheduler` and everything built on it do:
+    `class Measured(PeakKV, ContinuousScheduler): pass`. Sampled after the
+    forward passes of every step, just before the first finished sequence of
+    that step gives its KV back (the moment of most KV).
+    """
+
+    peak_kv_bytes = 0
+
+    def held_kv_bytes(self) -> int:
+        return sum(self.kv_bytes(s) for s in self.running)
+
+    def sample_peak(self) -> None:
+        self.peak_kv_bytes = max(self.peak_kv_bytes, self.held_kv_bytes())
+
+    def free_kv(self, seq):
+        self.sample_peak()
+        super().free_kv(seq)
+
+    def step(self):
+        finished = super().step()
+        self.sample_peak()
+        return finished
+
+
+def submit(engine, lm, requests: list[Request]) -> None:
+    """Queue every request on an engine with the schedulers' `add(prompt_ids, max_new_tokens, ...)`."""
+    for r in requests:
+        engine.add(r.ids(lm), r.max_new_tokens, sampling=r.sampling, ignore_eos=r.ignore_eos)
+
+
+def run_prompts(engine, prompts: list, max_new_tokens: int, label: str) -> tuple[float, list]:
+    """Queue every prompt (text or ids) on a scheduler with one common arrival time t0, run it to the end
+    under a progress bar; returns (t0, the finished sequences in seq_id order)."""
+    t0 = now(engine.lm.device)
+    for p in prompts:
+        engine.add(p, max_new_tokens, arrival=t0)
+    with progress_bar(label, total=len(prompts)) as bar:
+        return t0, engine.run(progress=bar.callback)
+
+
+def workload_pool_blocks(lm, requests: list[Request], block_size: int) -> int:
+    """A pool with room for every request's worst case at once, so the pool never makes anyone wait:
+    each request stores at most prompt + new tokens - 1 positions (the last token is never fed back),
+    in whole blocks (ceil)."""
+    return sum(-(-(len(r.ids(lm)) + r.max_new_tokens - 1) // block_size) for r in requests)
+
+
+# --- measuring -----------------------------------------------------------------------------
+def _on_cuda(device) -> bool:
+    return str(device).startswith("cuda")
+
+
+def warmup_requests(lm, requests: list[Request]) -> list[Request]:
+    """What an engine runs, untimed, before its timed run on `requests`.
+
+    CUDA: the very same requests. Compiled code (HF's static-cache `generate` with
+    CUDA graphs, kernel autotuning) is built per shape: batch size, prompt lengths,
+    cache length. Only the same requests are sure to give the same shapes, and a
+    first call that compiles can take 4x as long as a warm one, or longer.
+    CPU: nothing compiles. The same prompts (same batch size and prompt lengths)
+    with only WARMUP_NEW_TOKENS_CPU new tokens each warm what there is to warm
+    (allocator, lazy initialisation, kernel choice per shape) at a fraction of
+    the cost of running everything twice.
+    """
+    if _on_cuda(lm.device):
+        return list(requests)
+    return [replace(r, max_new_tokens=min(r.max_new_tokens, WARMUP_NEW_TOKENS_CPU)) for r in requests]
+
+
+def warmup_rule(device) -> str:
+    """One line for the report: how `warm_up` warms an engine on `device`."""
+    if _on_cuda(device):
+        return "warmed up by one untimed run of the same requests (the shapes compiled code is built for)"
+    return (f"warmed up by one untimed run of the same prompts with {WARMUP_NEW_TOKENS_CPU} new tokens each "
+            "(CPU: nothing compiles; that covers the prefill's and a decode step's shapes)")
+
+
+def warm_up(lm, runner: EngineRunner, requests: list[Request], max_running: int) -> None:
+    """Run `runner` untimed, with `max_running`, on the workload's own shapes (see `warmup_requests`)."""
+    runner.run(lm, warmup_requests(lm, requests), max_running)
+
+
+def measure(lm, runner: EngineRunner, requests: list[Request], max_running: int, warm: bool = True) -> dict:
+    """Warm the engine up on these requests' shapes (`warm_up`; skipped with `warm=False` when it has
+    just run them), then run `requests` through it, timed; one row of numbers (JSON-serialisable)."""
+    if warm:
+        warm_up(lm, runner, requests, max_running)
+    warmup = warmup_rule(lm.device) if warm else "warm: an earlier timed run of the same requests"
+    start = now(lm.device)
+    result = runner.run(lm, requests, max_running)
+    wall_s = now(lm.device) - start
+    m = summarize(result.timings, wall_s)
+    return dict(engine=runner.name, batch_size=max_running, n_seqs=m.n_seqs, total_tokens=m.total_tokens,
+                wall_s=wall_s, tok_s=m.total_tok_s, ms_per_tok=m.mean_ms_per_token, ttft_ms=m.mean_ttft_ms,
+                kv_peak_bytes=result.kv_peak_bytes, kv_peak_mb=result.kv_peak_bytes / MB,
+                outputs=result.outputs, note=result.note, settings=result.settings, warmup=warmup)
+
+
+def format_settings(settings: dict) -> str:
+    """`k=v, k=v`: one engine's settings on one line of table notes."""
+    return ", ".join(f"{k}={v}" for k, v in settings.items())
+
+
+def pick_engines(engines: list[EngineRunner], names: list[str] | None,
+                 on_request: list[EngineRunner] = ()) -> list[EngineRunner]:
+    """The engines named in `names` (all of `engines` when `names` is empty), in the order of
+    `engines` then `on_request`. An engine in `on_request` runs only when named."""
+    if not names:
+        return list(engines)
+    known = list(engines) + [e for e in on_request if e.name not in {k.name for k in engines}]
+    unknown = set(names) - {e.name for e in known}
+    if unknown:
+        raise ValueError(f"unknown engine(s) {sorted(unknown)}; this demo has {[e.name for e in known]}")
+    return [e for e in known if e.name in names]
