@@ -13,6 +13,11 @@ from tests.test_p2_1_naive_batching import NEW_TOKENS, PROMPTS, reference
 FULL_LIFE = [Status.WAITING, Status.PREFILLING, Status.DECODING, Status.DONE]
 
 
+def finished(outputs) -> list:
+    """The sequences a step's StepOutputs report as finished, in output order."""
+    return [o.seq for o in outputs if o.finished]
+
+
 def run_all(sched_cls, lm, prompts, max_running, n=NEW_TOKENS):
     s = sched_cls(lm, max_running=max_running)
     for p in prompts:
@@ -90,14 +95,16 @@ def test_step_by_step_states(tiny32):
     s = Scheduler(tiny32, max_running=2)
     a, b, c = s.add([101, 102], 1), s.add([103], 3), s.add([104, 105, 106], 2)
     assert [q.status for q in (a, b, c)] == [Status.WAITING] * 3
-    assert s.step() == [a]                       # prefill: a is done after its only token
+    outputs = s.step()                           # prefill: one token each, a is done after its only token
+    assert [(o.seq, o.finished) for o in outputs] == [(a, True), (b, False)]
+    assert [o.token_id for o in outputs] == [a.output_ids[-1], b.output_ids[-1]]
     assert (a.status, b.status, c.status) == (Status.DONE, Status.DECODING, Status.WAITING)
     assert s.slots == [a, b]                     # a is DONE but still holds its slot (static batch)
     s.step()
-    assert s.step() == [b] and s.slots == [None, None] and c.status is Status.WAITING
+    assert finished(s.step()) == [b] and s.slots == [None, None] and c.status is Status.WAITING
     assert s.returned_at[a.seq_id] == s.returned_at[b.seq_id]  # a static batch returns together
     s.step()
-    assert s.step() == [c] and not s.has_work
+    assert finished(s.step()) == [c] and not s.has_work
     assert s.step() == []                        # nothing to do is not an error
 
 

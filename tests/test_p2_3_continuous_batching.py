@@ -9,7 +9,7 @@ from common.bench import kv_bytes_per_token
 from phases.p2_2_scheduler.sequence import Status
 from phases.p2_3_continuous_batching.scheduler import ContinuousScheduler
 from tests.test_p2_1_naive_batching import NEW_TOKENS, PROMPTS, reference
-from tests.test_p2_2_scheduler import check_invariants, requests, run_all
+from tests.test_p2_2_scheduler import check_invariants, finished, requests, run_all
 
 
 # --- the oracle ---------------------------------------------------------------------------------
@@ -50,13 +50,13 @@ def test_continuous_scheduler_properties(tiny32, reqs, max_running):
 def test_freed_slot_goes_to_the_next_waiting_sequence_in_the_same_step(tiny32):
     s = ContinuousScheduler(tiny32, max_running=2)
     a, b, c = s.add([101, 102], 1), s.add([103], 3), s.add([104, 105, 106], 2)
-    assert s.step() == [a]
+    assert finished(s.step()) == [a]
     # a finished in this step, and c already holds its slot (to prefill next step).
     assert s.slots == [c, b] and c.status is Status.PREFILLING and isinstance(c.kv, DynamicCache)
     assert a.kv is None and a.status is Status.DONE
     s.step()                                      # c prefills while b decodes its second token
     assert c.status is Status.DECODING and len(b.output_ids) == 2
-    assert sorted(q.seq_id for q in s.step()) == [b.seq_id, c.seq_id] and not s.has_work
+    assert sorted(q.seq_id for q in finished(s.step())) == [b.seq_id, c.seq_id] and not s.has_work
     assert s.returned_at[a.seq_id] < s.returned_at[b.seq_id]  # no waiting for the batch
 
 

@@ -8,7 +8,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, rule
 
-from phases.p3_1_block_allocator import AllocatorError, BlockAllocator, OutOfBlocks
+from phases.p3_1_block_allocator import AllocatorError, BlockAllocator, OutOfBlocks, blocks_for
 from phases.p3_2_block_table import BlockTable
 
 BS = 4
@@ -189,7 +189,7 @@ class ManyTables(RuleBasedStateMachine):
         slot_owners: dict[int, set[int]] = {}
         for i, t in enumerate(self.live):
             assert len(set(t.block_ids)) == t.n_blocks  # a table never lists a block twice
-            assert t.n_blocks == -(-t.n_filled // BS)    # no block beyond the one the tail needs
+            assert t.n_blocks == blocks_for(t.n_filled, BS)    # no block beyond the one the tail needs
             for pos in range(t.n_filled):
                 block, offset = t.physical_pos(pos)
                 assert block in t.block_ids and a.refcount(block) >= 1 and 0 <= offset < BS
@@ -215,7 +215,7 @@ def test_table_demo_one_sequence():
     report = run_demo("table_demo", model="tiny", device="cpu", dtype="fp32", quick=True)
     summary = report.tables[0]
     prompt, generated, total, written, bs, blocks, waste = summary.rows[0]
-    assert written == total - 1 and blocks == -(-written // bs) and waste == blocks * bs - written
+    assert written == total - 1 and blocks == blocks_for(written, bs) and waste == blocks * bs - written
     titles = [t.title for t in report.tables[1:]]
     assert titles[0].startswith("after prefill") and titles[-1].startswith(("finished", "after token"))
     last = report.tables[-1].rows

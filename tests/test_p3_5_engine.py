@@ -40,7 +40,7 @@ def test_greedy_equals_hf_generate_tiny_model_block_boundaries(tiny32):
     # random-token prompts of many lengths, none a multiple of the block size by design or by luck
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(100, 40000, (n,), generator=gen).tolist() for n in (1, 3, 5, 9, 14, 22)]
-    seqs = [engine.add(prompt_ids=p, max_new_tokens=11, ignore_eos=True) for p in prompts]
+    seqs = [engine.add(p, 11, ignore_eos=True) for p in prompts]
     engine.run()
     for seq in seqs:
         assert seq.output_ids == hf_greedy(tiny32, seq.prompt_ids, 11, ignore_eos=True)
@@ -50,7 +50,7 @@ def test_greedy_equals_hf_generate_tiny_model_block_boundaries(tiny32):
 def test_one_forward_pass_per_phase_of_a_step(tiny32):
     engine = BatchedPagedEngine(tiny32, max_running=8, block_size=4, n_blocks=64)
     for n in (3, 6, 9):
-        engine.add(prompt_ids=list(range(200, 200 + n)), max_new_tokens=5, ignore_eos=True)
+        engine.add(list(range(200, 200 + n)), 5, ignore_eos=True)
     engine.run()
     # step 1 prefills all three in one pass; steps 2..5 decode all three in one pass each
     assert engine.n_steps == 5 and engine.n_forward_passes == 5
@@ -69,7 +69,7 @@ def test_index_plans_are_made_once_per_forward_pass_not_per_layer(tiny32, monkey
     assert tiny32.model.config.num_hidden_layers > 1
     engine = BatchedPagedEngine(tiny32, max_running=8, block_size=4, n_blocks=64)
     for n in (3, 6, 9):
-        engine.add(prompt_ids=list(range(200, 200 + n)), max_new_tokens=5, ignore_eos=True)
+        engine.add(list(range(200, 200 + n)), 5, ignore_eos=True)
     engine.run()
     # 5 passes write K/V (1 prefill + 4 decode); the 4 decode passes read the pool by block table
     assert made == {"write": 5, "decode": 4}
@@ -77,14 +77,30 @@ def test_index_plans_are_made_once_per_forward_pass_not_per_layer(tiny32, monkey
 
 def test_every_state_visited_once_and_blocks_freed_as_sequences_finish(tiny32):
     engine = BatchedPagedEngine(tiny32, max_running=2, block_size=4, n_blocks=32)
-    seqs = [engine.add(prompt_ids=[300 + i] * (2 + i), max_new_tokens=2 + 3 * i, ignore_eos=True) for i in range(4)]
-    while engine.has_work():
+    seqs = [engine.add([300 + i] * (2 + i), 2 + 3 * i, ignore_eos=True) for i in range(4)]
+    while engine.has_work:
         engine.step()
         held = sum(s.kv.n_blocks for s in engine.running)
         assert engine.allocator.n_used == held
     for s in seqs:
         assert s.history == [Status.WAITING, Status.PREFILLING, Status.DECODING, Status.DONE]
         assert len(s.output_ids) == s.max_new_tokens
+
+
+def test_steps_stream_each_token_once_and_run_reports_progress(tiny32):
+    """The engine keeps phase 2.2's shape: step() -> one StepOutput per token, run(progress(n_finished, n_added))."""
+    engine = BatchedPagedEngine(tiny32, max_running=2, block_size=4, n_blocks=32)
+    seqs = [engine.add([400 + i] * (3 + i), 2 + i, ignore_eos=True) for i in range(3)]
+    streamed = {s.seq_id: [] for s in seqs}
+    while engine.has_work:
+        for out in engine.step():
+            streamed[out.seq.seq_id].append(out.token_id)
+            assert out.finished == (out.seq.status is Status.DONE)
+    assert all(streamed[s.seq_id] == s.output_ids for s in seqs)
+    calls, steps_before = [], engine.n_steps
+    engine.add([500, 501], 3, ignore_eos=True)
+    assert [s.seq_id for s in engine.run(progress=lambda done, added: calls.append((done, added)))] == [0, 1, 2, 3]
+    assert calls == [(3, 4), (3, 4), (4, 4)] and engine.n_steps - steps_before == 3
 
 
 def test_seeded_sampling_is_reproducible(tiny32):
@@ -100,8 +116,8 @@ def test_seeded_sampling_is_reproducible(tiny32):
 
 def test_abort_frees_blocks_at_once(tiny32):
     engine = BatchedPagedEngine(tiny32, block_size=4, n_blocks=32)
-    a = engine.add(prompt_ids=list(range(300, 310)), max_new_tokens=20, ignore_eos=True)
-    engine.add(prompt_ids=list(range(400, 405)), max_new_tokens=3, ignore_eos=True)
+    a = engine.add(list(range(300, 310)), 20, ignore_eos=True)
+    engine.add(list(range(400, 405)), 3, ignore_eos=True)
     engine.step()
     engine.step()
     engine.abort(a)
@@ -113,16 +129,17 @@ def test_abort_frees_blocks_at_once(tiny32):
 def test_bad_input_is_refused_up_front(tiny32):
     engine = BatchedPagedEngine(tiny32, block_size=4, n_blocks=8)
     with pytest.raises(ValueError, match="empty prompt"):
-        engine.add("", max_new_tokens=4)
+        engine.add("", 4)
     with pytest.raises(ValueError, match="max_new_tokens"):
-        engine.add(prompt_ids=[5, 6], max_new_tokens=0)
+        engine.add([5, 6], 0)
     with pytest.raises(ValueError, match="context"):
-        engine.add(prompt_ids=[5] * tiny32.max_context, max_new_tokens=1)
+        engine.add([5] * tiny32.max_context, 1)
     with pytest.raises(ValueError, match="whole pool"):
-        engine.add(prompt_ids=[5] * 30, max_new_tokens=10)   # 40 tokens > 8 blocks x 4
+        engine.add([5] * 30, 10)   # 40 tokens > 8 blocks x 4
     with pytest.raises(ValueError, match="max_running"):
         BatchedPagedEngine(tiny32, max_running=0, n_blocks=8)
-    assert not engine.has_work()  # nothing half-queued
+    assert not engine.has_work  # nothing half-queued
+    assert engine.add([5, 6], 2).seq_id == 0  # a refused request took no id
 
 
 def test_runners_agree_with_each_other(tiny32):

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.sampling import SamplingParams
+from common.workload import Request
 from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks
 from phases.p3_2_block_table.block_table import BlockTable
 from phases.p3_5_paged_attention.engine import BatchedPagedEngine
@@ -113,7 +114,7 @@ def test_copy_queue_moves_whole_blocks_in_every_layer():
 # --- the engine ------------------------------------------------------------------------
 def test_n_samples_hold_one_copy_of_the_prompt_then_copy_the_partial_block_on_first_write(tiny32):
     engine = SharingEngine(tiny32, block_size=4, n_blocks=64)
-    group = engine.add(prompt_ids=list(range(300, 310)), max_new_tokens=6, n=4, ignore_eos=True)
+    group = engine.add_group(list(range(300, 310)), 6, ignore_eos=True, n=4)
     engine.step()                                          # one prefill pass, then the fork
     assert engine.n_forward_passes == 1 and group.forked
     assert [group.index(s) for s in group.seqs] == [0, 1, 2, 3]
@@ -134,21 +135,36 @@ def test_n_samples_hold_one_copy_of_the_prompt_then_copy_the_partial_block_on_fi
 def test_seeded_samples_reproduce_differ_and_sample_0_is_the_plain_request(tiny32):
     def sample(n):
         engine = SharingEngine(tiny32, block_size=4, n_blocks=64)
-        group = engine.add("Name one fruit.", max_new_tokens=8, sampling=SAMPLING, ignore_eos=True, n=n)
+        group = engine.add_group("Name one fruit.", 8, SAMPLING, ignore_eos=True, n=n)
         engine.run()
         return group.outputs
     first, second = sample(3), sample(3)
     assert first == second
     assert len({tuple(o) for o in first}) == 3             # each sample has its own generator
     plain = BatchedPagedEngine(tiny32, block_size=4, n_blocks=64)
-    seq = plain.add("Name one fruit.", max_new_tokens=8, sampling=SAMPLING, ignore_eos=True)
+    seq = plain.add("Name one fruit.", 8, SAMPLING, ignore_eos=True)
     plain.run()
     assert first[0] == seq.output_ids                      # sample i is seeded seed + i
 
 
+def test_plain_requests_run_exactly_as_on_phase_3_5(tiny32):
+    """add() is a group of one and returns its Sequence; with no samples the engine is phase 3.5's."""
+    prompts = [list(range(300 + 9 * i, 305 + 11 * i)) for i in range(5)]
+    runs = []
+    for cls in (BatchedPagedEngine, SharingEngine):
+        engine = cls(tiny32, max_running=2, block_size=4, n_blocks=9)  # the pool makes some wait
+        seqs = [engine.add(p, 6 + i, ignore_eos=True) for i, p in enumerate(prompts)]
+        assert all(type(s).__name__ == "Sequence" for s in seqs)
+        engine.run()
+        runs.append(([s.output_ids for s in seqs], engine.n_steps, engine.n_forward_passes, engine.peak_blocks_used,
+                     sorted(engine.waited_for_blocks)))
+    assert runs[0] == runs[1] and runs[0][4]
+    assert engine.group_of(seqs[2]).seqs == [seqs[2]] and engine.n_copied == 0
+
+
 def test_greedy_samples_all_equal_hf_greedy_packaged_model(smol32):
     engine = SharingEngine(smol32, block_size=16, n_blocks=64)
-    groups = [engine.add(p, max_new_tokens=16, n=3) for p in ["What is 2 + 2?", "Name one fruit."]]
+    groups = [engine.add_group(p, 16, n=3) for p in ["What is 2 + 2?", "Name one fruit."]]
     engine.run()
     for group in groups:
         reference = hf_greedy(smol32, group.prompt_ids, 16)
@@ -162,8 +178,8 @@ def test_groups_and_plain_requests_share_batches_and_copies_run_in_one_indexed_c
     flush = engine.copies.flush
     engine.copies.flush = lambda kv: flushes.append(flush(kv)) or flushes[-1]
     prompts = [list(range(200, 205)), list(range(400, 409)), list(range(600, 614))]
-    groups = [engine.add(prompt_ids=p, max_new_tokens=7, n=n, ignore_eos=True) for p, n in zip(prompts, (3, 1, 2))]
-    while engine.has_work():
+    groups = [engine.add_group(p, 7, ignore_eos=True, n=n) for p, n in zip(prompts, (3, 1, 2))]
+    while engine.has_work:
         engine.step()
         check_refcounts(engine.allocator, [s.kv for s in engine.running])
     # step 1: one prefill pass for the three prompts; step 2: one decode pass with all 6 sequences,
@@ -177,31 +193,31 @@ def test_groups_and_plain_requests_share_batches_and_copies_run_in_one_indexed_c
 
 def test_admission_counts_shared_blocks_once_and_needs_n_slots(tiny32):
     prompt = list(range(300, 316))                         # 16 tokens = 4 full blocks of 4
-    need = worst_case_blocks(16, 4, 4, 4)                  # 4 shared + 4 x 1 own = 8 (unshared: 20)
-    assert need == 8
+    need = worst_case_blocks(Request(prompt_ids=prompt, max_new_tokens=4), 4, 4)  # 4 shared + 4 x 1 own = 8
+    assert need == 8                                       # (unshared: 4 x 5 = 20)
     engine = SharingEngine(tiny32, max_running=4, block_size=4, n_blocks=need)
-    group = engine.add(prompt_ids=prompt, max_new_tokens=4, n=4, ignore_eos=True)
+    group = engine.add_group(prompt, 4, ignore_eos=True, n=4)
     engine.run()                                           # fits only because the prompt is stored once
     assert group.done and all(len(o) == 4 for o in group.outputs)
     with pytest.raises(ValueError, match="whole pool"):
-        engine.add(prompt_ids=prompt, max_new_tokens=8, n=4)  # 4 + 4 x 2 = 12 > 8
+        engine.add_group(prompt, 8, n=4)  # 4 + 4 x 2 = 12 > 8
     with pytest.raises(ValueError, match="max_running"):
-        engine.add(prompt_ids=prompt, max_new_tokens=2, n=5)
+        engine.add_group(prompt, 2, n=5)
     with pytest.raises(ValueError, match="n must be"):
-        engine.add(prompt_ids=prompt, max_new_tokens=2, n=0)
+        engine.add_group(prompt, 2, n=0)
     # a group waits until all n of its sequences have a slot
     engine = SharingEngine(tiny32, max_running=4, block_size=4, n_blocks=64)
-    plain = engine.add(prompt_ids=[5, 6, 7], max_new_tokens=3, ignore_eos=True)
-    group = engine.add(prompt_ids=prompt, max_new_tokens=2, n=4, ignore_eos=True)
+    plain = engine.add([5, 6, 7], 3, ignore_eos=True)
+    group = engine.add_group(prompt, 2, ignore_eos=True, n=4)
     engine.step()
-    assert [s.seq_id for s in engine.running] == [plain.seqs[0].seq_id] and not group.forked
+    assert engine.running == [plain] and not group.forked
     engine.run()
     assert group.done and engine.allocator.n_free == engine.allocator.n_blocks
 
 
 def test_abort_group_frees_shared_blocks(tiny32):
     engine = SharingEngine(tiny32, block_size=4, n_blocks=32)
-    group = engine.add(prompt_ids=list(range(300, 311)), max_new_tokens=20, n=3, ignore_eos=True)
+    group = engine.add_group(list(range(300, 311)), 20, ignore_eos=True, n=3)
     engine.step()
     engine.step()
     engine.abort_group(group)

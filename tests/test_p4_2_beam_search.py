@@ -26,7 +26,7 @@ def hf_beam(lm, prompt_ids, k, max_new_tokens, **kwargs) -> list[int]:
 
 def _run_checked(engine):
     """Run to the end, checking after every step that refcounts equal the number of tables holding each block."""
-    while engine.has_work():
+    while engine.has_work:
         engine.step()
         check_refcounts(engine.allocator, [s.kv for s in engine.running])
     assert engine.allocator.n_free == engine.allocator.n_blocks
@@ -35,7 +35,7 @@ def _run_checked(engine):
 @pytest.mark.parametrize("k", [2, 3])
 def test_best_beam_equals_hf_packaged_model(smol32, k):
     engine = BeamSearchEngine(smol32, block_size=16, n_blocks=128)
-    groups = [engine.add_beam_search(p, beam_width=k, max_new_tokens=MAX_NEW) for p in PACKAGED_PROMPTS]
+    groups = [engine.add_beam_search(p, MAX_NEW, beam_width=k) for p in PACKAGED_PROMPTS]
     _run_checked(engine)
     for g in groups:
         assert g.best == hf_beam(smol32, g.prompt_ids, k, MAX_NEW), (k, g.prompt)
@@ -48,7 +48,7 @@ def test_best_beam_equals_hf_tiny_model_small_blocks(tiny32, k, kwargs):
     engine = BeamSearchEngine(tiny32, block_size=4, n_blocks=256)
     gen = torch.Generator().manual_seed(k)
     prompts = [torch.randint(100, 40000, (n,), generator=gen).tolist() for n in (3, 13)]
-    groups = [engine.add_beam_search(prompt_ids=p, beam_width=k, max_new_tokens=MAX_NEW, **kwargs) for p in prompts]
+    groups = [engine.add_beam_search(p, MAX_NEW, beam_width=k, **kwargs) for p in prompts]
     _run_checked(engine)
     for g in groups:
         assert g.best == hf_beam(tiny32, g.prompt_ids, k, MAX_NEW, **kwargs)
@@ -57,7 +57,7 @@ def test_best_beam_equals_hf_tiny_model_small_blocks(tiny32, k, kwargs):
 
 def test_beams_share_history_and_free_pruned_blocks_every_step(tiny32):
     engine = BeamSearchEngine(tiny32, block_size=2, n_blocks=128)
-    group = engine.add_beam_search(prompt_ids=list(range(300, 305)), beam_width=4, max_new_tokens=10)
+    group = engine.add_beam_search(list(range(300, 305)), 10, beam_width=4)
     engine.step()                                   # prefill once, then 4 beams forked from the prompt
     assert engine.n_forward_passes == 1 and len(group.seqs) == 4
     assert all(s.kv.block_ids == group.seqs[0].kv.block_ids for s in group.seqs)
@@ -80,31 +80,31 @@ def test_beams_share_history_and_free_pruned_blocks_every_step(tiny32):
 def test_beams_ride_in_the_same_batch_as_samples_and_plain_requests(tiny32):
     prompt = list(range(500, 509))
     alone = BeamSearchEngine(tiny32, block_size=4, n_blocks=128)
-    solo = alone.add_beam_search(prompt_ids=prompt, beam_width=3, max_new_tokens=8)
+    solo = alone.add_beam_search(prompt, 8, beam_width=3)
     alone.run()
     engine = BeamSearchEngine(tiny32, max_running=16, block_size=4, n_blocks=256)
-    beams = engine.add_beam_search(prompt_ids=prompt, beam_width=3, max_new_tokens=8)
-    other = engine.add_beam_search(prompt_ids=list(range(700, 706)), beam_width=2, max_new_tokens=8)
-    plain = engine.add(prompt_ids=list(range(900, 911)), max_new_tokens=8, ignore_eos=True)
-    samples = engine.add(prompt_ids=list(range(900, 911)), max_new_tokens=8, ignore_eos=True, n=2,
-                         sampling=SamplingParams(temperature=0.9, seed=3))
+    beams = engine.add_beam_search(prompt, 8, beam_width=3)
+    other = engine.add_beam_search(list(range(700, 706)), 8, beam_width=2)
+    plain = engine.add(list(range(900, 911)), 8, ignore_eos=True)
+    samples = engine.add_group(list(range(900, 911)), 8, SamplingParams(temperature=0.9, seed=3), ignore_eos=True,
+                               n=2)
     _run_checked(engine)
     assert engine.n_forward_passes == engine.n_steps  # one pass per step: all of them decode together
     assert beams.best == solo.best and other.done and samples.done
-    assert plain.outputs[0] == hf_greedy(tiny32, plain.prompt_ids, 8, ignore_eos=True)
+    assert plain.output_ids == hf_greedy(tiny32, plain.prompt_ids, 8, ignore_eos=True)
 
 
 def test_beam_search_refuses_bad_input(tiny32):
     engine = BeamSearchEngine(tiny32, max_running=4, block_size=4, n_blocks=16)
     with pytest.raises(ValueError, match="beam width"):
-        engine.add_beam_search(prompt_ids=[5, 6], beam_width=0, max_new_tokens=4)
+        engine.add_beam_search([5, 6], 4, beam_width=0)
     with pytest.raises(ValueError, match="max_running"):
-        engine.add_beam_search(prompt_ids=[5, 6], beam_width=5, max_new_tokens=4)
+        engine.add_beam_search([5, 6], 4, beam_width=5)
     with pytest.raises(ValueError, match="whole pool"):
-        engine.add_beam_search(prompt_ids=[5, 6], beam_width=4, max_new_tokens=30)
+        engine.add_beam_search([5, 6], 30, beam_width=4)
     with pytest.raises(ValueError, match="early_stopping"):
         BeamSearch(2, 4, {2}, early_stopping="sometimes")
-    assert not engine.has_work()
+    assert not engine.has_work
 
 
 def test_scores_meet_the_logits_on_their_device_and_only_the_candidates_come_back():

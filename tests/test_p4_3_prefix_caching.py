@@ -126,11 +126,11 @@ def test_second_request_hits_k_blocks_and_prefills_only_the_rest(tiny32):
     engine = PrefixCachingEngine(tiny32, max_running=4, block_size=BS, n_blocks=64)
     sizes = _prefill_sizes(engine)
     shared = _random_ids(3 * BS + 2, seed=1)             # 3 full blocks + 2 tokens in common
-    first = engine.add(prompt_ids=shared + _random_ids(5, seed=2), max_new_tokens=3, ignore_eos=True)
+    first = engine.add(shared + _random_ids(5, seed=2), 3, ignore_eos=True)
     engine.step()
     computed = first.kv.block_ids[:3]
     engine.run()
-    second = engine.add(prompt_ids=shared + _random_ids(6, seed=3), max_new_tokens=3, ignore_eos=True)
+    second = engine.add(shared + _random_ids(6, seed=3), 3, ignore_eos=True)
     engine.step()
     assert second.kv.block_ids[:3] == computed and second.kv.n_blocks == 5   # 3 mapped in + 2 new
     assert engine.cache_stats.blocks_hit == 3
@@ -146,9 +146,9 @@ def test_an_identical_prompt_still_computes_its_last_token(tiny32):
     engine = PrefixCachingEngine(tiny32, max_running=4, block_size=BS, n_blocks=64)
     sizes = _prefill_sizes(engine)
     prompt = _random_ids(3 * BS, seed=4)                 # exactly 3 full blocks
-    a = engine.add(prompt_ids=prompt, max_new_tokens=4, ignore_eos=True)
+    a = engine.add(prompt, 4, ignore_eos=True)
     engine.run()
-    b = engine.add(prompt_ids=prompt, max_new_tokens=4, ignore_eos=True)
+    b = engine.add(prompt, 4, ignore_eos=True)
     engine.run()
     # (len - 1) // BS = 2 blocks may hit: the last block is recomputed so its last logits exist
     assert engine.cache_stats.blocks_hit == 2 and sizes == [3 * BS, BS]
@@ -161,7 +161,7 @@ def test_caching_on_equals_caching_off_tiny_many_shared_prefixes(tiny32):
     outputs = []
     for cls in (BatchedPagedEngine, PrefixCachingEngine):
         engine = cls(tiny32, max_running=3, block_size=BS, n_blocks=48)
-        seqs = [engine.add(prompt_ids=p, max_new_tokens=7, ignore_eos=True) for p in prompts]
+        seqs = [engine.add(p, 7, ignore_eos=True) for p in prompts]
         engine.run()
         outputs.append([s.output_ids for s in seqs])
         assert engine.allocator.n_free == engine.allocator.n_blocks
@@ -182,9 +182,9 @@ def test_packaged_model_shared_system_prompt(smol32):
     outputs = []
     for cls in (BatchedPagedEngine, PrefixCachingEngine):
         engine = cls(smol32, max_running=3, block_size=16, n_blocks=64)
-        seqs = [engine.add(prompt_ids=ids[0], max_new_tokens=12)]
+        seqs = [engine.add(ids[0], 12)]
         engine.step()                                  # the first prefill puts the system prompt in the cache
-        seqs += [engine.add(prompt_ids=p, max_new_tokens=12) for p in ids[1:]]
+        seqs += [engine.add(p, 12) for p in ids[1:]]
         engine.run()                                   # the other two map it in, next to the first one decoding
         outputs.append([s.output_ids for s in seqs])
     n_system_blocks = len(smol32.tokenizer(format_prompt(smol32.tokenizer, "x", system=system),
@@ -198,9 +198,9 @@ def test_admission_counts_only_the_blocks_a_request_really_takes(tiny32):
     admitted_at = {}
     for cls in (BatchedPagedEngine, PrefixCachingEngine):
         engine = cls(tiny32, max_running=4, block_size=BS, n_blocks=8)
-        engine.add(prompt_ids=prefix + [7], max_new_tokens=5, ignore_eos=True)  # worst case 13 + 4 tokens: 5 blocks
+        engine.add(prefix + [7], 5, ignore_eos=True)  # worst case 13 + 4 tokens: 5 blocks
         engine.step()                                      # A holds 4 blocks, may claim 1 more
-        b = engine.add(prompt_ids=prefix + [9], max_new_tokens=5, ignore_eos=True)
+        b = engine.add(prefix + [9], 5, ignore_eos=True)
         engine.step()
         admitted_at[cls] = b.kv is not None
         engine.run()
@@ -213,7 +213,7 @@ def test_a_hash_collision_is_a_miss_with_correct_output(tiny32, monkeypatch):
     monkeypatch.setattr(block_hash, "hash_block", lambda parent_hash, tokens: 0)  # every block collides
     engine = PrefixCachingEngine(tiny32, max_running=1, block_size=BS, n_blocks=64)
     p1, p2 = _random_ids(3 * BS + 1, seed=6), _random_ids(3 * BS + 1, seed=7)
-    seqs = [engine.add(prompt_ids=p, max_new_tokens=5, ignore_eos=True) for p in (p1, p2, p1)]
+    seqs = [engine.add(p, 5, ignore_eos=True) for p in (p1, p2, p1)]
     engine.run()
     for seq in seqs:
         assert seq.output_ids == hf_greedy(tiny32, seq.prompt_ids, 5, ignore_eos=True)
@@ -238,17 +238,17 @@ _request = st.tuples(st.sampled_from([0, 1, None]),                       # shar
 def test_random_streams_keep_refcounts_right_and_outputs_unchanged(tiny32, requests, max_running, n_blocks):
     prompts = [(_PREFIXES[p] if p is not None else []) + suffix for p, suffix, _, _ in requests]
     reference = BatchedPagedEngine(tiny32, max_running=len(prompts), block_size=2, n_blocks=64)
-    expected = [reference.add(prompt_ids=p, max_new_tokens=n, ignore_eos=True)
+    expected = [reference.add(p, n, ignore_eos=True)
                 for p, (_, _, n, _) in zip(prompts, requests)]
     reference.run()
 
     engine = PrefixCachingEngine(tiny32, max_running=max_running, block_size=2, n_blocks=n_blocks)
     alloc, pending, seqs, step = engine.allocator, sorted(range(len(prompts)), key=lambda i: requests[i][3]), {}, 0
-    while pending or engine.has_work():
+    while pending or engine.has_work:
         while pending and requests[pending[0]][3] <= step:
             i = pending.pop(0)
-            seqs[i] = engine.add(prompt_ids=prompts[i], max_new_tokens=requests[i][2], ignore_eos=True)
-        if engine.has_work():
+            seqs[i] = engine.add(prompts[i], requests[i][2], ignore_eos=True)
+        if engine.has_work:
             engine.step()
         step += 1
         alloc.check_invariants()
@@ -266,27 +266,89 @@ def test_refuses_a_plain_allocator(tiny32):
 
 
 def test_composes_with_copy_on_write_sharing(tiny32):
-    """PrefixCachingMixin on top of p4_1's SharingEngine: n samples per prompt, cached prefixes, same samples."""
-    sharing = pytest.importorskip("phases.p4_1_copy_on_write.engine")
+    """n samples per prompt over cached prefixes: the same samples as phase 4.1's engine, and cache hits."""
     from common.sampling import SamplingParams
-    from phases.p4_3_prefix_caching.engine import PrefixCachingMixin
-
-    class CachingSharingEngine(PrefixCachingMixin, sharing.SharingEngine):
-        pass
+    from phases.p4_1_copy_on_write.engine import SharingEngine
 
     system = _random_ids(13, seed=8)
     prompts = [system + _random_ids(k, seed=30 + k) for k in (2, 5, 3, 6)]
     params = SamplingParams(temperature=0.8, seed=7)
     outputs = []
-    for cls in (sharing.SharingEngine, CachingSharingEngine):
+    for cls in (SharingEngine, PrefixCachingEngine):
         engine = cls(tiny32, max_running=4, block_size=BS, n_blocks=40)
-        groups = [engine.add(prompt_ids=p, max_new_tokens=6, sampling=params, ignore_eos=True, n=2) for p in prompts]
+        groups = [engine.add_group(p, 6, params, ignore_eos=True, n=2) for p in prompts]
         engine.run()
         outputs.append([g.outputs for g in groups])
     assert outputs[0] == outputs[1]
     assert engine.cache_stats.blocks_hit > 0
     engine.allocator.check_invariants()
     assert engine.allocator.owned_ids() == []
+
+
+def test_beams_publish_their_history_under_the_right_names(tiny32):
+    """Beams re-fork every step; each takes over its parent's chain of hashes. A later request whose prompt is a
+    beam's history maps those cached blocks in, and still gets HF's tokens (a stale name would give wrong K/V)."""
+    from tests.test_p4_2_beam_search import hf_beam
+    prompt = _random_ids(6, seed=11)
+    engine = PrefixCachingEngine(tiny32, max_running=4, block_size=2, n_blocks=128)
+    group = engine.add_beam_search(prompt, 9, beam_width=3)
+    while engine.has_work:
+        engine.step()
+        for seq in engine.running:   # every beam's chain names exactly the tokens its own table holds
+            n_full = seq.kv.n_filled // 2
+            assert engine._chains[seq.seq_id].hashes == chain_hashes(seq.all_ids[:n_full * 2], 2)
+    assert group.best == hf_beam(tiny32, prompt, 3, 9)
+    later = [engine.add(prompt + h.token_ids[:k], 4, ignore_eos=True) for h in group.hypotheses for k in (4, 7)]
+    hits_before = engine.cache_stats.blocks_hit
+    engine.run()
+    assert engine.cache_stats.blocks_hit - hits_before > 3 * len(later)   # beyond the prompt's 2 full blocks
+    for seq in later:
+        assert seq.output_ids == hf_greedy(tiny32, seq.prompt_ids, 4, ignore_eos=True)
+    engine.allocator.check_invariants()
+
+
+def test_caching_off_is_phase_4_2_step_for_step(tiny32):
+    """prefix_caching=False: the same tokens, steps, passes, copies and blocks as BeamSearchEngine."""
+    from common.sampling import SamplingParams
+    from phases.p4_2_beam_search.engine import BeamSearchEngine
+    system = _random_ids(9, seed=12)
+    runs = []
+    for engine in (BeamSearchEngine(tiny32, max_running=6, block_size=BS, n_blocks=30),
+                   PrefixCachingEngine(tiny32, prefix_caching=False, max_running=6, block_size=BS, n_blocks=30)):
+        reqs = [engine.add(system + _random_ids(3, seed=40), 5, ignore_eos=True),
+                engine.add_group(system + [77], 6, SamplingParams(temperature=0.9, seed=1), ignore_eos=True, n=2),
+                engine.add_beam_search(system + [88, 89], 5, beam_width=2),
+                engine.add(system + _random_ids(2, seed=41), 7, ignore_eos=True)]
+        used = []
+        while engine.has_work:
+            engine.step()
+            used.append(engine.allocator.n_used)
+        runs.append(([r.output_ids if hasattr(r, "output_ids") else r.outputs for r in reqs], used, engine.n_steps,
+                      engine.n_forward_passes, engine.n_copied, engine.n_prefill_tokens))
+    assert runs[0] == runs[1]
+    assert engine.cache_stats.blocks_hit == 0 and not engine._chains
+
+
+def test_a_failed_forward_pass_publishes_nothing(tiny32, monkeypatch):
+    """Blocks are named in the cache only after the pass that writes their K/V: if it fails, a later request
+    computes them again rather than read K/V that were never written."""
+    engine = PrefixCachingEngine(tiny32, max_running=2, block_size=BS, n_blocks=32)
+    prompt = _random_ids(3 * BS + 1, seed=13)
+    first = engine.add(prompt, 3, ignore_eos=True)
+
+
+    def failing(*args, **kwargs):
+        raise RuntimeError("injected failure")
+    engine._forward = failing                  # the pass fails after the prefill claimed its blocks
+    with pytest.raises(RuntimeError, match="injected"):
+        engine.step()
+    del engine._forward
+    engine.abort(first)
+    assert engine.allocator.n_cached == 0 and engine.allocator.n_free == engine.allocator.n_blocks
+    second = engine.add(prompt, 3, ignore_eos=True)
+    engine.run()
+    assert engine.cache_stats.blocks_hit == 0
+    assert second.output_ids == hf_greedy(tiny32, prompt, 3, ignore_eos=True)
 
 
 # --- the demo -------------------------------------------------------------------------------------

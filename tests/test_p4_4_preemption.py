@@ -11,10 +11,9 @@ from phases.p2_2_scheduler.sequence import Status
 from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks
 from phases.p3_2_block_table.block_table import BlockTable
 from phases.p4_1_copy_on_write.block_ops import blocks_held, check_refcounts, fork
+from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p4_1_copy_on_write.engine import SharingEngine, worst_case_blocks
-from phases.p4_3_prefix_caching.engine import PrefixCachingMixin
 from phases.p4_4_preemption.checks import Audited, check_finished
-from phases.p4_4_preemption.compose import PreemptingBeamEngine, PrefixCachingPreemptingEngine
 from phases.p4_4_preemption.engine import PreemptingEngine
 from phases.p4_4_preemption.swap import SwapSpace
 from phases.p4_4_preemption.trace import TracedRequest, burst, drive, outputs_of, stress_trace
@@ -36,20 +35,24 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-class Engine(Audited, PreemptingBeamEngine):
-    """Preemption + samples + beams, with every scheduling decision audited (checks.py)."""
+class Engine(Audited, PreemptingEngine):
+    """The last engine (samples, beams, preemption), every scheduling decision audited (checks.py). Prefix caching
+    is off unless a test turns it on: these tests are about preemption, and a cache hit would change its counts."""
+
+    def __init__(self, *args, prefix_caching: bool = False, **kwargs):
+        super().__init__(*args, prefix_caching=prefix_caching, **kwargs)
 
 
-def _unlimited(lm, trace, block_size):
-    n_blocks = sum(worst_case_blocks(len(r.prompt_ids), r.max_new_tokens, r.n, block_size) for r in trace)
-    engine = Engine(lm, block_size=block_size, n_blocks=n_blocks, max_running=64)
+def _unlimited(lm, trace, block_size, prefix_caching=False):
+    n_blocks = sum(worst_case_blocks(r, r.n, block_size) for r in trace)
+    engine = Engine(lm, block_size=block_size, n_blocks=n_blocks, max_running=64, prefix_caching=prefix_caching)
     groups = drive(engine, trace)
     assert engine.stats.n_preemptions == 0
     return outputs_of(groups)
 
 
 def _fits_alone(trace, block_size):
-    return max(worst_case_blocks(len(r.prompt_ids), r.max_new_tokens, r.n, block_size) for r in trace)
+    return max(worst_case_blocks(r, r.n, block_size) for r in trace)
 
 
 # --- outputs: identical to an unlimited pool, and to HF ---------------------------------------------
@@ -70,13 +73,14 @@ def test_packaged_model_fp32_preempted_requests_equal_hf_generate(smol32, mode):
     ids = [smol32.prompt_ids(p) for p in PACKAGED_PROMPTS]
     block_size = 8
     # room for every prompt and a couple of blocks more: decoding soon runs out and preempts
-    n_blocks = sum(-(-len(p) // block_size) for p in ids) + 2
+    n_blocks = sum(blocks_for(len(p), block_size) for p in ids) + 2
+    # the engine as it is served: prefix caching on (the prompts share the chat template's system prompt)
     engine = PreemptingEngine(smol32, preemption_mode=mode, block_size=block_size, n_blocks=n_blocks)
-    groups = [engine.add(prompt_ids=p, max_new_tokens=PACKAGED_NEW_TOKENS) for p in ids]
+    seqs = [engine.add(p, PACKAGED_NEW_TOKENS) for p in ids]
     engine.run()
     assert engine.stats.n_preemptions >= 1
-    for g in groups:
-        assert g.outputs[0] == hf_greedy(smol32, g.prompt_ids, PACKAGED_NEW_TOKENS)
+    for seq in seqs:
+        assert seq.output_ids == hf_greedy(smol32, seq.prompt_ids, PACKAGED_NEW_TOKENS)
     assert engine.allocator.n_free == engine.allocator.n_blocks
 
 
@@ -97,27 +101,27 @@ def test_seeded_samples_reproduce_with_and_without_preemption(tiny32, mode):
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10 ** 6), n_requests=st.integers(2, 8), block_size=st.sampled_from([1, 2, 4]),
        slack=st.integers(0, 4), mode=st.sampled_from(MODES), max_running=st.sampled_from([3, 4, 64]),
-       cpu_blocks=st.one_of(st.none(), st.integers(1, 4)))
+       cpu_blocks=st.one_of(st.none(), st.integers(1, 4)), prefix_caching=st.booleans())
 def test_random_workloads_keep_every_promise(tiny32, seed, n_requests, block_size, slack, mode, max_running,
-                                             cpu_blocks):
+                                             cpu_blocks, prefix_caching):
     trace = stress_trace(tiny32.vocab_size, n_requests, (1, 10), (1, 12), burst_size=(1, 4), burst_gap=(0, 2),
                          p_samples=0.25, p_beam=0.2, max_n=3, seed=seed)
     # the smallest pools every request fits in alone; a tiny CPU pool forces swaps to fall back to recomputation
     engine = Engine(tiny32, preemption_mode=mode, block_size=block_size, max_running=max_running,
-                    n_blocks=_fits_alone(trace, block_size) + slack, cpu_blocks=cpu_blocks)
+                    n_blocks=_fits_alone(trace, block_size) + slack, cpu_blocks=cpu_blocks,
+                    prefix_caching=prefix_caching)
     groups = drive(engine, trace)
     # every request done, each sequence finished once, no leak in either pool, FCFS admission and
     # swap-in, the latest-arrived group preempted, never part of a group (Audited)
     assert check_finished(engine, groups) == []
-    assert outputs_of(groups) == _unlimited(tiny32, trace, block_size)
+    assert outputs_of(groups) == _unlimited(tiny32, trace, block_size)   # the cache never changes a token
 
 
 # --- the scheduling rules, one scenario each --------------------------------------------------------------
 def _tight(lm, mode, **kwargs):
     """Three 6-token requests growing to 16 tokens in a pool of 9 blocks of 4: the third must go."""
     engine = Engine(lm, preemption_mode=mode, block_size=4, n_blocks=9, watermark_blocks=0, **kwargs)
-    groups = [engine.add(prompt_ids=list(range(300 + 10 * i, 306 + 10 * i)), max_new_tokens=10, ignore_eos=True)
-              for i in range(3)]
+    groups = [engine.add_group(list(range(300 + 10 * i, 306 + 10 * i)), 10, ignore_eos=True, n=1) for i in range(3)]
     return engine, groups
 
 
@@ -127,8 +131,8 @@ def test_latest_group_is_preempted_and_goes_back_to_the_front_of_the_queue(tiny3
         engine.step()
     assert list(engine.preempted_ids) == [c.request_id]
     assert engine.waiting[0] is c.seqs[0] and c.seqs[0].status is Status.PREEMPTED
-    assert c.seqs[0].kv.n_blocks == 0                      # its blocks were dropped
-    d = engine.add(prompt_ids=[7, 8, 9], max_new_tokens=2)  # a new request queues behind the preempted one
+    assert c.seqs[0].kv is None                            # its blocks were dropped
+    d = engine.add_group([7, 8, 9], 2, n=1)                # a new request queues behind the preempted one
     assert list(engine.waiting) == [c.seqs[0], d.seqs[0]]
     engine.run()
     assert engine.admitted_ids.index(c.request_id, 3) < engine.admitted_ids.index(d.request_id)
@@ -141,7 +145,7 @@ def test_nothing_new_is_admitted_while_a_group_is_swapped_out(tiny32):
     engine, groups = _tight(tiny32, "swap")
     while not engine.swapped:
         engine.step()
-    late = engine.add(prompt_ids=[5, 6], max_new_tokens=2)  # would fit, but the swapped group comes first
+    late = engine.add_group([5, 6], 2, n=1)                # would fit, but the swapped group comes first
     while engine.swapped:
         assert late.seqs[0].status is Status.WAITING
         engine.step()
@@ -154,7 +158,7 @@ def test_nothing_new_is_admitted_while_a_group_is_swapped_out(tiny32):
 def test_a_streaming_client_sees_each_token_once_in_order(tiny32, mode):
     engine, groups = _tight(tiny32, mode)
     streamed = {s.seq_id: [] for g in groups for s in g.seqs}
-    while engine.has_work():
+    while engine.has_work:
         for out in engine.step():
             streamed[out.seq.seq_id].append(out.token_id)   # recomputation re-sends nothing
     assert engine.stats.n_preemptions >= 1
@@ -169,9 +173,8 @@ def test_swapping_a_sample_group_copies_each_shared_block_once(tiny32):
 
     engine = Recording(tiny32, preemption_mode="swap", block_size=2, n_blocks=24, watermark_blocks=0)
     engine.seen = []
-    first = engine.add(prompt_ids=list(range(400, 410)), max_new_tokens=20, ignore_eos=True)
-    group = engine.add(prompt_ids=list(range(500, 512)), max_new_tokens=12, ignore_eos=True, n=3,
-                       sampling=SamplingParams(temperature=1.0, seed=3))
+    first = engine.add_group(list(range(400, 410)), 20, ignore_eos=True, n=1)
+    group = engine.add_group(list(range(500, 512)), 12, SamplingParams(temperature=1.0, seed=3), ignore_eos=True, n=3)
     engine.run()
     assert engine.seen and all(distinct < total for distinct, total in engine.seen)  # the prompt is shared
     assert engine.swap_space.out.n_blocks == sum(distinct for distinct, _ in engine.seen)
@@ -217,16 +220,16 @@ def test_swap_space_is_pinned_only_for_a_cuda_pool():
 # --- requests that cannot fit, misuse, aborts ---------------------------------------------------------------
 def test_a_prompt_that_cannot_fit_is_refused_up_front_and_the_others_finish(tiny32):
     engine = PreemptingEngine(tiny32, block_size=4, n_blocks=5)
-    with pytest.raises(ValueError, match=r"prompt of 20 tokens .* needs 6 blocks of 4 tokens.* pool has 5"):
-        engine.add(prompt_ids=list(range(100, 120)), max_new_tokens=2)
-    with pytest.raises(ValueError, match=r"x3 sequences\) needs 6 blocks"):
-        engine.add(prompt_ids=list(range(100, 112)), max_new_tokens=2, n=3)
+    with pytest.raises(ValueError, match=r"20 prompt \+ 2 new tokens need up to 6 blocks of 4, .*whole pool has 5"):
+        engine.add(list(range(100, 120)), 2)          # the prompt and its first token fed back: 21 tokens
+    with pytest.raises(ValueError, match=r"3 sequences of 12 prompt \+ 2 new tokens need up to 6 blocks"):
+        engine.add_group(list(range(100, 112)), 2, n=3)
     with pytest.raises(ValueError, match=r"8 prompt \+ 40 new tokens need up to 12 blocks"):
-        engine.add(prompt_ids=list(range(100, 108)), max_new_tokens=40)   # could outgrow the pool alone
-    ok = [engine.add(prompt_ids=list(range(200 + 9 * i, 206 + 9 * i)), max_new_tokens=8, ignore_eos=True)
-          for i in range(3)]
+        engine.add(list(range(100, 108)), 40)          # could outgrow the pool alone
+    assert not engine.has_work and not engine.groups  # nothing half-queued
+    ok = [engine.add(list(range(200 + 9 * i, 206 + 9 * i)), 8, ignore_eos=True) for i in range(3)]
     engine.run()
-    assert all(g.done for g in ok) and engine.stats.n_preemptions >= 1
+    assert all(s.status is Status.DONE for s in ok) and engine.stats.n_preemptions >= 1
     assert engine.allocator.n_free == engine.allocator.n_blocks
 
 
@@ -237,7 +240,7 @@ def test_bad_arguments_are_refused():
 
 def test_blocks_held_outside_the_engine_give_a_clear_error_not_a_hang(tiny32):
     engine = PreemptingEngine(tiny32, block_size=4, n_blocks=6)
-    engine.add(prompt_ids=list(range(100, 108)), max_new_tokens=12, ignore_eos=True)
+    engine.add(list(range(100, 108)), 12, ignore_eos=True)
     engine.step()
     while engine.allocator.n_free:
         engine.allocator.alloc()                     # someone else takes the rest of the pool
@@ -259,26 +262,24 @@ def test_aborting_a_swapped_group_frees_its_cpu_blocks(tiny32):
     assert check_finished(engine, [a, b, c]) == []
 
 
-# --- composition with prefix caching ------------------------------------------------------------------------
-class PrefixEngine(Audited, PrefixCachingPreemptingEngine):
-    pass
-
-
+# --- with prefix caching on (the engine as it is served) ----------------------------------------------------
 @pytest.mark.parametrize("mode", MODES)
 def test_prefix_caching_composes_and_recompute_reuses_cached_blocks(tiny32, mode):
     system = list(range(1000, 1012))                                 # a shared 12-token prefix
     trace = [TracedRequest(system + list(range(2000 + 9 * i, 2004 + 9 * i)), 10) for i in range(6)]
-    trace += [TracedRequest(system + [42, 43], 8, kind="samples", n=3, seed=9)]
-    engine = PrefixEngine(tiny32, preemption_mode=mode, block_size=4, n_blocks=_fits_alone(trace, 4) + 4)
-    assert isinstance(engine, PrefixCachingMixin)
+    trace += [TracedRequest(system + [42, 43], 8, kind="samples", n=3, seed=9),
+              TracedRequest(system + [44, 45, 46], 8, kind="beam", n=2)]
+    engine = Engine(tiny32, preemption_mode=mode, block_size=4, n_blocks=_fits_alone(trace, 4) + 4,
+                    prefix_caching=True)
     groups = drive(engine, trace)
     assert engine.stats.n_preemptions >= 2
     assert check_finished(engine, groups) == []
-    reference = SharingEngine(tiny32, block_size=4, n_blocks=256)
-    ref = [reference.add(prompt_ids=r.prompt_ids, max_new_tokens=r.max_new_tokens, ignore_eos=True, n=r.n,
-                         sampling=r.sampling) for r in trace]
+    reference = SharingEngine(tiny32, block_size=4, n_blocks=256)   # phase 4.1: no cache, no preemption
+    ref = [reference.add_group(r.prompt_ids, r.max_new_tokens, r.sampling, ignore_eos=True, n=r.n)
+           for r in trace[:-1]]
     reference.run()
-    assert outputs_of(groups) == [g.outputs for g in ref]
+    assert outputs_of(groups)[:-1] == [g.outputs for g in ref]
+    assert outputs_of(groups)[-1] == _unlimited(tiny32, trace[-1:], 4)[0]   # the beam search, as without the cache
     assert engine.cache_stats.tokens_skipped > 0
 
 

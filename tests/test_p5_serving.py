@@ -353,6 +353,20 @@ def test_bench_serve_quick_runs():
     assert row[1] == "3/3" and report.data["output_tok_per_s"][0] > 0
 
 
+def test_the_server_serves_the_last_engine_with_its_flags(tiny32):
+    from phases.p4_4_preemption.engine import PreemptingEngine
+    from phases.p5_serving.launch import build_parser
+    engine = create_app(tiny32, n_blocks=8).state.engine.engine
+    assert isinstance(engine, PreemptingEngine) and engine.prefix_caching and engine.preemption_mode == "recompute"
+    args = build_parser().parse_args(["--no-prefix-caching", "--preemption-mode", "swap"])
+    assert (args.no_prefix_caching, args.preemption_mode) == (True, "swap")
+    assert build_parser().parse_args([]).no_prefix_caching is False
+    engine = create_app(tiny32, n_blocks=8, prefix_caching=False, preemption_mode="swap").state.engine.engine
+    assert not engine.prefix_caching and engine.swap_space is not None
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--preemption-mode", "drop"])
+
+
 def test_serve_command_is_wired():
     from common.__main__ import main
     with pytest.raises(SystemExit) as e:

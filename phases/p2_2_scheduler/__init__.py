@@ -6,7 +6,8 @@ as `Sequence`s that move WAITING -> PREFILLING -> DECODING -> DONE, and a
 admitted group as one static padded batch to its end (phase 2.1's
 `PaddedBatch`); phase 2.3 changes only when a freed slot is refilled.
 
-- `sequence.py`   `Status` and `Sequence` (one request's state machine)
+- `sequence.py`   `Status`, `Sequence` (one request's state machine) and `StepOutput` (one token of one step)
 - `trace.py`      per-step slot occupancy, for the timelines
-- `scheduler.py`  `Scheduler(lm, max_running)`: add(), step(), run()
+- `scheduler.py`  `Scheduler(lm, max_running)`: add() -> Sequence, step() -> [StepOutput], run(); the shape
+                  every later engine keeps (each subclasses the one before, up to phase 4.4)
 """

@@ -8,8 +8,16 @@ to DONE but keeps its slot until the whole batch is done: nothing new can
 join a padded batch halfway. Only then is the next batch admitted.
 
 Every status change goes through `Sequence.move`, which refuses illegal moves:
-WAITING -> PREFILLING -> DECODING -> DONE, exactly once each. Phase 2.3
-subclasses this class and changes only `step()` (continuous batching).
+WAITING -> PREFILLING -> DECODING -> DONE, exactly once each.
+
+Every engine after this one is a subclass (phase 2.3 changes only when a slot
+is refilled, and so on up to phase 4.4), so this class also fixes the shape
+they all share:
+- `add(prompt, max_new_tokens, sampling, ignore_eos, arrival) -> Sequence`;
+- `step() -> list[StepOutput]`, one per token made in the step;
+- `run(progress)` steps until `has_work` is False; `waiting`, `running`
+  (the sequences in `slots`, in slot order), `finished`, `sequences`;
+- `_emit(seqs, logits)`: one token per row of a forward pass's logits.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from common.bench import SeqTiming, now
 from common.sampling import GREEDY, SamplingParams, make_generator, sample
 from phases.p2_1_naive_batching.batch import PaddedBatch
 from phases.p2_1_naive_batching.validate import tokenize_prompt
-from phases.p2_2_scheduler.sequence import Sequence, Status
+from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p2_2_scheduler.trace import CARRIED, DECODE, PREFILL, StepRecord, Trace
 
 Progress = Callable[[int, int], None]  # progress(n_finished, n_added), called after every step
@@ -44,6 +52,7 @@ class Scheduler:
         self.returned_at: dict[int, float] = {}    # seq_id -> when its result is handed back
         self.trace = Trace()
         self.n_steps = 0
+        self._next_id = 0                          # the seq_id the next sequence gets
         self._generators: dict[int, torch.Generator | None] = {}
         self._batch: PaddedBatch | None = None     # the static batch in flight
 
@@ -53,26 +62,43 @@ class Scheduler:
         """Queue a request. `prompt` is text (chat template applied) or token ids.
 
         Bad input (empty prompt, too long for the context, max_new_tokens <= 0)
-        raises ValueError here, before any forward pass. `arrival` is a clock
+        raises ValueError here, before anything is queued. `arrival` is a clock
         reading from `common.bench.now` (default: now).
         """
-        seq_id = len(self.sequences)
+        seq = self._new_sequence(prompt, max_new_tokens, sampling, ignore_eos, arrival)
+        self._queue(seq)
+        return seq
+
+    def _new_sequence(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams,
+                      ignore_eos: bool, arrival: float | None) -> Sequence:
+        """A checked request, not queued yet: it takes the next seq_id only when `_queue` queues it, so a
+        refused request leaves no trace. Later phases add their own checks here (3.3: the pool's size)."""
+        seq_id = self._next_id
         ids = tokenize_prompt(self.lm, prompt, max_new_tokens, label=f"sequence {seq_id}")
         text = prompt if isinstance(prompt, str) else self.lm.decode(ids)
         seq = Sequence(seq_id, text, ids, max_new_tokens, sampling=sampling, ignore_eos=ignore_eos)
         seq.timing = SeqTiming(arrival=now(self.lm.device) if arrival is None else arrival)
-        self._generators[seq_id] = make_generator(sampling, self.lm.device)
+        return seq
+
+    def _queue(self, seq: Sequence) -> None:
+        """Put a checked sequence at the back of the waiting queue, with its own random stream."""
+        self._next_id += 1
+        self._generators[seq.seq_id] = make_generator(seq.sampling, self.lm.device)
         self.sequences.append(seq)
         self.waiting.append(seq)
-        return seq
 
     @property
     def running(self) -> list[Sequence]:
+        """The running set, in slot order."""
         return [s for s in self.slots if s is not None]
 
     @property
+    def n_free_slots(self) -> int:
+        return self.slots.count(None)
+
+    @property
     def has_work(self) -> bool:
-        return bool(self.waiting) or any(s is not None for s in self.slots)
+        return bool(self.waiting) or self.n_free_slots < self.max_running
 
     def run(self, progress: Progress | None = None) -> list[Sequence]:
         """Step until every queued sequence is DONE; return them in seq_id order."""
@@ -82,24 +108,54 @@ class Scheduler:
                 progress(len(self.finished), len(self.sequences))
         return sorted(self.finished, key=lambda s: s.seq_id)
 
-    # -- shared helpers (phase 2.3 uses them too) -----------------------------------
-    def _admit(self, slot: int) -> Sequence:
-        """Move the oldest waiting sequence (FIFO) into `slot`."""
+    # -- the running set (every later scheduler uses these) --------------------------------
+    def _admit(self) -> Sequence:
+        """Move the oldest waiting sequence (FIFO) into the first free slot."""
         seq = self.waiting.popleft()
         seq.move(Status.PREFILLING)
-        self.slots[slot] = seq
+        self._occupy(seq)
         return seq
 
-    def _emit(self, seq: Sequence, logits: torch.Tensor, t: float) -> bool:
-        """Pick seq's next token from logits [V]; advance its status; True if it just finished."""
-        token = int(sample(logits.view(1, -1), seq.sampling, self._generators[seq.seq_id])[0])
-        done = seq.append_token(token, self.lm.eos_token_ids, t)
-        if seq.status is Status.PREFILLING:
-            seq.move(Status.DECODING)   # the prompt is in the cache; from here on it decodes
-        if done:
-            seq.move(Status.DONE)
-            self.finished.append(seq)
-        return done
+    def _occupy(self, seq: Sequence) -> None:
+        """Give `seq` the first free slot."""
+        free = next((i for i, s in enumerate(self.slots) if s is None), None)
+        if free is None:
+            raise RuntimeError(f"sequence {seq.seq_id}: no free slot (all {self.max_running} are running)")
+        self.slots[free] = seq
+
+    def _vacate(self, seq: Sequence) -> None:
+        """Free `seq`'s slot."""
+        self.slots[next(i for i, s in enumerate(self.slots) if s is seq)] = None
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+        """One token per row of logits [S, V]: greedy rows in one argmax, sampled rows each with their own generator."""
+        tokens = logits.float().argmax(-1)  # [S]; fp32 first: CPU argmax over bf16 is ~4x slower, same answer
+        for i, seq in enumerate(seqs):
+            if not seq.sampling.greedy:
+                tokens[i] = sample(logits[i:i + 1], seq.sampling, self._generators[seq.seq_id])[0]
+        # One copy to the host for the whole batch, after every row is picked (on a GPU each
+        # read of a token is a wait for the stream, so rows are not read one by one).
+        return tokens.tolist()
+
+    def _emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
+        """Pick each sequence's next token from logits [S, V] (row i is seqs[i]); advance its status."""
+        tokens = self._sample(seqs, logits)
+        t = now(self.lm.device)
+        outputs = []
+        for seq, token in zip(seqs, tokens):
+            if seq.status is Status.PREFILLING:
+                seq.move(Status.DECODING)   # the prompt is in the cache; from here on it decodes
+            done = seq.append_token(token, self.lm.eos_token_ids, t)
+            if done:
+                self._finish(seq)
+            outputs.append(StepOutput(seq, token, done))
+        return outputs
+
+    def _finish(self, seq: Sequence) -> None:
+        """`seq` made its last token. It leaves the running set when the scheduler says (here: with its batch)."""
+        seq.move(Status.DONE)
+        self.finished.append(seq)
+        self._generators.pop(seq.seq_id, None)  # nothing more to sample
 
     def _record(self, t_start: float, t_end: float, work: list[str | None]) -> None:
         slots = [s.seq_id if s is not None else None for s in self.slots]
@@ -107,53 +163,52 @@ class Scheduler:
         self.n_steps += 1
 
     # -- one step of static batching ------------------------------------------------------
-    def step(self) -> list[Sequence]:
-        """One forward pass of the current batch (prefill when a new batch starts).
-
-        Returns the sequences that finished during this step.
-        """
+    def step(self) -> list[StepOutput]:
+        """One forward pass of the current batch (prefill when a new batch starts); one StepOutput per token."""
         if self._batch is None:
             if not self.waiting:
                 return []
             return self._start_batch()
         return self._decode_batch()
 
-    def _start_batch(self) -> list[Sequence]:
+    def _start_batch(self) -> list[StepOutput]:
         dev = self.lm.device
-        batch = [self._admit(slot) for slot in range(min(self.max_running, len(self.waiting)))]
+        batch = [self._admit() for _ in range(min(self.max_running, len(self.waiting)))]
         self._batch = PaddedBatch(self.lm, [s.prompt_ids for s in batch])
         for s in batch:
             s.kv = self._batch               # one cache, shared by the whole batch
         t_start = now(dev)
         logits = self._batch.prefill()       # [B, V]
-        t = now(dev)
+        t_end = now(dev)
         work = [PREFILL if s is not None else None for s in self.slots]
-        finished = [s for i, s in enumerate(batch) if self._emit(s, logits[i], t)]
-        self._record(t_start, t, work)
-        self._maybe_end_batch(t)
-        return finished
+        outputs = self._emit(batch, logits)
+        self._record(t_start, t_end, work)
+        self._maybe_end_batch()
+        return outputs
 
-    def _decode_batch(self) -> list[Sequence]:
+    def _decode_batch(self) -> list[StepOutput]:
         dev = self.lm.device
         batch = self.running                 # row i of the padded batch is slot i
-        live = [s.status is not Status.DONE for s in batch]
+        live = [i for i, s in enumerate(batch) if s.status is not Status.DONE]
         # A finished row is fed PAD: still computed (the waste), never read.
-        feed = torch.tensor([s.output_ids[-1] if ok else self.lm.pad_token_id for s, ok in zip(batch, live)])
+        feed = torch.tensor([s.output_ids[-1] if s.status is not Status.DONE else self.lm.pad_token_id
+                             for s in batch])
         t_start = now(dev)
         logits = self._batch.decode(feed)    # [B, V]
-        t = now(dev)
+        t_end = now(dev)
         work = [None] * self.max_running
-        for i, ok in enumerate(live):
-            work[i] = DECODE if ok else CARRIED
-        finished = [s for i, s in enumerate(batch) if live[i] and self._emit(s, logits[i], t)]
-        self._record(t_start, t, work)
-        self._maybe_end_batch(t)
-        return finished
+        for i, s in enumerate(batch):
+            work[i] = CARRIED if s.status is Status.DONE else DECODE
+        outputs = self._emit([batch[i] for i in live], logits[live])
+        self._record(t_start, t_end, work)
+        self._maybe_end_batch()
+        return outputs
 
-    def _maybe_end_batch(self, t: float) -> None:
+    def _maybe_end_batch(self) -> None:
         """When every row is DONE the batch returns: all its results are handed back together."""
         if any(s.status is not Status.DONE for s in self.running):
             return
+        t = max(s.timing.finish for s in self.running)   # when its last row finished
         for s in self.running:
             self.returned_at[s.seq_id] = t
             s.kv = None

@@ -1,11 +1,14 @@
-"""A request's life: `Status` and `Sequence`, shared by every scheduler from here on.
+"""A request's life: `Status` and `Sequence`, and `StepOutput`, shared by every scheduler from here on.
 
 A sequence moves WAITING -> PREFILLING -> DECODING -> DONE, exactly once each,
 unless phase 4.4 preempts it: DECODING -> PREEMPTED, then back to PREFILLING
 (recomputation: its prompt and outputs are prefilled again) or straight to
 DECODING (swapping: its blocks are copied back in), possibly several times.
 `kv` is whatever KV state the engine keeps for it: a `DynamicCache` in phase
-2, a `BlockTable` from phase 3 on.
+2, a `PagedCache` in phase 3.3, a bare `BlockTable` from phase 3.5 on.
+
+Every engine's `step()` returns one `StepOutput` per token it made: what a
+streaming server sends, and how a caller sees a sequence finish.
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ ALLOWED_MOVES = {
 }
 
 
-@dataclass
+# eq=False: a sequence is one request's state machine, an identity. Two sequences
+# with equal fields are still two requests (and a sequence can be a dict key).
+@dataclass(eq=False)
 class Sequence:
     seq_id: int
     prompt: str
@@ -84,3 +89,11 @@ class Sequence:
         elif len(self.output_ids) >= self.max_new_tokens:
             self.finish_reason = "length"
         return self.finish_reason is not None
+
+
+@dataclass
+class StepOutput:
+    """One token emitted by one sequence in one step."""
+    seq: Sequence
+    token_id: int
+    finished: bool   # the sequence is DONE after this token (EOS or max_new_tokens)

@@ -5,7 +5,9 @@ swaps sequences in and out every step. Because running sequences are now at
 different lengths, they can no longer share one padded cache: each sequence
 gets its own `DynamicCache` and its own forward pass per step.
 
-- `scheduler.py`  `ContinuousScheduler(lm, max_running)` (subclass of phase 2.2's `Scheduler`)
+- `scheduler.py`  `ContinuousScheduler(Scheduler)`: admission (`can_admit`: a free slot), the KV hooks
+                  (`new_kv` / `free_kv` / `kv_bytes`) and the per-sequence `_prefill` / `_decode` passes
+                  that later phases override
 - `demo.py`       `latency_demo` (static vs continuous per sequence) and `wall`
                   (KV memory: StaticCache reservation vs what DynamicCache holds)
 """

@@ -8,11 +8,13 @@ neighbours decode their 100th token. The price is that we lost the single
 batched forward pass (phase 3 gets it back with paged KV and a kernel that
 reads many block tables at once).
 
-Override points (phase 3.3 swaps the cache for a `PagedCache`):
+Override points (phase 3.3 swaps the cache for a `PagedCache`, phase 3.5 the
+per-sequence passes for one batched pass):
+- `can_admit(seq)`        may the head of the queue start now? (here: a slot is free)
 - `new_kv(seq)`           the KV state a sequence gets when admitted
-- `free_kv(seq)`          give it back when the sequence is DONE
+- `free_kv(seq)`          give it back when the sequence leaves the running set
 - `kv_bytes(seq)`         bytes of KV the sequence holds right now
-- `_forward(seq, ids, positions)` one forward pass of one sequence -> logits [V]
+- `_prefill(seqs)`, `_decode(seqs)`  the forward passes of a step -> one StepOutput per sequence
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from transformers import DynamicCache
 from common.bench import now
 from phases.p2_1_naive_batching.batch import cache_bytes
 from phases.p2_2_scheduler.scheduler import Scheduler
-from phases.p2_2_scheduler.sequence import Sequence, Status
+from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p2_2_scheduler.trace import DECODE, PREFILL
 
 
@@ -32,7 +34,19 @@ class ContinuousScheduler(Scheduler):
 
     def __init__(self, lm, max_running: int = 4):
         super().__init__(lm, max_running)
-        self.kv_bytes_at_finish: dict[int, int] = {}   # seq_id -> KV bytes it held when DONE
+        self.kv_bytes_at_finish: dict[int, int] = {}   # seq_id -> KV bytes it held when it left
+
+    # -- admission --------------------------------------------------------------------------
+    def can_admit(self, seq: Sequence) -> bool:
+        """May `seq`, the head of the queue, start now? Here: if a slot is free (phase 3.3 adds the pool)."""
+        return self.n_free_slots > 0
+
+    def _fill_free_slots(self) -> None:
+        # First come, first served: only the head of the queue is ever considered, so nobody
+        # overtakes it (a long request cannot be starved by a stream of short ones).
+        while self.waiting and self.can_admit(self.waiting[0]):
+            seq = self._admit()
+            seq.kv = self.new_kv(seq)
 
     # -- KV state: one cache per sequence (the override points for phase 3) ----------------
     def new_kv(self, seq: Sequence):
@@ -45,59 +59,59 @@ class ContinuousScheduler(Scheduler):
     def kv_bytes(self, seq: Sequence) -> int:
         return cache_bytes(seq.kv) if seq.kv is not None else 0
 
-    # -- one sequence's forward pass ---------------------------------------------------------
+    # -- forward passes: one per sequence ------------------------------------------------------
     @torch.inference_mode()
-    def _forward(self, seq: Sequence, input_ids: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
-        """input_ids, position_ids: [1, T]. Returns the last position's logits [V].
+    def _forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, kv,
+                 logits_to_keep: int = 1) -> torch.Tensor:
+        """One forward pass of one sequence whose K/V live in `kv` (its cache).
 
-        No attention mask: a lone sequence has no padding, and the causal mask
-        is all it needs.
+        input_ids, position_ids: [1, T]. Returns logits [1, 1, V] (the last position).
+        No attention mask: a lone sequence has no padding, and the causal mask is all it needs.
         """
         out = self.lm.model(input_ids.to(self.lm.device), position_ids=position_ids.to(self.lm.device),
-                            past_key_values=seq.kv, use_cache=True, logits_to_keep=1)
-        return out.logits[0, -1, :]
+                            past_key_values=kv, use_cache=True, logits_to_keep=logits_to_keep)
+        return out.logits
 
-    def _prefill(self, seq: Sequence) -> torch.Tensor:
-        n = len(seq.prompt_ids)
-        return self._forward(seq, torch.tensor([seq.prompt_ids]), torch.arange(n).view(1, n))
+    def _prefill(self, seqs: list[Sequence]) -> list[StepOutput]:
+        """Each sequence's whole prompt, one forward pass each; each samples its first token."""
+        outputs = []
+        for seq in seqs:
+            n = len(seq.prompt_ids)
+            logits = self._forward(torch.tensor([seq.prompt_ids]), torch.arange(n).view(1, n), seq.kv)
+            outputs += self._emit([seq], logits[:, -1])                         # [1, V]
+        return outputs
 
-    def _decode(self, seq: Sequence) -> torch.Tensor:
-        # The last generated token is not in the cache yet; it sits at position n_tokens - 1.
-        return self._forward(seq, torch.tensor([[seq.output_ids[-1]]]), torch.tensor([[seq.n_tokens - 1]]))
+    def _decode(self, seqs: list[Sequence]) -> list[StepOutput]:
+        """Each sequence's last token, one forward pass each."""
+        outputs = []
+        for seq in seqs:
+            # The last generated token is not in the cache yet; it sits at position n_tokens - 1.
+            logits = self._forward(torch.tensor([[seq.output_ids[-1]]]), torch.tensor([[seq.n_tokens - 1]]), seq.kv)
+            outputs += self._emit([seq], logits[:, -1])
+        return outputs
 
     # -- the step ---------------------------------------------------------------------------------
-    def _fill_free_slots(self) -> None:
-        for slot in range(self.max_running):
-            if self.slots[slot] is None and self.waiting:
-                seq = self._admit(slot)
-                seq.kv = self.new_kv(seq)
-
-    def step(self) -> list[Sequence]:
+    def step(self) -> list[StepOutput]:
         """Fill free slots, run one forward per running sequence, retire the finished ones
-        and hand their slots to waiting sequences before returning.
-
-        Returns the sequences that finished during this step.
-        """
+        and hand their slots to waiting sequences before returning. One StepOutput per token."""
         dev = self.lm.device
         self._fill_free_slots()
         work = [None if s is None else (PREFILL if s.status is Status.PREFILLING else DECODE) for s in self.slots]
         t_start = now(dev)
-        finished: list[Sequence] = []
-        for slot, seq in enumerate(self.slots):
-            if seq is None:
-                continue
-            logits = self._prefill(seq) if seq.status is Status.PREFILLING else self._decode(seq)
-            t = now(dev)
-            if self._emit(seq, logits, t):
-                finished.append(seq)
-        t_end = now(dev)
-        self._record(t_start, t_end, work)
-        for seq in finished:
-            slot = self.slots.index(seq)
-            self.free_kv(seq)
-            self.slots[slot] = None
-            self.returned_at[seq.seq_id] = seq.timing.finish
+        outputs: list[StepOutput] = []
+        for seq in self.running:
+            outputs += (self._prefill if seq.status is Status.PREFILLING else self._decode)([seq])
+        self._record(t_start, now(dev), work)
+        for out in outputs:
+            if out.finished:
+                self._retire(out.seq)
         # A freed slot goes to the next waiting sequence in this same step: no step
         # ever runs with an empty slot while someone waits.
         self._fill_free_slots()
-        return finished
+        return outputs
+
+    def _retire(self, seq: Sequence) -> None:
+        """A DONE sequence leaves the running set: its KV goes back, its slot is free, its result is handed back."""
+        self.free_kv(seq)
+        self._vacate(seq)
+        self.returned_at[seq.seq_id] = seq.timing.finish

@@ -33,6 +33,16 @@ from phases.p3_1_block_allocator.budget import (DEFAULT_CPU_KV_BUDGET, DEFAULT_M
 DEFAULT_BLOCK_SIZE = 16  # tokens per block; vLLM's default
 
 
+def blocks_for(n_tokens: int, block_size: int) -> int:
+    """Blocks that hold `n_tokens` tokens: the full ones, plus one for a partly filled last block.
+
+    The one place the project rounds tokens up to blocks: the block table, the
+    gathers and every admission rule of the later engines call it.
+    """
+    full, rest = divmod(n_tokens, block_size)
+    return full + (rest > 0)
+
+
 class OutOfBlocks(RuntimeError):
     """The pool has no free block left. Not a bug: the caller waits, preempts, or gives up."""
 

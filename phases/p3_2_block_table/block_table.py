@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks
+from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks, blocks_for
 
 
 # eq=False: a table is an owner with an identity; two tables listing the same
@@ -59,8 +59,7 @@ class BlockTable:
 
     def blocks_needed(self, n_new_tokens: int) -> int:
         """How many more blocks `n_new_tokens` more tokens need (0 when they fit)."""
-        total = self.n_filled + n_new_tokens
-        return max(0, -(-total // self.block_size) - self.n_blocks)
+        return max(0, blocks_for(self.n_filled + n_new_tokens, self.block_size) - self.n_blocks)
 
     # --- growing -----------------------------------------------------------------
     def maybe_extend(self, allocator: BlockAllocator) -> None:

@@ -15,7 +15,6 @@ from common.bench import kv_bytes_per_token
 from common.demos import Option, RunConfig, demo
 from common.prompts import TABLE_DEMO_PROMPT, interleaved_latency_prompts
 from common.report import Report
-from phases.p2_2_scheduler.sequence import Status
 from phases.p2_3_continuous_batching.scheduler import ContinuousScheduler
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
 from phases.p3_1_block_allocator.demo import short, workload, workload_options
@@ -46,15 +45,23 @@ class TableTracingScheduler(ContinuousScheduler):
         self.tables[seq.seq_id] = BlockTable(self.pool.block_size)
         return super().new_kv(seq)
 
-    def _forward(self, seq, input_ids, position_ids):
+    def _book(self, seq, n: int, kind: str) -> None:
+        """Claim room for `n` new tokens in seq's table, as a paged cache would before the forward pass."""
         table = self.tables[seq.seq_id]
-        n = input_ids.shape[1]  # prompt length at prefill, 1 per decode step
         claimed = table.ensure_capacity(self.pool, n)
         table.append_slots(self.pool, n)
-        kind = "prefill" if seq.status is Status.PREFILLING else "decode"
         self.events.append(dict(step=self.n_steps, seq=seq.seq_id, kind=kind, tokens=n, n_filled=table.n_filled,
                                 claimed=claimed, block_ids=list(table.block_ids), free=self.pool.n_free))
-        return super()._forward(seq, input_ids, position_ids)
+
+    def _prefill(self, seqs):
+        for seq in seqs:
+            self._book(seq, len(seq.prompt_ids), "prefill")   # the whole prompt
+        return super()._prefill(seqs)
+
+    def _decode(self, seqs):
+        for seq in seqs:
+            self._book(seq, 1, "decode")                      # its last generated token
+        return super()._decode(seqs)
 
     def free_kv(self, seq):
         table = self.tables[seq.seq_id]

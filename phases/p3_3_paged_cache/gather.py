@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from phases.p3_1_block_allocator.allocator import blocks_for
+
 K_INDEX, V_INDEX = 0, 1  # position of K and V in the pool's third dimension
 
 
@@ -34,7 +36,7 @@ def gather_python(kv_store: torch.Tensor, block_ids: list[int], n_tokens: int,
         raise IndexError(f"layer_idx {layer_idx} out of range for a pool with {n_layers} layers")
     if n_tokens < 0:
         raise ValueError(f"n_tokens must be >= 0, got {n_tokens}")
-    n_needed = -(-n_tokens // block_size)  # ceil: blocks that hold at least one of the tokens
+    n_needed = blocks_for(n_tokens, block_size)  # blocks that hold at least one of the tokens
     if n_needed > len(block_ids):
         raise ValueError(f"{n_tokens} tokens need {n_needed} blocks of {block_size}, "
                          f"but the block table has only {len(block_ids)}")

@@ -6,38 +6,47 @@ Only the KV override points of `ContinuousScheduler` change:
 - `free_kv(seq)`  the finished sequence's blocks go back on the free list, ready
                   for whoever is admitted next in this same step;
 - `kv_bytes(seq)` blocks held * bytes per block.
-Each running sequence still gets its own forward pass per step (phase 3.5
-restores the single batched pass).
+(`block_table(seq)` names the table behind a sequence's KV: phase 3.5 keeps
+the table alone, with no cache object around it.) Each running sequence still
+gets its own forward pass per step (phase 3.5 restores the single batched pass).
 
 A pool can run dry, so admission now has a second condition besides a free
 slot: the pool must have room for the newcomer. A sequence the pool cannot
 take stays at the head of the waiting queue until finished sequences give
 blocks back; it is never dropped. So that a running sequence can never hit an
 empty pool in the middle of its decode (this phase has no preemption; phase 4
-adds it), admission counts each sequence's worst case, prompt + max_new_tokens,
-against the pool: the blocks everybody running may still claim are set aside.
+adds it), admission counts each sequence's worst case against the pool:
+
+    worst_case_tokens(seq)  prompt + max_new_tokens - 1 (the last token is never fed back)
+    blocks_promised()       blocks everybody running may still claim: worst case minus blocks held
+    blocks_to_admit(seq)    blocks `seq` must find free to be admitted: its worst case
+    can_admit(seq)          a free slot and blocks_to_admit(seq) <= free - blocks_promised()
+
 Blocks are still claimed one at a time as tokens arrive; only the admission
-check looks at the worst case.
+check looks at the worst case. This is the admission rule of every later
+engine: each refines these methods (shared blocks counted once, cached blocks
+free of charge, optimistic admission with preemption) rather than add its own.
 """
 
 from __future__ import annotations
 
-from common.sampling import GREEDY, SamplingParams
 from phases.p2_2_scheduler.sequence import Sequence
 from phases.p2_3_continuous_batching.scheduler import ContinuousScheduler
-from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
+from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, blocks_for
+from phases.p3_2_block_table.block_table import BlockTable
 from phases.p3_3_paged_cache.paged_cache import PagedCache
 
-
-def blocks_for(n_tokens: int, block_size: int) -> int:
-    """Blocks that hold n_tokens tokens (ceil)."""
-    return -(-n_tokens // block_size)
+__all__ = ["PagedScheduler", "worst_case_tokens", "blocks_for"]
 
 
-def worst_case_tokens(seq: Sequence) -> int:
-    """Most K/V positions a sequence can ever store: its prompt and every generated token but the last
-    (the last token is sampled, never fed back, so its K/V is never computed)."""
-    return len(seq.prompt_ids) + seq.max_new_tokens - 1
+def worst_case_tokens(request) -> int:
+    """Most K/V positions a request can ever store: its prompt and every generated token but the last
+    (the last token is sampled, never fed back, so its K/V is never computed). Counting it would make a
+    request that ends exactly on a block boundary reserve a block it can never use.
+
+    `request`: a Sequence, or anything with `prompt_ids` and `max_new_tokens` (phase 4.1's groups).
+    """
+    return len(request.prompt_ids) + request.max_new_tokens - 1
 
 
 class PagedScheduler(ContinuousScheduler):
@@ -52,15 +61,11 @@ class PagedScheduler(ContinuousScheduler):
         self.waited_for_blocks: set[int] = set()  # seq_ids that found a free slot but not enough blocks
 
     # --- requests: one the whole pool can never hold is refused up front --------------------
-    def add(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,
-            ignore_eos: bool = False, arrival: float | None = None) -> Sequence:
-        seq = super().add(prompt, max_new_tokens, sampling, ignore_eos, arrival)
+    def _new_sequence(self, prompt, max_new_tokens, sampling, ignore_eos, arrival) -> Sequence:
+        seq = super()._new_sequence(prompt, max_new_tokens, sampling, ignore_eos, arrival)
         need = blocks_for(worst_case_tokens(seq), self.block_size)
         if need > self.allocator.n_blocks:
-            # Waiting would never end: take it back out of the queue and say why.
-            self.waiting.remove(seq)
-            self.sequences.remove(seq)
-            del self._generators[seq.seq_id]
+            # Waiting would never end: refuse it before it is queued, and say why.
             raise ValueError(f"sequence {seq.seq_id}: {len(seq.prompt_ids)} prompt + {max_new_tokens} new tokens "
                              f"need up to {need} blocks of {self.block_size}, but the whole pool has "
                              f"{self.allocator.n_blocks}")
@@ -70,37 +75,40 @@ class PagedScheduler(ContinuousScheduler):
     def new_kv(self, seq: Sequence) -> PagedCache:
         return PagedCache(self.allocator)
 
+    def block_table(self, seq: Sequence) -> BlockTable:
+        """The block table behind `seq`'s KV state (phase 3.5: the KV state is the table itself)."""
+        return seq.kv.table
+
     def free_kv(self, seq: Sequence) -> None:
-        cache = seq.kv
-        super().free_kv(seq)   # books kv_bytes_at_finish (blocks still held), drops seq.kv
-        cache.release()        # every block back on the free list
+        table = self.block_table(seq)
+        super().free_kv(seq)           # books kv_bytes_at_finish (blocks still held), drops seq.kv
+        table.release(self.allocator)  # every block back on the free list (a shared one stays with its other owners)
 
     def kv_bytes(self, seq: Sequence) -> int:
-        return seq.kv.kv_bytes if seq.kv is not None else 0
+        """Whole blocks held, the unused tail of the last one included."""
+        return self.block_table(seq).n_blocks * self.allocator.bytes_per_block if seq.kv is not None else 0
 
     # --- admission: a free slot AND room in the pool --------------------------------------------
+    def blocks_to_admit(self, seq: Sequence) -> int:
+        """Free blocks `seq` must find to be admitted: its worst case, so its decode never runs dry."""
+        return blocks_for(worst_case_tokens(seq), self.block_size)
+
     def blocks_promised(self) -> int:
-        """Blocks the running sequences may still claim before they finish (worst case)."""
-        return sum(blocks_for(worst_case_tokens(s), self.block_size) - s.kv.n_blocks
-                   for s in self.running if s.kv is not None)
+        """Blocks the running sequences may still claim before they finish (worst case minus blocks held)."""
+        return sum(blocks_for(worst_case_tokens(s), self.block_size) - self.block_table(s).n_blocks
+                   for s in self.running)
 
     def can_admit(self, seq: Sequence) -> bool:
-        """Does the pool have room for seq's worst case on top of what the running ones may claim?"""
-        free = self.allocator.n_free - self.blocks_promised()
-        return blocks_for(worst_case_tokens(seq), self.block_size) <= free
+        """A free slot (phase 2.3), and room in the pool for seq's worst case beside what the running may claim."""
+        if not super().can_admit(seq):
+            return False
+        if self.blocks_to_admit(seq) <= self.allocator.n_free - self.blocks_promised():
+            return True
+        self.waited_for_blocks.add(seq.seq_id)   # a slot was free, the pool was not
+        return False
 
     def _fill_free_slots(self) -> None:
-        for slot in range(self.max_running):
-            if self.slots[slot] is not None or not self.waiting:
-                continue
-            head = self.waiting[0]
-            if not self.can_admit(head):
-                # First come, first served: nobody overtakes the head of the queue,
-                # so a long request cannot be starved by a stream of short ones.
-                self.waited_for_blocks.add(head.seq_id)
-                break
-            seq = self._admit(slot)
-            seq.kv = self.new_kv(seq)
+        super()._fill_free_slots()
         if self.waiting and not self.running:
             # Cannot happen (add() refuses what the empty pool cannot hold); guard against a silent hang.
             raise RuntimeError(f"sequence {self.waiting[0].seq_id} cannot be admitted into an idle pool "

@@ -27,6 +27,7 @@ from __future__ import annotations
 from common.demos import Option, RunConfig, demo
 from common.report import Report
 from common.workload import EQUAL_WORK_N, equal_work, mixed_work
+from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, blocks_for
 from phases.p3_3_paged_cache.tput import (EngineRunner, format_settings, measure, plot_tput, run_tput,
                                           tput_options, warmup_rule)
 from phases.p3_5_paged_attention.engine import BatchedPagedEngine
@@ -175,10 +176,11 @@ def _roofline_and_profile(report: Report, lm, workloads: dict, results: dict, cf
                    "every parameter costs a multiply and an add per token")
     # Profile one decode step with every request of the first workload running.
     requests = next(iter(workloads.values()))
-    engine = BatchedPagedEngine(lm, max_running=len(requests),
-                                n_blocks=sum(-(-(len(r.prompt_ids) + r.max_new_tokens) // 16) for r in requests))
+    engine = BatchedPagedEngine(lm, max_running=len(requests), block_size=DEFAULT_BLOCK_SIZE,
+                                n_blocks=sum(blocks_for(len(r.prompt_ids) + r.max_new_tokens, DEFAULT_BLOCK_SIZE)
+                                             for r in requests))
     for r in requests:
-        engine.add(prompt_ids=r.prompt_ids, max_new_tokens=r.max_new_tokens, ignore_eos=True)
+        engine.add(r.prompt_ids, r.max_new_tokens, ignore_eos=True)
     while engine.waiting:
         engine.step()       # admit and prefill everything first
     ops = profile_decode_step(engine)

@@ -59,8 +59,7 @@ def run_batched(lm, requests: list[Request], max_running: int, block_size: int =
     """Phase 3.5: one batched forward pass per step over the paged pool."""
     n_blocks = workload_pool_blocks(lm, requests, block_size)
     engine = BatchedPagedEngine(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks)
-    seqs = [engine.add(prompt_ids=r.ids(lm), max_new_tokens=r.max_new_tokens, sampling=r.sampling,
-                       ignore_eos=r.ignore_eos) for r in requests]
+    seqs = [engine.add(r.ids(lm), r.max_new_tokens, sampling=r.sampling, ignore_eos=r.ignore_eos) for r in requests]
     engine.run()
     kv_peak = engine.peak_blocks_used * engine.allocator.bytes_per_block
     assert engine.allocator.n_free == n_blocks, "blocks leaked"

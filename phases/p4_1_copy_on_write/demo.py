@@ -13,6 +13,7 @@ from common.demos import Option, RunConfig, demo
 from common.prompts import TABLE_DEMO_PROMPT
 from common.report import Report
 from common.sampling import SamplingParams
+from common.workload import Request
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p4_1_copy_on_write.engine import SharingEngine, worst_case_blocks
 
@@ -29,9 +30,9 @@ class _RecordingEngine(SharingEngine):
         super().__init__(*args, **kwargs)
         self.last_tables: dict[int, tuple[int, str]] = {}
 
-    def _release(self, seq) -> None:
+    def free_kv(self, seq) -> None:
         self.last_tables[seq.seq_id] = (seq.kv.n_filled, _ids(self, seq.kv))
-        super()._release(seq)
+        super().free_kv(seq)
 
 
 def _ids(engine: SharingEngine, table) -> str:
@@ -57,11 +58,12 @@ def cow_demo(cfg: RunConfig) -> Report:
     report = cfg.new_report("cow_demo")
     max_new = QUICK_MAX_NEW_TOKENS if cfg.quick else cfg.max_new_tokens
     block_size = QUICK_BLOCK_SIZE if cfg.quick else cfg.block_size
-    n_prompt = len(lm.prompt_ids(TABLE_DEMO_PROMPT))
-    n_blocks = worst_case_blocks(n_prompt, max_new, cfg.n, block_size)
+    prompt_ids = lm.prompt_ids(TABLE_DEMO_PROMPT)
+    n_prompt = len(prompt_ids)
+    n_blocks = worst_case_blocks(Request(prompt_ids=prompt_ids, max_new_tokens=max_new), cfg.n, block_size)
     engine = _RecordingEngine(lm, max_running=cfg.n, block_size=block_size, n_blocks=n_blocks)
     sampling = SamplingParams(temperature=COW_DEMO_TEMPERATURE, seed=COW_DEMO_SEED)
-    group = engine.add(TABLE_DEMO_PROMPT, max_new_tokens=max_new, sampling=sampling, n=cfg.n)
+    group = engine.add_group(prompt_ids, max_new, sampling, n=cfg.n)
 
     engine.step()  # one prefill pass over the prompt, then the fork into n samples
     full, part = divmod(n_prompt, block_size)
@@ -70,7 +72,7 @@ def cow_demo(cfg: RunConfig) -> Report:
                                                                       if part else ""),
                f"forward passes so far: {engine.n_forward_passes} (the prompt was prefilled once, not {cfg.n} times)"])
     first_ids = [list(s.kv.block_ids) for s in group.seqs]
-    if engine.has_work():
+    if engine.has_work:
         engine.step()  # each sample writes its first token's K/V: the copy-on-write moment
         moved = []
         for i, (before, seq) in enumerate(zip(first_ids, group.seqs)):
@@ -78,7 +80,7 @@ def cow_demo(cfg: RunConfig) -> Report:
                 moved.append(f"sample {i}: block {before[-1]} copied to {seq.kv.block_ids[-1]}")
         _snapshot(engine, report, "After the first decode step (copy-on-write)", group,
                   moved or ["no copy: the prompt filled its last block exactly, so every sample opened a new one"])
-    while engine.has_work():
+    while engine.has_work:
         engine.step()
     end = report.table("Each sample when it finished", ["sample", "generated", "tokens in KV", "block ids", "output"])
     for i, seq in enumerate(group.seqs):

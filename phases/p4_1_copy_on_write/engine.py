@@ -1,7 +1,8 @@
 """`SharingEngine`: parallel sampling, n samples of one prompt decoding over ONE copy of its KV blocks.
 
-A request may now ask for `n` samples of the same prompt. Phase 3.5 would
-prefill the prompt n times and store its K/V n times. Here:
+A request may now ask for `n` samples of the same prompt (`add_group(..., n=k)`;
+`add()` is a request of one, and still returns its one Sequence). Phase 3.5
+would prefill the prompt n times and store its K/V n times. Here:
 
   1. the prompt is prefilled ONCE, as one sequence (the group's sample 0);
   2. right after that prefill pass, the group forks: samples 1..n-1 get block
@@ -17,15 +18,17 @@ prefill the prompt n times and store its K/V n times. Here:
 The copies of a step are batched into one indexed copy run just before the
 forward pass (block_ops.CopyQueue), so a step with many forks costs one launch.
 
-Admission counts the shared prompt blocks once: a group of n needs
-`full_prompt_blocks + n * (blocks_for(max_kv_tokens(prompt, max_new)) - full_prompt_blocks)`
-blocks in the worst case (each sample's own copy of the partial block plus its
-output; `max_kv_tokens` = prompt + max_new - 1, the last token is never fed back), and n free slots under `max_running`, since it will run as n sequences.
+Admission is phase 3.3's rule with shared blocks counted once: a group of n
+needs n free slots (`can_admit`: it will run as n sequences) and, in the worst
+case, `worst_case_blocks(request, n, block_size)` =
+`full_prompt_blocks + n * (blocks_for(worst_case_tokens(request)) - full_prompt_blocks)`
+blocks (each sample's own copy of the partial block plus its output), which is
+what `blocks_to_admit` asks of the pool and `blocks_promised` sets aside for a
+running group.
 """
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
@@ -33,12 +36,11 @@ import torch
 
 from common.bench import SeqTiming
 from common.sampling import GREEDY, SamplingParams, make_generator
-from phases.p2_2_scheduler.sequence import Sequence, Status
-from phases.p3_2_block_table.block_table import BlockTable
-from phases.p3_5_paged_attention.engine import BatchedPagedEngine, StepOutput, _blocks_for, max_kv_tokens
+from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
+from phases.p3_1_block_allocator.allocator import blocks_for
+from phases.p3_3_paged_cache.scheduler import worst_case_tokens
+from phases.p3_5_paged_attention.engine import BatchedPagedEngine
 from phases.p4_1_copy_on_write.block_ops import CopyQueue, append_slots_cow, blocks_held, fork
-
-NO_ROOM = math.inf  # `_blocks_to_admit` answer when a group would not fit under max_running
 
 
 @dataclass(eq=False)  # identity: a group is one request, even if two have equal fields
@@ -75,10 +77,13 @@ class SequenceGroup:
         return [list(s.output_ids) for s in self.seqs]
 
 
-def worst_case_blocks(n_prompt: int, max_new_tokens: int, n: int, block_size: int) -> int:
-    """Most blocks n sequences forked from one prompt can hold at once: full prompt blocks counted once."""
-    shared = n_prompt // block_size  # full prompt blocks: never written again, shared by all n
-    return shared + n * (_blocks_for(max_kv_tokens(n_prompt, max_new_tokens), block_size) - shared)
+def worst_case_blocks(request, n: int, block_size: int) -> int:
+    """Most blocks n sequences forked from `request`'s prompt can hold at once: full prompt blocks counted once.
+
+    `request`: anything with `prompt_ids` and `max_new_tokens` (a Sequence, a SequenceGroup, a workload Request).
+    """
+    shared = len(request.prompt_ids) // block_size  # full prompt blocks: never written again, shared by all n
+    return shared + n * (blocks_for(worst_case_tokens(request), block_size) - shared)
 
 
 class SharingEngine(BatchedPagedEngine):
@@ -87,34 +92,38 @@ class SharingEngine(BatchedPagedEngine):
         self.copies = CopyQueue()                    # copy-on-write copies waiting for the next forward pass
         self.groups: list[SequenceGroup] = []        # every request added, in order
         self._group_of: dict[int, SequenceGroup] = {}  # seq_id -> its request
+        self._next_request_id = 0
         self._slots_promised = 0                     # members of admitted groups not forked yet
         # (distinct blocks held, blocks the same tables would hold unshared) at every decode pass
         self.usage: list[tuple[int, int]] = []
 
     # --- requests ----------------------------------------------------------------
-    def add(self, prompt: str | None = None, max_new_tokens: int = 64, sampling: SamplingParams = GREEDY,
-            ignore_eos: bool = False, prompt_ids: list[int] | None = None, arrival: float | None = None,
-            n: int = 1) -> SequenceGroup:
-        """Queue a request for `n` samples of one prompt; returns its group (its `seqs` fill in at prefill)."""
-        return self._add_group(prompt, max_new_tokens, sampling, ignore_eos, prompt_ids, arrival, n, SequenceGroup)
+    def add(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,
+            ignore_eos: bool = False, arrival: float | None = None) -> Sequence:
+        """Queue a request for one sequence (a group of one); returns that sequence."""
+        return self.add_group(prompt, max_new_tokens, sampling, ignore_eos, arrival, n=1).seqs[0]
 
-    def _add_group(self, prompt, max_new_tokens, sampling, ignore_eos, prompt_ids, arrival, n, group_cls,
+    def add_group(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,
+                  ignore_eos: bool = False, arrival: float | None = None, *, n: int) -> SequenceGroup:
+        """Queue a request for `n` samples of one prompt; returns its group (its `seqs` fill in at prefill)."""
+        return self._add_group(SequenceGroup, prompt, max_new_tokens, sampling, ignore_eos, arrival, n)
+
+    def _add_group(self, group_cls, prompt, max_new_tokens, sampling, ignore_eos, arrival, n,
                    **group_kwargs) -> SequenceGroup:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an integer >= 1, got {n!r}")
         if n > self.max_running:
             raise ValueError(f"a group of {n} sequences cannot run under max_running={self.max_running}")
-        if prompt_ids is None and prompt:
-            prompt_ids = self.lm.prompt_ids(prompt)
-        if prompt_ids and max_new_tokens > 0:
-            need = worst_case_blocks(len(prompt_ids), max_new_tokens, n, self.block_size)
-            if need > self.allocator.n_blocks:
-                raise ValueError(f"{n} sequences of {len(prompt_ids)} prompt + {max_new_tokens} new tokens need "
-                                 f"up to {need} blocks of {self.block_size} tokens, but the whole pool has "
-                                 f"{self.allocator.n_blocks}")
-        seq = super().add(prompt, max_new_tokens, sampling, ignore_eos, prompt_ids, arrival)  # validates, queues
-        group = group_cls(len(self.groups), seq.prompt, seq.prompt_ids, n, max_new_tokens, sampling, [seq],
+        seq = self._new_sequence(prompt, max_new_tokens, sampling, ignore_eos, arrival)  # checked, not queued
+        need = worst_case_blocks(seq, n, self.block_size)
+        if need > self.allocator.n_blocks:
+            raise ValueError(f"{n} sequences of {len(seq.prompt_ids)} prompt + {max_new_tokens} new tokens need "
+                             f"up to {need} blocks of {self.block_size} tokens, but the whole pool has "
+                             f"{self.allocator.n_blocks}")
+        self._queue(seq)
+        group = group_cls(self._next_request_id, seq.prompt, seq.prompt_ids, n, max_new_tokens, sampling, [seq],
                           **group_kwargs)
+        self._next_request_id += 1
         self.groups.append(group)
         self._group_of[seq.seq_id] = group
         return group
@@ -128,31 +137,33 @@ class SharingEngine(BatchedPagedEngine):
         for seq in list(group.seqs):
             self.abort(seq)
 
-    # --- admission: shared blocks counted once, a group needs n slots -----------------
-    def _blocks_to_admit(self, seq: Sequence) -> int:
-        group = self._group_of[seq.seq_id]
-        width = 1 if group.forked else group.n  # a forked member coming back (after preemption) is one sequence
-        if len(self.running) + self._slots_promised + width > self.max_running:
-            return NO_ROOM  # the group will run as n sequences; wait for n slots
-        return worst_case_blocks(len(seq.prompt_ids), seq.max_new_tokens, width, self.block_size)
+    # --- admission: a group needs n slots, its shared blocks count once -----------------
+    def can_admit(self, seq: Sequence) -> bool:
+        """A slot for every sequence the group will run as, then phase 3.5's rule."""
+        return self.group_of(seq).n <= self.n_free_slots - self._slots_promised and super().can_admit(seq)
 
-    def _on_admit(self, seq: Sequence) -> None:
-        super()._on_admit(seq)
-        group = self._group_of[seq.seq_id]
-        if not group.forked:
-            self._slots_promised += group.n - 1
+    def blocks_to_admit(self, seq: Sequence) -> int:
+        return worst_case_blocks(seq, self.group_of(seq).n, self.block_size)
 
-    def _reserved_blocks(self) -> int:
-        """Blocks the running groups may still claim: worst case of their live members minus what they hold."""
+    def blocks_promised(self) -> int:
+        """Blocks the running groups may still claim: the worst case of their members minus the distinct
+        blocks they hold (a group admitted but not forked yet counts its n samples to come)."""
         live: dict[SequenceGroup, list[Sequence]] = defaultdict(list)
         for s in self.running:
-            live[self._group_of[s.seq_id]].append(s)
-        reserved = 0
+            live[self.group_of(s)].append(s)
+        promised = 0
         for group, members in live.items():
-            worst = worst_case_blocks(len(group.prompt_ids), group.max_new_tokens, len(members), self.block_size)
-            held, _ = blocks_held([s.kv for s in members])
-            reserved += max(0, worst - held)
-        return reserved
+            width = len(members) if group.forked else group.n
+            held, _ = blocks_held([s.kv for s in members if s.kv is not None])
+            promised += max(0, worst_case_blocks(group, width, self.block_size) - held)
+        return promised
+
+    def _admit(self) -> Sequence:
+        seq = super()._admit()
+        group = self.group_of(seq)
+        if not group.forked:
+            self._slots_promised += group.n - 1   # its other samples take their slots at the fork
+        return seq
 
     # --- copy-on-write ---------------------------------------------------------------
     def _append_slots(self, seq: Sequence, n: int) -> list[int]:
@@ -169,7 +180,7 @@ class SharingEngine(BatchedPagedEngine):
 
     def block_usage(self) -> tuple[int, int]:
         """(blocks the running sequences hold, blocks they would hold if nothing were shared)."""
-        return blocks_held([s.kv for s in self.running if isinstance(s.kv, BlockTable)])
+        return blocks_held([s.kv for s in self.running if s.kv is not None])
 
     @property
     def n_copied(self) -> int:
@@ -181,7 +192,7 @@ class SharingEngine(BatchedPagedEngine):
         """A group's parent just prefilled: fork its samples, each sampling from the parent's logits row."""
         members, rows = [], []
         for row, seq in enumerate(seqs):
-            group = self._group_of[seq.seq_id]
+            group = self.group_of(seq)
             forked = [] if group.forked else self._fork_group(group)
             members += [seq] + forked
             rows += [row] * (1 + len(forked))
@@ -192,20 +203,32 @@ class SharingEngine(BatchedPagedEngine):
     def _fork_group(self, group: SequenceGroup) -> list[Sequence]:
         """Samples 1..n-1 of a freshly prefilled group, sharing every block of sample 0."""
         parent = group.seqs[0]
-        children = [self._new_member(group, parent, fork(parent.kv, self.allocator), i) for i in range(1, group.n)]
+        children = [self._new_member(group, parent, i) for i in range(1, group.n)]
+        self._fork_kv(children, [parent] * len(children))
         self._slots_promised -= len(children)
         return children
 
-    def _new_member(self, group: SequenceGroup, parent: Sequence, kv: BlockTable, index: int) -> Sequence:
-        """A running sequence of `group` that starts where `parent` is (same state, tokens, given table)."""
+    def _fork_kv(self, seqs: list[Sequence], parents: list[Sequence]) -> None:
+        """seqs[i] continues parents[i]: its table becomes a fork of the parent's (one more owner per block,
+        nothing copied), its old table, if any, is released. Every fork is taken before any old table is
+        released, so a block held by both generations never touches the free list."""
+        tables = [fork(p.kv, self.allocator) for p in parents]
+        for seq, table in zip(seqs, tables):
+            if seq.kv is not None:
+                seq.kv.release(self.allocator)
+            seq.kv = table
+
+    def _new_member(self, group: SequenceGroup, parent: Sequence, index: int) -> Sequence:
+        """A running sequence of `group` that starts where `parent` is (same state and tokens; no table yet)."""
         child = Sequence(self._next_id, parent.prompt, parent.prompt_ids, parent.max_new_tokens, parent.sampling,
                          parent.ignore_eos, status=parent.status, output_ids=list(parent.output_ids),
-                         timing=SeqTiming(arrival=parent.timing.arrival), kv=kv, history=list(parent.history))
+                         timing=SeqTiming(arrival=parent.timing.arrival), history=list(parent.history))
         self._next_id += 1
         self._generators[child.seq_id] = self._member_generator(group.sampling, index)
         self._group_of[child.seq_id] = group
         group.seqs.append(child)
-        self.running.append(child)
+        self.sequences.append(child)
+        self._occupy(child)
         return child
 
     def _member_generator(self, sampling: SamplingParams, index: int) -> torch.Generator | None:

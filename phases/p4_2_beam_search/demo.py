@@ -28,6 +28,7 @@ from common.demos import Option, RunConfig, demo
 from common.prompts import interleaved_latency_prompts
 from common.report import Report
 from common.sampling import SamplingParams
+from common.workload import Request
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p4_1_copy_on_write.engine import worst_case_blocks
 from phases.p4_2_beam_search.engine import BeamSearchEngine
@@ -42,14 +43,16 @@ PAPER = {"parallel sampling": {"Alpaca": "6.1-9.8%", "ShareGPT": "16.2-30.5%"},
 
 def _measure(lm, prompts: list[str], method: str, width: int, max_new: int, block_size: int) -> dict:
     """Run one configuration to the end; return its block accounting and lengths."""
-    n_prompt = [len(lm.prompt_ids(p)) for p in prompts]
-    pool = sum(worst_case_blocks(p, max_new, width, block_size) for p in n_prompt)  # everyone runs at once
+    ids = [lm.prompt_ids(p) for p in prompts]
+    n_prompt = [len(i) for i in ids]
+    # everyone runs at once
+    pool = sum(worst_case_blocks(Request(prompt_ids=i, max_new_tokens=max_new), width, block_size) for i in ids)
     engine = BeamSearchEngine(lm, max_running=width * len(prompts), block_size=block_size, n_blocks=pool)
     if method == "parallel sampling":
         sampling = SamplingParams(temperature=SAMPLE_TEMPERATURE, seed=SAMPLE_SEED)
-        groups = [engine.add(p, max_new_tokens=max_new, sampling=sampling, n=width) for p in prompts]
+        groups = [engine.add_group(i, max_new, sampling, n=width) for i in ids]
     else:
-        groups = [engine.add_beam_search(p, beam_width=width, max_new_tokens=max_new) for p in prompts]
+        groups = [engine.add_beam_search(i, max_new, beam_width=width) for i in ids]
     engine.run()
     assert engine.allocator.n_free == engine.allocator.n_blocks, "blocks leaked"
     held = [h for h, _ in engine.usage]

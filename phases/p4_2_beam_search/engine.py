@@ -8,8 +8,9 @@ objects that stay in the engine's running list). Every step:
      requests, parallel samples, plain requests);
   2. `BeamSearch.step` (beam.py) picks the k best continuations; beam slot i
      continues from parent beam j = `parents[i]` with one more token;
-  3. slot i gets `fork(parent j's table)`: the new beams are aliases of their
-     parents, refcounts counting how many children each parent has;
+  3. slot i gets `fork(parent j's table)` (phase 4.1's `_fork_kv`, as a
+     sample forks its parent): the new beams are aliases of their parents,
+     refcounts counting how many children each parent has;
   4. the old tables are released. A block held only by beams that were not
      chosen drops to refcount 0 and is back on the free list right away; a
      block of a parent with two children is now shared by both.
@@ -30,10 +31,8 @@ import torch
 
 from common.bench import now
 from common.sampling import GREEDY
-from phases.p2_2_scheduler.sequence import Sequence, Status
+from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_2_block_table.block_table import BlockTable
-from phases.p3_5_paged_attention.engine import StepOutput
-from phases.p4_1_copy_on_write.block_ops import fork
 from phases.p4_1_copy_on_write.engine import SequenceGroup, SharingEngine
 from phases.p4_2_beam_search.beam import BeamSearch, Hypothesis
 
@@ -59,13 +58,12 @@ class BeamGroup(SequenceGroup):
 
 
 class BeamSearchEngine(SharingEngine):
-    def add_beam_search(self, prompt: str | None = None, beam_width: int = 4, max_new_tokens: int = 64,
+    def add_beam_search(self, prompt: str | list[int], max_new_tokens: int, beam_width: int = 4,
                         length_penalty: float = 1.0, early_stopping: bool | str = False,
-                        prompt_ids: list[int] | None = None, arrival: float | None = None) -> BeamGroup:
-        """Queue a beam-search request; returns its group (`group.best` once `group.done`)."""
+                        arrival: float | None = None) -> BeamGroup:
+        """Queue a beam-search request (text or token ids); returns its group (`group.best` once `group.done`)."""
         search = BeamSearch(beam_width, max_new_tokens, self.lm.eos_token_ids, length_penalty, early_stopping)
-        return self._add_group(prompt, max_new_tokens, GREEDY, False, prompt_ids, arrival, beam_width,
-                               BeamGroup, search=search)
+        return self._add_group(BeamGroup, prompt, max_new_tokens, GREEDY, False, arrival, beam_width, search=search)
 
     def _emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
         """Beam rows go to their group's search; every other row is sampled as before."""
@@ -92,21 +90,18 @@ class BeamSearchEngine(SharingEngine):
         t = now(self.lm.device)
         if not group.forked:  # the prompt was just prefilled: open slots 1..k-1 (their tables come below)
             for i in range(1, group.n):
-                self._new_member(group, beams[0], None, i)
+                self._new_member(group, beams[0], i)
             self._slots_promised -= group.n - 1
         for slot in group.seqs:
             if slot.status is Status.PREFILLING:
                 slot.move(Status.DECODING)
         if group.search.done:
             return self._finish_beams(group, beams, t)
-        # Fork every new beam from its parent before releasing any old table, so a
-        # block both generations hold never touches the free list.
-        new_tables = [fork(beams[p].kv, self.allocator) for p in parents]
-        for beam in beams:
-            beam.kv.release(self.allocator)
+        # Slot i continues beam parents[i]: its table becomes a fork of the parent's (every fork is
+        # taken before any old table is released, so a block both generations hold stays owned).
+        self._fork_kv(group.seqs, [beams[p] for p in parents])
         outputs = []
-        for slot, table, tokens in zip(group.seqs, new_tables, group.search.running_tokens):
-            slot.kv = table
+        for slot, tokens in zip(group.seqs, group.search.running_tokens):
             slot.output_ids = list(tokens)
             slot.timing.token(t)
             outputs.append(StepOutput(slot, tokens[-1], False))

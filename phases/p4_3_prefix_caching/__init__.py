@@ -6,16 +6,17 @@
   memory back (least recently used, then the deepest prefix first).
 - `prefix_cache.py`: `PrefixCachingAllocator`, phase 3.1's allocator plus the
   global `hash -> CachedBlock` table and a third block state, cached-free.
-- `engine.py`: `PrefixCachingMixin` (the engine hooks) and
-  `PrefixCachingEngine(PrefixCachingMixin, BatchedPagedEngine)`.
+- `engine.py`: `PrefixCachingEngine(BeamSearchEngine)`: phase 4.2's engine
+  whose admission, KV hooks and forks map cached prompt blocks in and publish
+  new full ones (on by default; `prefix_caching=False` turns it off).
 - `demo.py`: `prefix_demo`, one-shot and few-shot system prompts with and
   without the cache: hit rate, prefill tokens skipped, TTFT, throughput.
 """
 
 from phases.p4_3_prefix_caching.block_hash import ROOT_HASH, chain_hashes, hash_block
-from phases.p4_3_prefix_caching.engine import CacheStats, PrefixCachingEngine, PrefixCachingMixin
+from phases.p4_3_prefix_caching.engine import CacheStats, PrefixCachingEngine
 from phases.p4_3_prefix_caching.evictor import Evictor
 from phases.p4_3_prefix_caching.prefix_cache import CachedBlock, PrefixCachingAllocator, PrefixMatch
 
 __all__ = ["ROOT_HASH", "chain_hashes", "hash_block", "Evictor", "CachedBlock", "PrefixMatch",
-           "PrefixCachingAllocator", "CacheStats", "PrefixCachingMixin", "PrefixCachingEngine"]
+           "PrefixCachingAllocator", "CacheStats", "PrefixCachingEngine"]

@@ -5,9 +5,9 @@ example (one-shot) or five (few-shot) is put in front of every request, then a
 different short input. Here the task is English -> French translation, the
 shared part is the system prompt of the chat template, and each request asks
 for one sentence. For each prompt style the same requests run twice on the
-same engine settings: phase 3.5's BatchedPagedEngine (every prompt prefilled
-in full) and PrefixCachingEngine (a prompt's cached full blocks are mapped
-in, only the rest is prefilled).
+same engine settings, on PrefixCachingEngine with the cache off (every prompt
+prefilled in full, as phase 4.2's engine does) and on (a prompt's cached full
+blocks are mapped in, only the rest is prefilled).
 
 All requests arrive at t = 0 and at most `max_running` run at once, so the
 first wave computes the system prompt (nothing is cached yet, and requests
@@ -24,7 +24,6 @@ from common.bench import now, summarize
 from common.demos import Option, RunConfig, demo
 from common.report import Report
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
-from phases.p3_5_paged_attention.engine import BatchedPagedEngine
 from phases.p4_3_prefix_caching.engine import PrefixCachingEngine
 
 INSTRUCTION = ("You are a professional translator. Translate the English sentence the user sends into French. "
@@ -88,12 +87,12 @@ def shared_prefix_len(prompts: list[list[int]]) -> int:
 def _run(engine, prompts: list[list[int]], max_new_tokens: int, progress, label: str) -> dict:
     task = progress.add_task(label, total=len(prompts))
     t0 = now(engine.lm.device)
-    seqs = [engine.add(prompt_ids=p, max_new_tokens=max_new_tokens, ignore_eos=True, arrival=t0) for p in prompts]
-    engine.run(progress=lambda n: progress.advance(task, n))
+    seqs = [engine.add(p, max_new_tokens, ignore_eos=True, arrival=t0) for p in prompts]
+    engine.run(progress=lambda done, _added: progress.update(task, completed=done))
     wall = now(engine.lm.device) - t0
     progress.remove_task(task)
     metrics = summarize([s.timing for s in seqs], wall)
-    stats = getattr(engine, "cache_stats", None)
+    stats = engine.cache_stats if engine.prefix_caching else None
     prompt_tokens = sum(len(p) for p in prompts)
     skipped = stats.tokens_skipped if stats else 0
     return dict(outputs=[s.output_ids for s in seqs], wall_s=wall, mean_ttft_ms=metrics.mean_ttft_ms,
@@ -167,7 +166,7 @@ def prefix_demo(cfg: RunConfig) -> Report:
     report.data.update(block_size=cfg.block_size, runs=[])
     with Progress(transient=True) as progress:
         # Warm-up on a throwaway engine: the first forward passes pay one-off costs.
-        warm = BatchedPagedEngine(lm, **engine_kwargs)
+        warm = PrefixCachingEngine(lm, prefix_caching=False, **engine_kwargs)
         _run(warm, request_ids(lm, 0, 2), 2, progress, "warm-up")
         del warm
         for shots in opts["shots"]:
@@ -176,9 +175,9 @@ def prefix_demo(cfg: RunConfig) -> Report:
             workload.add_row(shots, len(prompts), shared, shared // cfg.block_size,
                              round(sum(map(len, prompts)) / len(prompts), 1), opts["max_new_tokens"])
             result = {}
-            for name, cls in (("off", BatchedPagedEngine), ("on", PrefixCachingEngine)):
-                r = _run(cls(lm, **engine_kwargs), prompts, opts["max_new_tokens"], progress,
-                         f"{shots}-shot, prefix cache {name}")
+            for name in ("off", "on"):
+                engine = PrefixCachingEngine(lm, prefix_caching=name == "on", **engine_kwargs)
+                r = _run(engine, prompts, opts["max_new_tokens"], progress, f"{shots}-shot, prefix cache {name}")
                 result[name] = r
                 runs.add_row(shots, name, "-" if name == "off" else f"{r['hit_rate']:.0%}",
                              "-" if name == "off" else f"{r['blocks_hit']}/{r['blocks_queried']}",

@@ -1,32 +1,35 @@
-"""`PrefixCachingEngine`: phase 3.5's engine, with prompts that start with cached blocks skipping their prefill.
+"""`PrefixCachingEngine`: phase 4.2's engine, with prompts that start with cached blocks skipping their prefill.
 
-Everything is done in the engine's four hooks, through `PrefixCachingMixin`:
+Prefix caching is on by default; `PrefixCachingEngine(lm, prefix_caching=False)`
+is phase 4.2's `BeamSearchEngine`, step for step. With it on, everything is
+done in the engine's hooks:
 
-- `_blocks_to_admit(seq)`: the admission budget counts only blocks the
+- `blocks_to_admit(seq)`: the admission budget counts only blocks the
   request really takes from the allocatable pool: its worst case minus the
   cached blocks it maps in that others are using (those cost nothing). A
   cached-free block it revives still counts: it leaves the evictable pool.
-- `_on_admit(seq)`: look the prompt up, block by block, and map the hits into
+- `new_kv(seq)`: look the prompt up, block by block, and map the hits into
   the new BlockTable (`acquire` = one more reference each), with `n_filled`
   set past them. Phase 3.5's `_prefill` then feeds only the remaining prompt
-  tokens at their true positions, and attention reads the prefix from the pool.
-  At most (len(prompt) - 1) // block_size blocks are matched: the last prompt
-  token is always computed, because its logits give the first new token.
-- `_append_slots(seq, n)`: after claiming slots, every block that is now full
-  (prefill or decode) is registered in the table under its chained hash. Its
-  K/V are written by the forward pass that follows, before any later step can
-  admit a request that would map it in.
-- `_release(seq)`: the table gives its blocks back as usual; the allocator
+  tokens at their true positions (`_prefill_from`), and attention reads the
+  prefix from the pool. At most (len(prompt) - 1) // block_size blocks are
+  matched: the last prompt token is always computed, because its logits give
+  the first new token.
+- `_emit(seqs, logits)`: the forward pass that wrote the sequences' new K/V
+  has run, so every block of theirs that is now full (prefill or decode) is
+  published in the table under its chained hash, before any token is sampled
+  or any sample forks. A pass that fails never gets here and publishes
+  nothing: a block whose K/V were never written is never found.
+- `_fork_kv(seqs, parents)`: a forked sample, or a beam re-forked from
+  another beam (phase 4.1, 4.2), takes over its parent's chain of hashes
+  along with its parent's blocks.
+- `free_kv(seq)`: the table gives its blocks back as usual; the allocator
   keeps the cached ones (cached-free) until their memory is needed.
 
 The allocator's logical clock ticks once per step, so all blocks a sequence
-releases share one `last_use` and the evictor drops the deepest first.
-
-Composition: the mixin only calls `super()` in each hook, so it stacks on any
-engine with phase 3.5's hooks, e.g. `class E(PrefixCachingMixin, SharingEngine)`
-(p4_1): a mapped prefix block is full and never written again, so copy-on-write
-never has to copy it. The allocator must be (a subclass of)
-`PrefixCachingAllocator`.
+releases share one `last_use` and the evictor drops the deepest first. A
+mapped prefix block is full and never written again, so copy-on-write never
+has to copy it. The allocator must be (a subclass of) `PrefixCachingAllocator`.
 
 Known limit: requests admitted in the same step all look the table up before
 any of them has computed anything, so N requests arriving together with one
@@ -37,9 +40,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from phases.p2_2_scheduler.sequence import Sequence
-from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
-from phases.p3_5_paged_attention.engine import BatchedPagedEngine
+import torch
+
+from phases.p2_2_scheduler.sequence import Sequence, StepOutput
+from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
+from phases.p3_2_block_table.block_table import BlockTable
+from phases.p4_2_beam_search.engine import BeamSearchEngine
 from phases.p4_3_prefix_caching.block_hash import ROOT_HASH, block_tokens, chain_hashes
 from phases.p4_3_prefix_caching.prefix_cache import CachedBlock, PrefixCachingAllocator, PrefixMatch
 
@@ -75,24 +81,29 @@ class _Chain:
     def last_entry(self) -> CachedBlock | None:
         return self.entries[-1] if self.entries else None
 
+    def copy(self) -> "_Chain":
+        return _Chain(list(self.hashes), list(self.entries), self.broken)
 
-class PrefixCachingMixin:
-    """Automatic prefix caching for an engine with phase 3.5's hooks (put it first in the bases)."""
 
-    def __init__(self, lm, *args, block_size: int = DEFAULT_BLOCK_SIZE, n_blocks: int | None = None,
-                 allocator: PrefixCachingAllocator | None = None, **kwargs):
-        if allocator is None:
-            allocator = PrefixCachingAllocator.for_model(lm, block_size=block_size, n_blocks=n_blocks)
-        if not isinstance(allocator, PrefixCachingAllocator):
-            raise TypeError(f"prefix caching needs a PrefixCachingAllocator, got {type(allocator).__name__}")
-        super().__init__(lm, *args, block_size=block_size, n_blocks=n_blocks, allocator=allocator, **kwargs)
+class PrefixCachingEngine(BeamSearchEngine):
+    """Phase 4.2's engine (samples, beams, copy-on-write) with automatic prefix caching."""
+
+    def __init__(self, lm, *, prefix_caching: bool = True, block_size: int = DEFAULT_BLOCK_SIZE,
+                 n_blocks: int | None = None, allocator: BlockAllocator | None = None, **engine_kwargs):
+        if prefix_caching:
+            if allocator is None:
+                allocator = PrefixCachingAllocator.for_model(lm, block_size=block_size, n_blocks=n_blocks)
+            if not isinstance(allocator, PrefixCachingAllocator):
+                raise TypeError(f"prefix caching needs a PrefixCachingAllocator, got {type(allocator).__name__}")
+        super().__init__(lm, block_size=block_size, n_blocks=n_blocks, allocator=allocator, **engine_kwargs)
+        self.prefix_caching = prefix_caching
         self.cache_stats = CacheStats()
         self._chains: dict[int, _Chain] = {}      # seq_id -> its chain, from admission to release
         self._prompt_hashes: dict[int, list[int]] = {}  # seq_id -> its prompt's block hashes (computed once)
 
     # --- what a prompt can reuse --------------------------------------------------------
     def _cacheable_ids(self, seq: Sequence) -> list[int]:
-        """The tokens `_prefill` will feed for `seq` (a preempt-and-recompute phase may widen this)."""
+        """The tokens `_prefill` will feed for `seq` (phase 4.4 widens this to a recomputed sequence's outputs)."""
         return seq.prompt_ids
 
     def _lookup(self, seq: Sequence) -> tuple[list[int], PrefixMatch]:
@@ -103,22 +114,30 @@ class PrefixCachingMixin:
         max_blocks = (len(ids) - 1) // self.block_size  # leave >= 1 token to compute: its logits are needed
         return hashes, self.allocator.match_prefix(ids, hashes, max_blocks)
 
+    def _shared_hits(self, seq: Sequence, start_block: int = 0) -> int:
+        """Cached blocks `seq` would map in (logical block `start_block` on) that someone already holds:
+        they cost the pool nothing. (A cached-free hit does: reviving it takes it from the evictable pool.)"""
+        if not self.prefix_caching:
+            return 0
+        _, match = self._lookup(seq)
+        return sum(1 for e in match.entries[start_block:] if self.allocator.refcount(e.block_id) > 0)
+
     # --- the engine's hooks ----------------------------------------------------------------
     def step(self):
-        self.allocator.tick()
+        if self.prefix_caching:
+            self.allocator.tick()
         return super().step()
 
-    def _blocks_to_admit(self, seq: Sequence) -> int:
-        _, match = self._lookup(seq)
-        shared = sum(1 for e in match.entries if self.allocator.refcount(e.block_id) > 0)
-        return super()._blocks_to_admit(seq) - shared
+    def blocks_to_admit(self, seq: Sequence) -> int:
+        return super().blocks_to_admit(seq) - self._shared_hits(seq)
 
-    def _on_admit(self, seq: Sequence) -> None:
-        super()._on_admit(seq)
+    def new_kv(self, seq: Sequence) -> BlockTable:
+        """An empty table, then the cached prefix of the prompt mapped into it."""
+        table = super().new_kv(seq)
+        if not self.prefix_caching:
+            return table
         hashes, match = self._lookup(seq)
         del self._prompt_hashes[seq.seq_id]
-        table = seq.kv
-        assert table.n_blocks == 0, "prefix caching maps blocks into an empty table"
         for entry in match.entries:
             table.block_ids.append(self.allocator.acquire(entry))
         table.n_filled = len(match.entries) * self.block_size
@@ -130,14 +149,26 @@ class PrefixCachingMixin:
         s.blocks_hit += len(match.entries)
         s.tokens_skipped += table.n_filled
         s.collisions += match.collided
+        return table
 
-    def _append_slots(self, seq: Sequence, n: int) -> list[int]:
-        slots = super()._append_slots(seq, n)
-        self._register_full_blocks(seq)
-        return slots
+    def _emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
+        # The pass that wrote these sequences' new K/V has run: publish their newly full blocks.
+        if self.prefix_caching:
+            for seq in seqs:
+                self._register_full_blocks(seq)
+        return super()._emit(seqs, logits)
 
-    def _release(self, seq: Sequence) -> None:
-        super()._release(seq)
+    def _fork_kv(self, seqs: list[Sequence], parents: list[Sequence]) -> None:
+        if not self.prefix_caching:
+            return super()._fork_kv(seqs, parents)
+        # seqs[i] continues parents[i]'s history, so it continues its chain too (copied before any is replaced)
+        chains = [self._chains.get(p.seq_id, _Chain()).copy() for p in parents]
+        super()._fork_kv(seqs, parents)
+        for seq, chain in zip(seqs, chains):
+            self._chains[seq.seq_id] = chain
+
+    def free_kv(self, seq: Sequence) -> None:
+        super().free_kv(seq)
         self._chains.pop(seq.seq_id, None)
         self._prompt_hashes.pop(seq.seq_id, None)
 
@@ -148,15 +179,12 @@ class PrefixCachingMixin:
     # --- publishing new full blocks ------------------------------------------------------------
     def _register_full_blocks(self, seq: Sequence) -> None:
         """Hash and register every block of `seq` that became full since the last call."""
-        # A sequence that did not come through `_on_admit` (a sample forked from
-        # another's table, p4_1) starts an empty chain: registering its shared
-        # blocks just returns the entries they already have.
         chain = self._chains.setdefault(seq.seq_id, _Chain())
         table = seq.kv
         n_full = table.n_filled // self.block_size
         if chain.broken or n_full == len(chain.hashes):
             return
-        # After append_slots, the table's tokens are exactly all_ids[:n_filled]
+        # After the pass (and before its tokens are appended), the table's tokens are exactly all_ids[:n_filled]
         # (the token fed at position p is prompt or output token p).
         ids = seq.all_ids[:n_full * self.block_size]
         new_hashes = chain_hashes(ids, self.block_size, parent_hash=chain.last_hash(), start_block=len(chain.hashes))
@@ -168,7 +196,3 @@ class PrefixCachingMixin:
                 return
             chain.hashes.append(h)
             chain.entries.append(entry)
-
-
-class PrefixCachingEngine(PrefixCachingMixin, BatchedPagedEngine):
-    """Phase 3.5's BatchedPagedEngine with automatic prefix caching."""

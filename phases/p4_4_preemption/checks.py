@@ -44,10 +44,10 @@ class Audited:
         if any(self.group_of(s) is group for s in self.running):
             self.violations.append(f"step {self.n_steps}: request {group.request_id} only partly preempted")
 
-    def _admit(self) -> list[Sequence]:
-        admitted = super()._admit()
-        self._check_fcfs({self.group_of(s).request_id for s in admitted}, "admitted")
-        return admitted
+    def _fill_free_slots(self) -> None:
+        before = self._running_ids()
+        super()._fill_free_slots()
+        self._check_fcfs(self._running_ids() - before, "admitted")
 
     def _swap_in(self) -> None:
         before = self._running_ids()
@@ -66,7 +66,7 @@ class Audited:
 def check_finished(engine, groups: list[SequenceGroup]) -> list[str]:
     """Problems found once the engine has no work left (an empty list: all is well)."""
     problems = []
-    if engine.has_work():
+    if engine.has_work:
         problems.append(f"engine still has work: {len(engine.waiting)} waiting, {len(engine.running)} running, "
                         f"{len(engine.swapped)} swapped")
     listed = Counter(s.seq_id for s in engine.finished)

@@ -14,6 +14,10 @@ stress_demo   A seeded random trace: bursts of plain requests, n seeded
               (checks.py): FCFS, latest group preempted, whole groups, every
               sequence finished exactly once, no block leaked (GPU or CPU pool).
 
+preempt_demo runs the engine with its prefix cache off by default
+(--prefix-caching 1 turns it on): a recomputation then recomputes every token,
+as in the paper. stress_demo runs the engine as it is served, cache on.
+
 Both default to fp32 (unless --dtype): greedy outputs are then identical
 across different batch compositions, so "identical to the unlimited pool"
 tests preemption and not bf16 rounding (in bf16 even a run without any
@@ -25,11 +29,10 @@ from __future__ import annotations
 from common.bench import MB, cpu_threads, now
 from common.demos import Option, RunConfig, demo
 from common.report import Report
-from phases.p3_5_paged_attention.engine import _blocks_for
+from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p4_1_copy_on_write.engine import worst_case_blocks
 from phases.p4_4_preemption.checks import Audited, check_finished
-from phases.p4_4_preemption.compose import PreemptingBeamEngine
-from phases.p4_4_preemption.engine import PREEMPTION_MODES
+from phases.p4_4_preemption.engine import PREEMPTION_MODES, PreemptingEngine
 from phases.p4_4_preemption.microbench import recovery_microbench
 from phases.p4_4_preemption.trace import burst, demand_tokens, drive, outputs_of, stress_trace
 
@@ -43,8 +46,8 @@ WARMUP_REQUESTS = 2
 COLORS = {"swap": "tab:blue", "recompute": "tab:orange"}
 
 
-class AuditedEngine(Audited, PreemptingBeamEngine):
-    """The engine the demos run: preemption + beam search + samples, every scheduling decision checked."""
+class AuditedEngine(Audited, PreemptingEngine):
+    """The engine the demos run (samples, beams, prefix caching, preemption), every scheduling decision checked."""
 
 
 def _start(cfg: RunConfig, name: str, quick: dict):
@@ -58,13 +61,13 @@ def _start(cfg: RunConfig, name: str, quick: dict):
 
 
 def _round_up(x: float, multiple: int) -> int:
-    return -(-int(x) // multiple) * multiple
+    return blocks_for(int(x), multiple) * multiple
 
 
-def _run(lm, trace, n_blocks: int, block_size: int, mode: str, progress, label: str) -> dict:
+def _run(lm, trace, n_blocks: int, block_size: int, mode: str, progress, label: str, prefix_caching: bool) -> dict:
     """Drive `trace` through a fresh audited engine; everything the tables need, JSON-ready."""
     engine = AuditedEngine(lm, preemption_mode=mode, block_size=block_size, n_blocks=n_blocks,
-                           max_running=MAX_RUNNING)
+                           max_running=MAX_RUNNING, prefix_caching=prefix_caching)
     task = progress.add_task(label, total=sum(r.n for r in trace))
     start = now(lm.device)
     groups = drive(engine, trace, on_step=lambda outs: progress.advance(task, sum(o.finished for o in outs)))
@@ -99,8 +102,8 @@ def _same(r: dict, ref: dict) -> str:
 def _warm_up(lm, trace, block_size: int) -> None:
     """The first forward passes pay one-off costs; pay them on a throwaway engine."""
     few = trace[:WARMUP_REQUESTS]
-    engine = PreemptingBeamEngine(lm, block_size=block_size, n_blocks=sum(
-        worst_case_blocks(len(r.prompt_ids), r.max_new_tokens, r.n, block_size) for r in few))
+    engine = PreemptingEngine(lm, block_size=block_size, n_blocks=sum(
+        worst_case_blocks(r, r.n, block_size) for r in few))
     drive(engine, few)
 
 
@@ -157,7 +160,9 @@ def plot_preempt(report: Report, png_path) -> None:
                Option("micro_seqs", int, cpu=4, gpu=32, help="micro-benchmark: sequences recovered at once"),
                Option("micro_len", int, cpu=128, gpu=1024, help="micro-benchmark: tokens per sequence"),
                Option("reps", int, cpu=3, help="micro-benchmark: repetitions (the fastest is kept)"),
-               Option("seed", int, cpu=0, help="workload seed")],
+               Option("seed", int, cpu=0, help="workload seed"),
+               Option("prefix_caching", int, cpu=0,
+                      help="1: the engine's prefix cache on (a recomputation maps still-cached blocks back in)")],
       plot=plot_preempt)
 def preempt_demo(cfg: RunConfig) -> Report:
     from rich.progress import Progress
@@ -171,17 +176,18 @@ def preempt_demo(cfg: RunConfig) -> Report:
     pool_tokens = max(_round_up(demand * o["pool_fraction"], max(sizes)), _round_up(largest, max(sizes)))
 
     def unlimited_blocks(bs: int) -> int:
-        return sum(_blocks_for(len(r.prompt_ids) + r.max_new_tokens, bs) for r in trace)
+        return sum(blocks_for(len(r.prompt_ids) + r.max_new_tokens, bs) for r in trace)
 
+    caching = bool(o["prefix_caching"])
     results: dict[tuple[int, str], dict] = {}
     with cpu_threads(o["threads"]), Progress(transient=True) as progress:
         _warm_up(lm, trace, o["block_size"])
         ref = _run(lm, trace, unlimited_blocks(o["block_size"]), o["block_size"], "recompute", progress,
-                   "unlimited pool")
+                   "unlimited pool", caching)
         for bs in [o["block_size"]] + [b for b in sizes if b != o["block_size"]]:
             for mode in PREEMPTION_MODES:
                 results[bs, mode] = _run(lm, trace, pool_tokens // bs, bs, mode, progress,
-                                         f"block size {bs}, {mode}")
+                                         f"block size {bs}, {mode}", caching)
         task = progress.add_task("micro-benchmark", total=None)
         micro = recovery_microbench(lm, sizes, o["micro_seqs"], o["micro_len"], o["reps"])
         progress.remove_task(task)
@@ -208,6 +214,8 @@ def preempt_demo(cfg: RunConfig) -> Report:
         "share of its tokens that were recomputed",
         "completed: every request done, every sequence finished once, FCFS and latest-first preemption held, "
         "no block leaked (GPU and CPU pools)",
+        "prefix cache " + ("on: a recomputation maps the blocks still cached back in" if caching else
+                           "off: a recomputation recomputes every token, as in the paper"),
         f"CPU threads: {o['threads'] or 'torch default'}" if not cfg.on_gpu else f"GPU: {report.meta.get('device_name')}",
     ]
     sweep = report.table(f"Block size sweep: the same burst, the pool always {pool_tokens} tokens",
@@ -261,7 +269,8 @@ def preempt_demo(cfg: RunConfig) -> Report:
                Option("block_size", int, cpu=8, gpu=16, help="tokens per KV block"),
                Option("threads", int, cpu=1, gpu=0,
                       help="CPU intra-op threads (0: torch's default); 1 is steadier on a shared CPU"),
-               Option("seed", int, cpu=0, help="trace seed")])
+               Option("seed", int, cpu=0, help="trace seed"),
+               Option("prefix_caching", int, cpu=1, help="0: the engine's prefix cache off")])
 def stress_demo(cfg: RunConfig) -> Report:
     from rich.progress import Progress
 
@@ -271,13 +280,14 @@ def stress_demo(cfg: RunConfig) -> Report:
                          o["seed"])
     bs = o["block_size"]
     demand = demand_tokens(trace)
-    alone = max(worst_case_blocks(len(r.prompt_ids), r.max_new_tokens, r.n, bs) for r in trace)
-    n_blocks = max(_blocks_for(int(demand * o["pool_fraction"]), bs), alone)  # every request fits alone
+    alone = max(worst_case_blocks(r, r.n, bs) for r in trace)
+    n_blocks = max(blocks_for(int(demand * o["pool_fraction"]), bs), alone)  # every request fits alone
+    caching = bool(o["prefix_caching"])
     with cpu_threads(o["threads"]), Progress(transient=True) as progress:
         _warm_up(lm, trace, bs)
-        unlimited = sum(worst_case_blocks(len(r.prompt_ids), r.max_new_tokens, r.n, bs) for r in trace)
-        ref = _run(lm, trace, unlimited, bs, "recompute", progress, "unlimited pool")
-        runs = [_run(lm, trace, n_blocks, bs, mode, progress, mode) for mode in PREEMPTION_MODES]
+        unlimited = sum(worst_case_blocks(r, r.n, bs) for r in trace)
+        ref = _run(lm, trace, unlimited, bs, "recompute", progress, "unlimited pool", caching)
+        runs = [_run(lm, trace, n_blocks, bs, mode, progress, mode, caching) for mode in PREEMPTION_MODES]
 
     kinds = {k: sum(r.kind == k for r in trace) for k in ("plain", "samples", "beam")}
     t = report.table(
@@ -302,6 +312,7 @@ def stress_demo(cfg: RunConfig) -> Report:
         "invariants: FCFS admission and swap-in, latest-arrived group preempted, whole groups only, every "
         "sequence finished exactly once, no block leaked in the GPU or the CPU pool",
         "= unlimited: greedy outputs, seeded samples and beam search results identical to the unlimited pool's",
+        f"prefix cache {'on' if caching else 'off'}",
         f"CPU threads: {o['threads'] or 'torch default'}" if not cfg.on_gpu else f"GPU: {report.meta.get('device_name')}",
     ]
     report.data.update(demand_tokens=demand, n_blocks=n_blocks, kinds=kinds,

@@ -1,17 +1,21 @@
 """`PreemptingEngine`: optimistic FCFS admission; when the pool runs dry, the latest request gives its blocks back.
 
-Phases 3.5-4.1 admitted a request only if its *worst case* (prompt +
-max_new_tokens, for every sample) fit beside everyone else's worst case, so
-decode never ran out of blocks, and most of the reserved blocks sat empty
-(outputs usually stop long before max_new_tokens). Here (vLLM paper §4.5):
+The last engine of the line: phase 4.3's (samples, beams, copy-on-write,
+prefix caching) with a new admission policy and preemption. Phases 3.3-4.3
+admitted a request only if its *worst case* (prompt + max_new_tokens, for
+every sample) fit beside everyone else's worst case, so decode never ran out
+of blocks, and most of the reserved blocks sat empty (outputs usually stop
+long before max_new_tokens). Here (vLLM paper §4.5):
 
 admission   first-come-first-served and optimistic: the head of the waiting
-            queue is admitted when its prefill's blocks fit *now*, leaving the
-            blocks the running sequences need for their next token and a small
-            reserve (`watermark_blocks`, 1% of the pool) so that admission
-            does not cause a preemption at the very next step. Nobody
-            overtakes the head. While any group is swapped out, no new request
-            is admitted (it would take the room the swapped group waits for).
+            queue is admitted when its prefill's blocks fit *now*
+            (`blocks_to_admit`), leaving the blocks the running sequences need
+            for their next token (`blocks_promised`) and a small reserve
+            (`watermark_blocks`, 1% of the pool) so that admission does not
+            cause a preemption at the very next step. A group is admitted
+            whole. Nobody overtakes the head. While any group is swapped out,
+            no new request is admitted (it would take the room the swapped
+            group waits for).
 preemption  before each decode pass the engine counts the blocks every running
             sequence needs for its next token (a new block when its last one is
             full, a copy when it writes into a shared block). If the pool can't
@@ -19,29 +23,45 @@ preemption  before each decode pass the engine counts the blocks every running
             it (its samples or beams share blocks: gang-scheduled), and again
             until the rest fit. The earliest request is never preempted for a
             later one, so it always makes progress: no livelock.
-recovery    `preemption_mode="recompute"` (recompute.py): the group's blocks
-            are dropped and its sequences go back to the FRONT of the waiting
-            queue (arrival order, ahead of every new request); when admitted
-            again each prefills prompt + generated tokens in one pass and
-            samples its next token. `preemption_mode="swap"` (swap.py): the
-            group's blocks are copied to a CPU pool (shared blocks once) and
-            freed; the earliest swapped group is copied back into fresh blocks
-            as soon as it fits beside the running ones' next tokens and the
-            reserve, and resumes decoding where it stopped. If the CPU pool is
-            full, that one preemption falls back to recomputation
-            (`stats.n_swap_fallbacks`).
+recovery    `preemption_mode="recompute"`: the group's blocks are dropped and
+            its sequences go back to the FRONT of the waiting queue (arrival
+            order, ahead of every new request); when admitted again each
+            prefills prompt + generated tokens in one pass (see "Recomputation"
+            below). `preemption_mode="swap"` (swap.py): the group's blocks are
+            copied to a CPU pool (shared blocks once) and freed; the earliest
+            swapped group is copied back into fresh blocks as soon as it fits
+            beside the running ones' next tokens and the reserve, and resumes
+            decoding where it stopped. If the CPU pool is full, that one
+            preemption falls back to recomputation (`stats.n_swap_fallbacks`).
 
 Sampling is unaffected: every sequence keeps its own torch.Generator through a
 preemption, and draws exactly one number per generated token either way, so a
 seeded request gives the same tokens with or without preemption, and greedy
-output equals an unlimited pool's.
+output equals an unlimited pool's. `add()` keeps phase 4.1's check: a request
+whose prompt + max_new_tokens could outgrow the whole pool on its own is
+refused up front. So any accepted group, alone in the pool, always fits:
+preempting every later group always makes room, and nothing is ever lost.
 
-Requests: `add()` refuses up front (ValueError, sizes named) a prompt that
-cannot fit in the whole pool with its first generated token (when more than
-one token is wanted: a single new token is never fed back), and, as in phase
-4.1, a request whose prompt + max_new_tokens could outgrow the whole pool on
-its own. So any accepted group, alone in the pool, always fits: preempting
-every later group always makes room, and nothing is ever truncated or lost.
+Recomputation. A preempted sequence's K/V at every position can be rebuilt in
+one prefill pass, because all its tokens are known: the prompt and the outputs
+so far ("the tokens generated at decoding can be concatenated with the
+original user prompt as a new prompt", §4.5). Phase 3.5's packed prefill
+already feeds `seq.all_ids` from wherever the table ends, so a recomputed
+sequence rides in the same pass as new prompts; the last position's logits
+give its NEXT token, so nothing it generated is sampled or streamed again.
+The last output's K/V had never been computed (its decode pass is the one that
+was preempted), so a re-prefill of p + o tokens redoes p + o - 1 tokens' worth
+of earlier work (`stats.tokens_recomputed`). Its blocks stay in the prefix
+cache (cached-free) until the pool needs them, so the re-prefill maps every
+full block still cached and computes only the rest (vLLM v1's cheap
+recomputation): the cache looks up prompt + outputs (`_cacheable_ids`).
+A group of samples (or beams) is recomputed together, in one pass. Its first
+member in the queue, the lead, prefills its whole sequence; every other member
+forks the lead's FULL prompt blocks (written by the lead in this same pass:
+every layer writes all new K/V before any segment attends) and prefills only
+its own tail. So the prompt is computed and stored once, as after the group's
+first prefill. Beams also shared part of their generated history; that part is
+recomputed per beam (admission counted unshared tails, so it fits).
 """
 
 from __future__ import annotations
@@ -51,11 +71,11 @@ from bisect import bisect_left
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
 
-from phases.p2_2_scheduler.sequence import Sequence, Status
-from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks
-from phases.p3_5_paged_attention.engine import StepOutput
-from phases.p4_1_copy_on_write.engine import SequenceGroup, SharingEngine, worst_case_blocks
-from phases.p4_4_preemption.recompute import RecomputePrefill
+from common.bench import now
+from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
+from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks, blocks_for
+from phases.p4_1_copy_on_write.engine import SequenceGroup
+from phases.p4_3_prefix_caching.engine import PrefixCachingEngine
 from phases.p4_4_preemption.swap import SwapSpace
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -72,7 +92,7 @@ class PreemptionStats:
     n_swap_fallbacks: int = 0    # swap-mode preemptions recomputed because the CPU pool was full
 
 
-class PreemptingEngine(RecomputePrefill, SharingEngine):
+class PreemptingEngine(PrefixCachingEngine):
     def __init__(self, lm, preemption_mode: str = "recompute", watermark_blocks: int | None = None,
                  cpu_blocks: int | None = None, **engine_kwargs):
         if preemption_mode not in PREEMPTION_MODES:
@@ -94,52 +114,31 @@ class PreemptingEngine(RecomputePrefill, SharingEngine):
         self._preempted_now = False              # a preemption in this step: admit nothing new
 
     # --- requests -------------------------------------------------------------------
-    def _add_group(self, prompt, max_new_tokens, sampling, ignore_eos, prompt_ids, arrival, n, group_cls,
-                   **group_kwargs) -> SequenceGroup:
-        if prompt_ids is None and prompt:
-            prompt_ids = self.lm.prompt_ids(prompt)
-        if prompt_ids and isinstance(n, int) and n >= 1:
-            # the least it takes to make progress: the prompt, and its first token fed back if more follow
-            fed_back = max_new_tokens > 1
-            first = worst_case_blocks(len(prompt_ids), 2 if fed_back else 1, n, self.block_size)
-            if first > self.allocator.n_blocks:
-                extra = "+1 generated token, " if fed_back else ""
-                raise ValueError(f"prompt of {len(prompt_ids)} tokens ({extra}x{n} sequences) needs "
-                                 f"{first} blocks of {self.block_size} tokens, but the whole pool has "
-                                 f"{self.allocator.n_blocks}: it could never run")
-        # phase 4.1's check follows: prompt + max_new_tokens must fit in the whole pool (worst case)
-        return super()._add_group(prompt, max_new_tokens, sampling, ignore_eos, prompt_ids, arrival, n,
-                                  group_cls, **group_kwargs)
-
+    @property
     def has_work(self) -> bool:
-        return super().has_work() or bool(self.swapped)
+        return super().has_work or bool(self.swapped)
 
     @property
     def swapped_seqs(self) -> list[Sequence]:
         """Sequences whose blocks are in the CPU pool (neither waiting nor running)."""
         return [s for g in self.swapped for s in self._preempted(g)]
 
-    def abort(self, seq: Sequence) -> None:
+    def _withdraw(self, seq: Sequence) -> bool:
         group = self._group_of.get(seq.seq_id)
-        if group in self.swapped and seq.status is Status.PREEMPTED:
-            seq.kv.release(self.swap_space.cpu)
-            seq.finish_reason = "abort"
-            seq.status = Status.DONE
-            seq.history.append(Status.DONE)
-            self.finished.append(seq)
-            if not self._preempted(group):
-                self.swapped.remove(group)
-        else:
-            super().abort(seq)
-        if seq.status is Status.DONE:
-            self._generators.pop(seq.seq_id, None)  # also for one aborted while waiting to be recomputed
+        if seq.status is not Status.PREEMPTED or group not in self.swapped:
+            return super()._withdraw(seq)
+        seq.kv.release(self.swap_space.cpu)     # a swapped-out sequence's blocks are in the CPU pool
+        seq.kv = None
+        if len(self._preempted(group)) == 1:    # it was the group's last one out there
+            self.swapped.remove(group)
+        return True
 
     # --- one step ---------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
         self._preempted_now = self._make_room_for_decode()
         if not self._preempted_now:
             self._swap_in()
-        return super().step()  # admits (our `_admit`), prefills, decodes
+        return super().step()  # admits (our `_fill_free_slots`), prefills, decodes
 
     @staticmethod
     def _preempted(group: SequenceGroup) -> list[Sequence]:
@@ -168,7 +167,8 @@ class PreemptingEngine(RecomputePrefill, SharingEngine):
             need += k - 1 if allocator.refcount(block) == k else k
         return need
 
-    def _decode_need(self) -> int:
+    def blocks_promised(self) -> int:
+        """Optimistic: only the blocks the running sequences claim in their next decode pass."""
         return sum(self._decode_blocks(m, self.allocator) for m in self._running_groups().values())
 
     # --- preemption ------------------------------------------------------------------------
@@ -195,7 +195,7 @@ class PreemptingEngine(RecomputePrefill, SharingEngine):
         self.preempted_ids.append(group.request_id)
         for s in members:
             s.move(Status.PREEMPTED)
-            self.running.remove(s)
+            self._vacate(s)
         tables = [s.kv for s in members]
         if self.swap_space is not None and self.swap_space.can_swap_out(tables):
             self.swap_space.swap_out(tables)
@@ -205,19 +205,13 @@ class PreemptingEngine(RecomputePrefill, SharingEngine):
         if self.swap_space is not None:
             self.stats.n_swap_fallbacks += 1
         for s in members:
-            self._release(s)  # a preempted sequence keeps its generator (see `_release`)
+            self.free_kv(s)   # the blocks go (cached ones stay findable); the generator stays for the resume
         # Back to the waiting queue at its arrival position: every new request arrived later, so
         # in practice that is the front, behind only earlier preempted groups.
         rids = [self.group_of(s).request_id for s in self.waiting]
         i = bisect_left(rids, group.request_id)
         for s in reversed(members):
             self.waiting.insert(i, s)
-
-    def _release(self, seq: Sequence) -> None:
-        generator = self._generators.get(seq.seq_id)
-        super()._release(seq)
-        if seq.status is Status.PREEMPTED:
-            self._generators[seq.seq_id] = generator  # same random stream when it resumes
 
     # --- recovery: swap in -------------------------------------------------------------------
     def _swap_in(self) -> None:
@@ -229,48 +223,107 @@ class PreemptingEngine(RecomputePrefill, SharingEngine):
                 return  # an earlier group waits to be recomputed (a swap fallback): FCFS, it goes first
             members = self._preempted(group)
             tables = [s.kv for s in members]
-            reserve = self._decode_need() + self._decode_blocks(members, self.swap_space.cpu)
+            reserve = self.blocks_promised() + self._decode_blocks(members, self.swap_space.cpu)
             if self.running:
                 reserve += self.watermark_blocks
-            if len(self.running) + len(members) > self.max_running or \
-                    not self.swap_space.can_swap_in(tables, reserve):
+            if len(members) > self.n_free_slots or not self.swap_space.can_swap_in(tables, reserve):
                 return
             self.swap_space.swap_in(tables)
             self.swapped.popleft()
             self.admitted_ids.append(group.request_id)
             for s in members:
                 s.move(Status.DECODING)
-                self.running.append(s)
+                self._occupy(s)
 
-    # --- admission: optimistic, first come first served ------------------------------------------
-    def _admit(self) -> list[Sequence]:
+    # --- admission: optimistic, first come first served, whole groups --------------------------
+    def blocks_to_admit(self, seq: Sequence) -> int:
+        """Blocks `seq`'s prefill takes NOW: its prompt (+ outputs if recomputed), less the blocks it shares:
+        a recomputed sample's full prompt blocks (forked from its lead), and cached blocks someone holds."""
+        forked = len(seq.prompt_ids) // self.block_size if self._lead(seq) not in (None, seq) else 0
+        return blocks_for(len(seq.all_ids), self.block_size) - forked - self._shared_hits(seq, start_block=forked)
+
+    def _fill_free_slots(self) -> None:
         """Admit whole groups from the head of the queue while their prefill fits now (plus the reserve)."""
         if self._preempted_now:
-            return []
-        budget = self.allocator.n_free - self._decode_need()
-        admitted, prefill_tokens = [], 0
+            return
+        budget = self.allocator.n_free - self.blocks_promised()
+        prefill_tokens = 0
         while self.waiting:
             group = self.group_of(self.waiting[0])
             if self.swapped and group.request_id > self.swapped[0].request_id:
                 break  # nothing newer than a swapped group starts before it is back
             members = [s for s in self.waiting if self.group_of(s) is group]
             width = len(members) if group.forked else group.n
-            if len(self.running) + self._slots_promised + width > self.max_running:
+            if width > self.n_free_slots - self._slots_promised:
                 break
-            need = sum(self._blocks_to_admit(s) for s in members)
+            need = sum(self.blocks_to_admit(s) for s in members)
             reserve = self.watermark_blocks if self.running else 0  # alone in the pool: no reserve needed
             tokens = sum(len(s.all_ids) for s in members)
-            if need + reserve > budget or (admitted and prefill_tokens + tokens > self.max_prefill_tokens):
+            if need + reserve > budget or (prefill_tokens and prefill_tokens + tokens > self.max_prefill_tokens):
                 break  # FCFS: nobody overtakes the head of the queue
-            for s in members:
-                self.waiting.remove(s)
-                self._on_admit(s)
-                self.running.append(s)
+            for _ in members:   # a group's members wait side by side at the head (they were preempted together)
+                seq = self._admit()
+                assert self.group_of(seq) is group, "a preempted group's members went back to the queue together"
+                seq.kv = self.new_kv(seq)
             budget -= need
             prefill_tokens += tokens
-            admitted += members
             self.admitted_ids.append(group.request_id)
-        return admitted
+
+    # --- recovery: recompute --------------------------------------------------------------------
+    def _cacheable_ids(self, seq: Sequence) -> list[int]:
+        return seq.all_ids  # what `_prefill` feeds: the prompt, or prompt + outputs when recomputing
+
+    @staticmethod
+    def _recomputing(seq: Sequence) -> bool:
+        """Preempted and waiting to be recomputed, or admitted again and not re-prefilled yet."""
+        return seq.status is Status.PREEMPTED or (seq.status is Status.PREFILLING and bool(seq.output_ids))
+
+    def _lead(self, seq: Sequence) -> Sequence | None:
+        """For a sequence being recomputed: the first of its group's members in the queue (members are admitted
+        and prefilled in that order), which recomputes the shared prompt. None for any other sequence."""
+        if not self._recomputing(seq):
+            return None
+        group = self.group_of(seq)
+        queue = self.waiting if seq.status is Status.PREEMPTED else self.running
+        return next(s for s in queue if self.group_of(s) is group and self._recomputing(s))
+
+    def _prefill_from(self, seq: Sequence) -> int:
+        lead = self._lead(seq)
+        if lead is None:
+            return super()._prefill_from(seq)    # a new request
+        if lead is seq:
+            self.stats.n_recomputed += 1
+        else:
+            self._fork_prompt(lead, seq)
+        start = super()._prefill_from(seq)       # past a cached prefix, or the prompt forked from the lead
+        # every token fed had been computed before, except the last output (its decode never ran)
+        self.stats.tokens_recomputed += len(seq.all_ids) - start - 1
+        return start
+
+    def _prefill(self, seqs: list[Sequence]) -> list[StepOutput]:
+        """Phase 3.5's packed prefill; the time of a pass with recomputed sequences is booked by their share."""
+        if not any(self._recomputing(s) for s in seqs):
+            return super()._prefill(seqs)
+        dev = self.lm.device
+        recomputed, fed = self.stats.tokens_recomputed, self.n_prefill_tokens
+        start_s = now(dev)
+        outputs = super()._prefill(seqs)
+        recomputed, fed = self.stats.tokens_recomputed - recomputed, self.n_prefill_tokens - fed
+        self.stats.recompute_s += (now(dev) - start_s) * recomputed / fed
+        return outputs
+
+    def _fork_prompt(self, lead: Sequence, seq: Sequence) -> None:
+        """Share the lead's full prompt blocks (it computes them in this same pass) instead of recomputing them."""
+        n_shared = len(seq.prompt_ids) // self.block_size
+        table = seq.kv
+        have = table.n_filled // self.block_size  # blocks already mapped in (a prefix-cache hit), same as the lead's
+        if have >= n_shared:
+            return
+        assert table.block_ids == lead.kv.block_ids[:have], "a prefix hit maps the lead's own prompt blocks"
+        for b in lead.kv.block_ids[have:n_shared]:
+            self.allocator.incref(b)  # one more owner: the lead writes them in this pass, nobody writes them later
+        table.block_ids += lead.kv.block_ids[have:n_shared]
+        table.n_filled = n_shared * self.block_size
 
     # --- accounting -------------------------------------------------------------------------------
     @property

@@ -21,7 +21,7 @@ neighbours of a shared machine).
 from __future__ import annotations
 
 from common.bench import now
-from phases.p3_5_paged_attention.engine import _blocks_for
+from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p4_4_preemption.engine import PreemptingEngine
 from phases.p4_4_preemption.swap import SwapSpace
 from phases.p4_4_preemption.trace import burst
@@ -32,12 +32,13 @@ def recovery_microbench(lm, block_sizes: list[int], n_seqs: int, seq_len: int, r
     prompts = [r.prompt_ids for r in burst(lm.vocab_size, n_seqs, (seq_len, seq_len), (1, 1), seed=1)]
     rows = []
     for bs in block_sizes:
-        n_blocks = n_seqs * _blocks_for(seq_len + 1, bs)
+        n_blocks = n_seqs * blocks_for(seq_len + 1, bs)
         recompute = []
         for _ in range(reps):
-            engine = PreemptingEngine(lm, block_size=bs, n_blocks=n_blocks, watermark_blocks=0)
+            # prefix caching off: the pass computes every token, as a recomputation without cached blocks does
+            engine = PreemptingEngine(lm, block_size=bs, n_blocks=n_blocks, watermark_blocks=0, prefix_caching=False)
             for p in prompts:
-                engine.add(prompt_ids=p, max_new_tokens=2, ignore_eos=True)
+                engine.add(p, 2, ignore_eos=True)
             start = now(lm.device)
             engine.step()  # the prefill pass: all n_seqs x seq_len tokens' K/V computed and written
             recompute.append(now(lm.device) - start)

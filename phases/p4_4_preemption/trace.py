@@ -75,9 +75,8 @@ def demand_tokens(trace: list[TracedRequest]) -> int:
 
 def add(engine, r: TracedRequest) -> SequenceGroup:
     if r.kind == "beam":
-        return engine.add_beam_search(prompt_ids=r.prompt_ids, beam_width=r.n, max_new_tokens=r.max_new_tokens)
-    return engine.add(prompt_ids=r.prompt_ids, max_new_tokens=r.max_new_tokens, sampling=r.sampling,
-                      ignore_eos=True, n=r.n)
+        return engine.add_beam_search(r.prompt_ids, r.max_new_tokens, beam_width=r.n)
+    return engine.add_group(r.prompt_ids, r.max_new_tokens, r.sampling, ignore_eos=True, n=r.n)
 
 
 def drive(engine, trace: list[TracedRequest], on_step=None) -> list[SequenceGroup]:
@@ -85,8 +84,8 @@ def drive(engine, trace: list[TracedRequest], on_step=None) -> list[SequenceGrou
     order = sorted(range(len(trace)), key=lambda i: trace[i].arrival_step)
     groups: list[SequenceGroup | None] = [None] * len(trace)
     step, k = 0, 0
-    while k < len(order) or engine.has_work():
-        if not engine.has_work():
+    while k < len(order) or engine.has_work:
+        if not engine.has_work:
             step = max(step, trace[order[k]].arrival_step)  # idle: jump to the next burst
         while k < len(order) and trace[order[k]].arrival_step <= step:
             groups[order[k]] = add(engine, trace[order[k]])

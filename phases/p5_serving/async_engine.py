@@ -1,8 +1,8 @@
-"""`AsyncEngine`: the batched paged engine, stepped by one thread while requests come and go on an asyncio loop.
+"""`AsyncEngine`: the served engine, stepped by one thread while requests come and go on an asyncio loop.
 
-The engine from phase 3.5 is synchronous: `add()` queues, `step()` runs one
-forward pass (tens of ms on a CPU, a few on a GPU) and returns the tokens it
-made. A server has many clients at once, each waiting on its own tokens, on
+The engine (phase 4.4's, the last of the line: samples.py) is synchronous:
+`add_group()` queues, `step()` runs one prefill and one decode pass (tens of
+ms on a CPU, a few on a GPU) and returns the tokens it made. A server has many clients at once, each waiting on its own tokens, on
 an asyncio event loop that must never block for a forward pass.
 
 So the engine lives in its own thread and nothing else touches it:
@@ -70,7 +70,7 @@ class ChoiceDelta:
 @dataclass(frozen=True)
 class EngineStats:
     running: int             # sequences in the running batch
-    waiting: int             # sequences queued in the engine, not admitted yet
+    waiting: int             # sequences queued in the engine, not admitted yet (or swapped out)
     free_blocks: int
     total_blocks: int
 
@@ -230,7 +230,8 @@ class AsyncEngine:
 
     def _snapshot(self) -> EngineStats:
         e = self.engine
-        return EngineStats(len(e.running), len(e.waiting), e.allocator.n_free, e.allocator.n_blocks)
+        return EngineStats(len(e.running), len(e.waiting) + len(e.swapped_seqs), e.allocator.n_free,
+                           e.allocator.n_blocks)
 
     def _run(self) -> None:
         while True:
@@ -238,7 +239,7 @@ class AsyncEngine:
             self.stats = self._snapshot()  # one reference assignment: readers see old or new, never half
             if self._stopping:
                 break
-            if not self.engine.has_work():
+            if not self.engine.has_work:
                 self._wake.wait()   # idle: sleep until a request or an abort arrives
                 self._wake.clear()  # cleared before the next drain, so no wake-up is lost
                 continue
@@ -309,5 +310,5 @@ class AsyncEngine:
             self._call(self._deliver, {req: [error]})
         self._owner.clear()
         # Sequences nobody owns any more (e.g. caught mid-step) must not hold blocks either.
-        for seq in list(self.engine.waiting) + list(self.engine.running):
+        for seq in list(self.engine.waiting) + self.engine.running + self.engine.swapped_seqs:
             self.engine.abort(seq)

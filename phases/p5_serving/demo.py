@@ -124,6 +124,7 @@ def bench_serve(cfg: RunConfig) -> Report:
         if knee else f"latency did not climb over these rates (median TTFT stayed under {KNEE_FACTOR:g}x "
                      f"that at {rates[0]:g} req/s): offer higher rates to find the knee",
         f"server in this process (uvicorn thread + engine thread), client in the main thread; engine "
+        f"{type(app.state.engine.engine).__name__} (phase 4.4's: prefix caching on, preemption by recompute), "
         f"max_running {cfg.max_running}, KV pool {pool.n_blocks} blocks x {pool.block_size} tokens",
         "prompts: the blog's short/long chat prompts in turn, greedy; short answers stop at EOS, long ones at "
         "max_tokens. TTFT = request sent -> first text chunk; ITL = gap between text chunks (client side).",

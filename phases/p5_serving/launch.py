@@ -16,6 +16,7 @@ import uvicorn
 
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_5_paged_attention.engine import DEFAULT_MAX_RUNNING
+from phases.p4_4_preemption.engine import PREEMPTION_MODES
 from phases.p5_serving.async_engine import DEFAULT_MAX_WAITING
 
 LOCALHOST = "127.0.0.1"
@@ -82,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests waiting for a slot at most; more get HTTP 503")
     p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="tokens per KV block")
     p.add_argument("--n-blocks", type=int, default=None, help="KV pool size in blocks (default: sized from memory)")
+    p.add_argument("--no-prefix-caching", action="store_true",
+                   help="turn the prefix cache off (on by default: requests sharing a prompt prefix reuse its KV)")
+    p.add_argument("--preemption-mode", choices=PREEMPTION_MODES, default="recompute",
+                   help="how a request preempted for room comes back: recompute its KV (default) or swap it "
+                        "to a CPU pool and back")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -93,11 +99,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     app = create_app(lm, max_running=args.max_running, max_waiting=args.max_waiting,
-                     block_size=args.block_size, n_blocks=args.n_blocks)
+                     block_size=args.block_size, n_blocks=args.n_blocks, prefix_caching=not args.no_prefix_caching,
+                     preemption_mode=args.preemption_mode)
     pool = app.state.engine.engine.allocator
     print(f"serving '{lm.name}' ({lm.device}, {str(lm.dtype).removeprefix('torch.')}) on "
           f"http://{args.host}:{args.port}/v1  - KV pool {pool.n_blocks} blocks x {pool.block_size} tokens, "
-          f"max_running {args.max_running}, max_waiting {args.max_waiting}", flush=True)
+          f"max_running {args.max_running}, max_waiting {args.max_waiting}, "
+          f"prefix caching {'off' if args.no_prefix_caching else 'on'}, preemption by {args.preemption_mode}",
+          flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     return 0

@@ -104,9 +104,14 @@ class _ChatFormat(_CompletionFormat):
 
 def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DEFAULT_MAX_WAITING,
                block_size: int = DEFAULT_BLOCK_SIZE, n_blocks: int | None = None, engine=None,
-               model_name: str | None = None) -> FastAPI:
-    """The app for one loaded model. The engine thread starts and stops with the app (lifespan)."""
-    engine = engine or SAMPLES.engine_class(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks)
+               model_name: str | None = None, prefix_caching: bool = True,
+               preemption_mode: str = "recompute") -> FastAPI:
+    """The app for one loaded model. The engine thread starts and stops with the app (lifespan).
+
+    The engine is the last of the line (phase 4.4's, samples.py) unless one is given: prefix caching on
+    unless `prefix_caching=False`, preemption by recomputation unless `preemption_mode="swap"`."""
+    engine = engine or SAMPLES.engine_class(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks,
+                                            prefix_caching=prefix_caching, preemption_mode=preemption_mode)
     aengine = AsyncEngine(engine, max_waiting=max_waiting)
     served = model_name or lm.name
     started = int(time.time())

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from common.sampling import GREEDY
+from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p0_generate import generate_ids as p0_generate_ids
 from phases.p1_kv_cache import generate_ids as p1_generate_ids
 from phases.p2_1_naive_batching.generate import generate_batch
@@ -95,7 +96,7 @@ def run_p3_3(lm, prompts):
 
 def run_p3_5(lm, prompts):
     engine = BatchedPagedEngine(lm, max_running=MAX_RUNNING, block_size=BLOCK_SIZE, n_blocks=POOL_BLOCKS)
-    seqs = [engine.add(prompt_ids=p, max_new_tokens=NEW_TOKENS, ignore_eos=True) for p in prompts]
+    seqs = [engine.add(p, NEW_TOKENS, ignore_eos=True) for p in prompts]
     engine.run()
     assert_no_leak(engine.allocator)
     return [s.output_ids for s in seqs]
@@ -104,7 +105,7 @@ def run_p3_5(lm, prompts):
 def run_p4_1(lm, prompts):
     """N_SAMPLES greedy samples per prompt over shared blocks: every sample is the greedy answer."""
     engine = SharingEngine(lm, max_running=N_SAMPLES * MAX_RUNNING, block_size=BLOCK_SIZE, n_blocks=POOL_BLOCKS)
-    groups = [engine.add(prompt_ids=p, max_new_tokens=NEW_TOKENS, ignore_eos=True, n=N_SAMPLES) for p in prompts]
+    groups = [engine.add_group(p, NEW_TOKENS, ignore_eos=True, n=N_SAMPLES) for p in prompts]
     engine.run()
     assert_no_leak(engine.allocator)
     # Prompts that end mid-block are shared there: each sample but the last copies it on its first write.
@@ -115,7 +116,7 @@ def run_p4_1(lm, prompts):
 
 
 def run_p5(lm, prompts):
-    """The engine the phase-5 server drives (its `SAMPLES` adapter picks the class), one sample each."""
+    """The engine the phase-5 server drives (the last of the line, prefix caching on), one sample each."""
     from phases.p5_serving.samples import SAMPLES
     engine = SAMPLES.engine_class(lm, max_running=MAX_RUNNING, block_size=BLOCK_SIZE, n_blocks=POOL_BLOCKS)
     tickets = [SAMPLES.add(engine, p, 1, NEW_TOKENS, GREEDY, True) for p in prompts]
@@ -140,8 +141,7 @@ def test_engine_equals_hf_generate(tier_lm, no_tf32, engine):
 def test_beam_search_equals_hf_beam_search(tier_lm, no_tf32):
     engine = BeamSearchEngine(tier_lm, block_size=BLOCK_SIZE, n_blocks=POOL_BLOCKS)
     prompts = random_prompts(BEAM_PROMPT_LENGTHS, seed=1)
-    groups = [engine.add_beam_search(prompt_ids=p, beam_width=BEAM_WIDTH, max_new_tokens=NEW_TOKENS)
-              for p in prompts]
+    groups = [engine.add_beam_search(p, NEW_TOKENS, beam_width=BEAM_WIDTH) for p in prompts]
     _run_checked(engine)   # refcounts right after every step, every block back at the end
     for g in groups:
         assert g.best == hf_beam(tier_lm, g.prompt_ids, BEAM_WIDTH, NEW_TOKENS)
@@ -151,9 +151,9 @@ def test_prefix_caching_hits_and_changes_no_token(tier_lm, no_tf32):
     shared = random_prompts([3 * BLOCK_SIZE + 2], seed=2)[0]           # 3 full blocks + 2 tokens in common
     prompts = [shared + suffix for suffix in random_prompts((1, 3), seed=3)]
     engine = PrefixCachingEngine(tier_lm, max_running=len(prompts), block_size=BLOCK_SIZE, n_blocks=POOL_BLOCKS)
-    seqs = [engine.add(prompt_ids=prompts[0], max_new_tokens=NEW_TOKENS, ignore_eos=True)]
+    seqs = [engine.add(prompts[0], NEW_TOKENS, ignore_eos=True)]
     engine.step()                                                      # its prefill fills the cache
-    seqs += [engine.add(prompt_ids=p, max_new_tokens=NEW_TOKENS, ignore_eos=True) for p in prompts[1:]]
+    seqs += [engine.add(p, NEW_TOKENS, ignore_eos=True) for p in prompts[1:]]
     engine.run()
     assert engine.cache_stats.blocks_hit >= 3 * (len(prompts) - 1)     # every later prompt mapped the 3 blocks in
     assert [s.output_ids for s in seqs] == expected(tier_lm, prompts)
@@ -165,14 +165,14 @@ def test_preemption_changes_no_token(tier_lm, no_tf32, mode):
     prompts = random_prompts((11, 7, 10), seed=4)
     # Room for every prompt and one block more: all three are admitted, then their second decode
     # step needs two new blocks (11 -> 13 and 7 -> 9 tokens cross a boundary) and only one is free.
-    n_blocks = sum(-(-len(p) // BLOCK_SIZE) for p in prompts) + 1
+    n_blocks = sum(blocks_for(len(p), BLOCK_SIZE) for p in prompts) + 1
     engine = PreemptingEngine(tier_lm, preemption_mode=mode, block_size=BLOCK_SIZE, n_blocks=n_blocks)
-    groups = [engine.add(prompt_ids=p, max_new_tokens=NEW_TOKENS, ignore_eos=True) for p in prompts]
+    seqs = [engine.add(p, NEW_TOKENS, ignore_eos=True) for p in prompts]
     engine.run()
     assert engine.stats.n_preemptions >= 1
     if mode == "swap":
         assert engine.swap_space.out.n_swaps >= 1 and engine.swap_space.cpu.n_used == 0
-    assert [g.outputs[0] for g in groups] == expected(tier_lm, prompts)
+    assert [s.output_ids for s in seqs] == expected(tier_lm, prompts)
     assert_no_leak(engine.allocator)
 
 
