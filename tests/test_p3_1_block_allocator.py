@@ -1,12 +1,14 @@
 """Phase 3.1: the block allocator hands out every block once, counts owners, never leaks, and refuses misuse."""
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from phases.p3_1_block_allocator import (DEFAULT_CPU_KV_BUDGET, AllocatorError, BlockAllocator, OutOfBlocks,
-                                         budget_n_blocks, bytes_per_block)
+                                         blocks_for, budget_n_blocks, bytes_per_block)
 from phases.p3_1_block_allocator.budget import MiB
 
 SMALL = dict(n_layers=2, n_kv_heads=2, head_dim=8, block_size=4)
@@ -17,6 +19,13 @@ def small_pool(n_blocks=4, **kw):
 
 
 # --- shape and sizes ----------------------------------------------------------------
+@given(n_tokens=st.integers(0, 10 ** 6), block_size=st.integers(1, 4096))
+def test_blocks_for_rounds_tokens_up_to_whole_blocks(n_tokens, block_size):
+    n = blocks_for(n_tokens, block_size)
+    assert n == math.ceil(n_tokens / block_size)
+    assert n * block_size >= n_tokens > (n - 1) * block_size or n == n_tokens == 0   # no spare block
+
+
 def test_pool_is_one_tensor_of_the_documented_shape():
     a = BlockAllocator(5, n_layers=3, n_kv_heads=2, head_dim=8, block_size=4, dtype=torch.bfloat16)
     assert a.kv_store.shape == (5, 3, 2, 2, 4, 8)
@@ -188,7 +197,7 @@ def test_random_ops_keep_refcounts_exact_and_never_leak(n_blocks, script):
 # --- workload and demo ---------------------------------------------------------------------
 def test_workload_lengths_are_the_schedulers_real_counts(tiny32):
     from common.prompts import interleaved_latency_prompts
-    from phases.p3_1_block_allocator.workload_lengths import latency_workload_lengths
+    from phases.p3_1_block_allocator.demo import latency_workload_lengths
     prompts = interleaved_latency_prompts()[:3]
     got = latency_workload_lengths(tiny32, max_new_tokens=4, max_running=2, prompts=prompts)
     assert [w["prompt"] for w in got] == prompts
@@ -204,7 +213,7 @@ def test_alloc_demo_quick():
     assert d["pool_blocks"] == 2 * MiB // d["bytes_per_block"]
     bs = d["block_size"]
     for s in d["sequences"]:
-        assert s["paged_blocks"] == -(-s["tokens"] // bs) and 0 <= s["tail_waste"] < bs
+        assert s["paged_blocks"] == blocks_for(s["tokens"], bs) and 0 <= s["tail_waste"] < bs
         assert s["static_slots"] == d["static_tokens"]
     totals = {row[0]: row for row in report.tables[-1].rows}
     assert totals["paged"][-1] < totals["static reservation"][-1]

@@ -199,8 +199,8 @@ def test_snapshot_demo_passes(tiny32):
 def test_tput_demo_runs_and_accounts_kv_exactly(tiny32, tmp_path):
     # Later phases take the `tput` name over (extends="p3_3"), so call this phase's own function.
     from common.demos import RunConfig
+    from common.tput import plot_tput, tput_options
     from phases.p3_3_paged_cache.demo import tput
-    from phases.p3_3_paged_cache.tput import plot_tput, tput_options
     cfg = RunConfig(model="tiny", device="cpu", dtype="fp32", quick=True)
     cfg.options = {o.name: o.default(on_gpu=False) for o in tput_options()}
     report = tput(cfg)
@@ -221,67 +221,21 @@ def test_tput_demo_runs_and_accounts_kv_exactly(tiny32, tmp_path):
     assert (tmp_path / "tput.png").stat().st_size > 0
 
 
-def test_tput_engine_selection():
-    from phases.p3_3_paged_cache.tput import TPUT_ENGINES, EngineRunner, pick_engines
-    assert [e.name for e in pick_engines(TPUT_ENGINES, ["paged"])] == ["paged"]
-    assert pick_engines(TPUT_ENGINES, []) == TPUT_ENGINES
-    with pytest.raises(ValueError, match="unknown engine"):
-        pick_engines(TPUT_ENGINES, ["vllm"])
-    # An on-request engine runs only when named, after the default ones.
-    extra = EngineRunner("extra", "named only", run=None)
-    assert pick_engines(TPUT_ENGINES, [], [extra]) == TPUT_ENGINES
-    assert [e.name for e in pick_engines(TPUT_ENGINES, ["extra", "dyn"], [extra])] == ["dyn", "extra"]
-
-
-def _recording_runner(calls: list):
-    """An engine that does no work: it notes each call's (prompt ids, new tokens, max_running)."""
-    from common.bench import SeqTiming
-    from phases.p3_3_paged_cache.tput import EngineRun, EngineRunner
-
-    def run(lm, requests, max_running):
-        calls.append(([r.ids(lm) for r in requests], [r.max_new_tokens for r in requests], max_running))
-        timings = [SeqTiming(arrival=0.0) for _ in requests]
-        for t, r in zip(timings, requests):
-            for i in range(r.max_new_tokens):
-                t.token(1.0 + i)
-        return EngineRun([[0] * r.max_new_tokens for r in requests], timings, 1,
-                         settings=dict(max_running=max_running, knob="x"))
-    return EngineRunner("rec", "records its calls", run)
-
-
-def test_measure_warms_up_on_the_workloads_own_shapes(tiny32):
-    from types import SimpleNamespace
-
-    from phases.p3_3_paged_cache.tput import WARMUP_NEW_TOKENS_CPU, measure, tput_requests, warmup_requests
-    calls = []
-    requests = tput_requests(interleaved_latency_prompts(), 3, new_tokens=5)
-    row = measure(tiny32, _recording_runner(calls), requests, 2)
-    (warm_ids, warm_new, warm_bs), (ids, new, bs) = calls
-    # CPU: the same prompts and max_running (same prefill shapes), only a couple of new tokens.
-    assert warm_ids == ids and warm_bs == bs == 2
-    assert warm_new == [WARMUP_NEW_TOKENS_CPU] * 3 and new == [5] * 3
-    assert row["settings"] == dict(max_running=2, knob="x") and "untimed" in row["warmup"]
-    # CUDA: exactly the requests to be timed (compiled code is built for their shapes).
-    assert warmup_requests(SimpleNamespace(device="cuda:0"), requests) == requests
-    measure(tiny32, _recording_runner(calls := []), requests, 2, warm=False)
-    assert len(calls) == 1
-
-
-def test_tput_warms_each_cell_once_and_reports_settings(tiny32):
-    from common.demos import RunConfig
-    from phases.p3_3_paged_cache.tput import WARMUP_NEW_TOKENS_CPU, run_tput
-    cfg = RunConfig(model="tiny", device="cpu", dtype="fp32", _lm=tiny32)
-    cfg.options = dict(batch_sizes=[1, 2], new_tokens=4, engines=[], repeats=2)
-    calls = []
-    report = run_tput(cfg, [_recording_runner(calls)])
-    # Run 1: warm-up then timed run, per batch size; run 2: timed runs only.
-    assert [(len(ids), new[0], bs) for ids, new, bs in calls] == [
-        (1, WARMUP_NEW_TOKENS_CPU, 1), (1, 4, 1), (2, WARMUP_NEW_TOKENS_CPU, 2), (2, 4, 2), (1, 4, 1), (2, 4, 2)]
-    assert calls[0][0] == calls[1][0] and calls[2][0] == calls[3][0]   # warmed on the prompts it then timed
-    notes = report.tables[1].notes
-    assert "rec settings at batch 2: max_running=2, knob=x" in notes
-    assert any(n.startswith("every engine at every batch size: warmed up") for n in notes)
-    assert all(r["settings"]["max_running"] == r["batch_size"] for r in report.data["rows"])
+@pytest.mark.parametrize("spare_blocks, waits", [(0, False), (-1, True)])
+def test_the_tput_pool_is_exactly_big_enough_that_nobody_waits(tiny32, spare_blocks, waits):
+    # The harness's own behaviour (warm-up, engine selection, the sweep) is tested in tests/test_harness.py;
+    # here: its pool size for a workload, on this phase's engine, with the KV peak the tput table shows.
+    from common.harness import submit, workload_pool_blocks
+    from common.tput import tput_requests
+    from phases.p3_3_paged_cache.demo import PagedPeakScheduler
+    requests = tput_requests(interleaved_latency_prompts(), 4, new_tokens=5)
+    n_blocks = workload_pool_blocks(tiny32, requests, 4) + spare_blocks
+    sched = PagedPeakScheduler(tiny32, max_running=4, block_size=4, n_blocks=n_blocks)
+    submit(sched, tiny32, requests)
+    sched.run()
+    assert bool(sched.waited_for_blocks) == waits
+    if not waits:   # all four finish in the same step, each holding its worst case: the whole pool
+        assert sched.peak_kv_bytes == n_blocks * sched.allocator.bytes_per_block
 
 
 def test_notebook_runs():

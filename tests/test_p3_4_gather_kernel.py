@@ -7,6 +7,7 @@ when there is no GPU), so shapes stay small.
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,17 @@ from phases.p3_4_gather_kernel.reference import gather_reference
 
 LAYER = 1
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_fresh_without_interpret_env(code: str, timeout_s: int) -> str:
+    """Run `code` in a fresh interpreter at the repo root with TRITON_INTERPRET unset (the kernel modules
+    must set it themselves); it must succeed. Returns its stdout. Phase 3.5's kernel tests use it too."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=timeout_s,
+                         cwd=REPO_ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
 
 
 @pytest.mark.parametrize("block_size", [4, 8, 16])
@@ -98,17 +110,14 @@ def test_bad_input_gets_a_clear_error():
 
 def test_interpreter_switch_works_in_a_fresh_process():
     """kernel.py sets TRITON_INTERPRET before @triton.jit runs, even when triton was imported first."""
-    code = ("import triton, torch\n"
-            "from phases.p3_4_gather_kernel.batch import random_paged_batch\n"
-            "from phases.p3_4_gather_kernel.kernel import gather_triton\n"
-            "b = random_paged_batch([3], 4, 1, 4)\n"
-            "k, v = gather_triton(b.kv_store, 0, b.block_tables, b.seq_lens)\n"
-            "print('ok', tuple(k.shape))\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
-                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "ok (1, 1, 3, 4)" in out.stdout
+    stdout = run_fresh_without_interpret_env(
+        "import triton, torch\n"
+        "from phases.p3_4_gather_kernel.batch import random_paged_batch\n"
+        "from phases.p3_4_gather_kernel.kernel import gather_triton\n"
+        "b = random_paged_batch([3], 4, 1, 4)\n"
+        "k, v = gather_triton(b.kv_store, 0, b.block_tables, b.seq_lens)\n"
+        "print('ok', tuple(k.shape))\n", timeout_s=120)
+    assert "ok (1, 1, 3, 4)" in stdout
 
 
 def test_gather_bench_demo_quick(tmp_path):

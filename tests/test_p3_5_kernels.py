@@ -6,10 +6,6 @@ Shapes stay small: the interpreter runs every program in Python.
 """
 
 import logging
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,8 +20,8 @@ from phases.p3_5_paged_attention.reference import (paged_decode_attention_gather
                                                    paged_decode_attention_gather_sdpa,
                                                    paged_decode_attention_reference, sdpa_decode_contiguous,
                                                    write_kv_reference)
+from tests.test_p3_4_gather_kernel import run_fresh_without_interpret_env
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 LAYER = 1
 N_KV_HEADS = 2
 HEAD_DIM = 16
@@ -240,11 +236,7 @@ def test_kernels_run_when_triton_was_imported_before_the_interpreter_switch():
             "args = (q, b.kv_store, 1, b.block_tables, b.seq_lens)\n"
             "torch.testing.assert_close(paged_decode_attention_triton(*args), paged_decode_attention_reference(*args))\n"
             "print('ok')\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180,
-                         cwd=REPO_ROOT)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "ok"
+    assert run_fresh_without_interpret_env(code, timeout_s=180).strip() == "ok"
 
 
 def test_attn_bench_demo_quick(tmp_path):

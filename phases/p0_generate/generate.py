@@ -11,8 +11,9 @@ prompt are recomputed at every step. Step i costs ~len(prompt) + i token-passes
 (plus attention over all of them), and ms/tok grows with the position. That
 growth is what phase 1's KV cache removes.
 
-`GenerationResult` and `check_request` live here because every single-sequence
-loop (this one and phase 1's) returns the same thing and refuses the same input.
+`GenerationResult`, `check_request` and `start_request` live here because every
+single-sequence loop (this one and phase 1's) returns the same thing, refuses
+the same input and starts the same way.
 """
 
 from __future__ import annotations
@@ -95,6 +96,15 @@ def check_request(lm: LoadedModel, prompt_ids: list[int], max_new_tokens: int) -
                          "shorten the prompt or lower max_new_tokens")
 
 
+def start_request(lm: LoadedModel, prompt_ids: list[int], max_new_tokens: int,
+                  sampling: SamplingParams) -> tuple[GenerationResult, torch.Generator | None]:
+    """What every single-sequence loop does before its first forward pass: refuse a request that cannot
+    run (`check_request`), seed the sampler, start the request's clock. Returns (result, generator)."""
+    check_request(lm, prompt_ids, max_new_tokens)
+    generator = make_generator(sampling, lm.device)
+    return GenerationResult(list(prompt_ids), max_new_tokens, SeqTiming(arrival=now(lm.device))), generator
+
+
 def prompt_to_ids(lm: LoadedModel, prompt: str | list[int]) -> list[int]:
     """Text becomes chat-template ids (how every engine in this repo tokenizes); ids pass through."""
     if isinstance(prompt, str):
@@ -119,10 +129,7 @@ def generate_ids(lm: LoadedModel, prompt_ids: list[int], max_new_tokens: int = 6
 
     Stops at an EOS token unless `ignore_eos` (fixed-length benchmark runs).
     """
-    check_request(lm, prompt_ids, max_new_tokens)
-    generator = make_generator(sampling, lm.device)
-    result = GenerationResult(list(prompt_ids), max_new_tokens, SeqTiming(arrival=now(lm.device)))
-
+    result, generator = start_request(lm, prompt_ids, max_new_tokens, sampling)
     ids = torch.tensor([prompt_ids], device=lm.device)                     # [1, T]
     while True:
         # use_cache=False: the model builds no cache, so every position of `ids`

@@ -13,6 +13,7 @@ import torch
 
 from common.bench import PeakMemory
 from common.demos import Option, RunConfig, demo
+from common.progress import progress_bar
 from common.prompts import DECODE_NEW_TOKENS_CPU, DECODE_NEW_TOKENS_GPU, DECODE_PROMPT
 from common.report import Report
 from phases.p0_generate.generate import check_request
@@ -58,13 +59,8 @@ def plot_decode_sweep(report: Report, png_path) -> None:
       plot=plot_decode_sweep)
 def decode_sweep(cfg: RunConfig) -> Report:
     # `--threads 1` (a flag of every demo) is steadier on a small shared CPU.
-    return _sweep(cfg)
-
-
-def _sweep(cfg: RunConfig) -> Report:
-    from rich.progress import Progress
-
-    new_tokens = QUICK_NEW_TOKENS if cfg.quick else list(cfg.new_tokens)
+    cfg.use_quick(new_tokens=QUICK_NEW_TOKENS)
+    new_tokens = list(cfg.new_tokens)
     if not new_tokens:
         raise ValueError("decode_sweep needs at least one value in --new-tokens")
     lm = cfg.load()
@@ -79,11 +75,10 @@ def _sweep(cfg: RunConfig) -> Report:
 
     for *_, generate_ids in LOOPS:
         generate_ids(lm, prompt_ids, WARMUP_NEW_TOKENS, ignore_eos=True)
-    with Progress(transient=True) as progress:
-        task = progress.add_task("decode_sweep", total=len(new_tokens) * len(LOOPS))
+    with progress_bar("decode_sweep", total=len(new_tokens) * len(LOOPS)) as bar:
         for n in new_tokens:
             for label, phase, _, generate_ids in LOOPS:
-                progress.update(task, description=f"{phase} {label}: {n} tokens")
+                bar.describe(f"{phase} {label}: {n} tokens")
                 with PeakMemory(lm.device) as mem:
                     result = generate_ids(lm, prompt_ids, n, ignore_eos=True)
                 t = result.timing
@@ -92,7 +87,7 @@ def _sweep(cfg: RunConfig) -> Report:
                 report.data["runs"].append({
                     "loop": label, "phase": phase, "new_tokens": n, "positions": result.positions,
                     "step_ms": [round(ms, STEP_MS_DECIMALS) for ms in result.step_ms]})
-                progress.advance(task)
+                bar.advance()
 
     ratio = report.table("KV cache speedup (same prompt, same lengths)",
                          ["new_tokens", "ms/tok no cache", "ms/tok KV cache", "speedup"])

@@ -19,17 +19,10 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from common.bench import SeqTiming, now
+from common.bench import now
 from common.model import LoadedModel
-from common.sampling import GREEDY, SamplingParams, make_generator, sample
-from phases.p0_generate.generate import (LAST_POSITION_ONLY, GenerationResult, check_request,
-                                         prompt_to_ids)
-
-
-def generate(lm: LoadedModel, prompt: str | list[int], max_new_tokens: int = 64,
-             sampling: SamplingParams = GREEDY, ignore_eos: bool = False) -> GenerationResult:
-    """Generate from a text prompt (chat template applied) or from token ids. See `generate_ids`."""
-    return generate_ids(lm, prompt_to_ids(lm, prompt), max_new_tokens, sampling, ignore_eos)
+from common.sampling import GREEDY, SamplingParams, sample
+from phases.p0_generate.generate import LAST_POSITION_ONLY, GenerationResult, prompt_to_ids, start_request
 
 
 @torch.inference_mode()
@@ -39,9 +32,7 @@ def generate_ids(lm: LoadedModel, prompt_ids: list[int], max_new_tokens: int = 6
 
     Stops at an EOS token unless `ignore_eos` (fixed-length benchmark runs).
     """
-    check_request(lm, prompt_ids, max_new_tokens)
-    generator = make_generator(sampling, lm.device)
-    result = GenerationResult(list(prompt_ids), max_new_tokens, SeqTiming(arrival=now(lm.device)))
+    result, generator = start_request(lm, prompt_ids, max_new_tokens, sampling)
     cache = DynamicCache(config=lm.config)
 
     # Prefill: the whole prompt in one pass, writing K/V of positions 0..T-1 into the cache.
@@ -60,3 +51,9 @@ def generate_ids(lm: LoadedModel, prompt_ids: list[int], max_new_tokens: int = 6
         position_ids = torch.tensor([[n_prompt + result.n_generated - 1]], device=lm.device)  # [1, 1]
     result.text = lm.decode(result.output_ids)
     return result
+
+
+def generate(lm: LoadedModel, prompt: str | list[int], max_new_tokens: int = 64,
+             sampling: SamplingParams = GREEDY, ignore_eos: bool = False) -> GenerationResult:
+    """Phase 0's `generate` with this loop: a text prompt goes through the chat template, ids pass through."""
+    return generate_ids(lm, prompt_to_ids(lm, prompt), max_new_tokens, sampling, ignore_eos)

@@ -6,12 +6,12 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 from common.bench import MB, PeakMemory, summarize
 from common.demos import Option, RunConfig, demo
+from common.progress import progress_bar
 from common.prompts import (SWEEP_BATCH_SIZES, SWEEP_NEW_TOKENS, SWEEP_PROMPT, WASTE_DEMO_MAX_TOKENS,
                             WASTE_DEMO_PROMPTS)
+from common.report import shorten
 from phases.p2_1_naive_batching.generate import generate_batch
 
 # CPU: 32 new tokens per row keeps the whole sweep around a minute on 2 cores.
@@ -23,18 +23,9 @@ WARMUP_NEW_TOKENS = 2    # one short batch first, so the first row is not paying
 PROMPT_LABEL_CHARS = 30
 
 
-def short(text: str, n: int = PROMPT_LABEL_CHARS) -> str:
-    return text if len(text) <= n else text[: n - 3] + "..."
-
-
-@contextmanager
-def progress_bar(description: str, total: int):
-    """A transient rich progress bar; yields advance(n_done)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  transient=True) as bar:
-        task = bar.add_task(description, total=total)
-        yield lambda done: bar.update(task, completed=done)
+def short(text: str) -> str:
+    """A prompt as a table cell or a plot label (phase 2.3's demo shows prompts the same way)."""
+    return shorten(text, PROMPT_LABEL_CHARS, ellipsis="...")
 
 
 # --- sweep --------------------------------------------------------------------------------
@@ -52,20 +43,19 @@ def plot_sweep(report, png_path) -> None:
                       help="new tokens per row (EOS ignored, so every row does the same work)")],
       plot=plot_sweep)
 def sweep(cfg: RunConfig):
+    cfg.use_quick(batch_sizes=QUICK_BATCH_SIZES, new_tokens=QUICK_NEW_TOKENS)
+    sizes, n_new = cfg.batch_sizes, cfg.new_tokens
     lm = cfg.load()
-    sizes = QUICK_BATCH_SIZES if cfg.quick else cfg.batch_sizes
-    n_new = QUICK_NEW_TOKENS if cfg.quick else cfg.new_tokens
-    cfg.options.update(batch_sizes=sizes, new_tokens=n_new)
     report = cfg.new_report("sweep")
     table = report.table(f"naive batching: \"{SWEEP_PROMPT}\" x batch_size, {n_new} new tokens each (EOS ignored)",
                          ["batch_size", "total tok/s", "ms/tok (per seq)", "TTFT (ms)", "peak MB", "KV MB"])
     generate_batch(lm, [SWEEP_PROMPT], WARMUP_NEW_TOKENS, ignore_eos=True)
     cols = {k: [] for k in ("batch_size", "total_tok_s", "ms_per_tok", "ttft_ms", "peak_mb", "kv_mb")}
-    with progress_bar("sweep", total=len(sizes) * n_new) as advance:
+    with progress_bar("sweep", total=len(sizes) * n_new) as bar:
         for i, bs in enumerate(sizes):
             with PeakMemory(lm.device) as mem:
                 res = generate_batch(lm, [SWEEP_PROMPT] * bs, n_new, ignore_eos=True,
-                                     on_step=lambda step, _live, i=i: advance(i * n_new + step + 1))
+                                     on_step=lambda step, _live, i=i: bar.update(i * n_new + step + 1))
             m = summarize(res.timings, res.wall_s, mem.peak_mb)
             row = (bs, m.total_tok_s, m.mean_ms_per_token, m.mean_ttft_ms, m.peak_mb, res.kv_bytes / MB)
             table.add_row(*row)
@@ -86,34 +76,25 @@ def sweep(cfg: RunConfig):
 
 # --- waste demo -----------------------------------------------------------------------------
 def plot_waste(report, png_path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from common.plots import hbars_used_and_wasted
     d = report.data
-    labels = [short(p) for p in d["prompts"]]
-    fig, ax = plt.subplots(figsize=(9, 3.5))
-    ax.barh(labels, d["steps_needed"], color="tab:blue", label="steps needed (until its EOS)")
-    ax.barh(labels, d["steps_wasted"], left=d["steps_needed"], color="lightgrey", hatch="//",
-            edgecolor="grey", label="steps carried after it finished (waste)")
-    ax.invert_yaxis()
-    ax.set_xlabel("decode steps of the batch")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, fontsize=8, frameon=False)
-    ax.set_title(f"static batching: the batch ran {d['n_decode_steps']} decode steps ({report.meta.get('model')})")
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
-    plt.close(fig)
+    hbars_used_and_wasted(png_path, [short(p) for p in d["prompts"]], d["steps_needed"], d["steps_wasted"],
+                          "steps needed (until its EOS)", "steps carried after it finished (waste)",
+                          xlabel="decode steps of the batch",
+                          title=f"static batching: the batch ran {d['n_decode_steps']} decode steps "
+                                f"({report.meta.get('model')})")
 
 
 @demo("waste_demo", phase="p2_1", help="per prompt: decode steps needed vs carried on padding in one static batch",
       options=[Option("max_new_tokens", int, cpu=WASTE_DEMO_MAX_TOKENS, help="cap on new tokens per prompt")],
       plot=plot_waste)
 def waste_demo(cfg: RunConfig):
+    cfg.use_quick(max_new_tokens=QUICK_WASTE_TOKENS)
+    cap = cfg.max_new_tokens
     lm = cfg.load()
-    cap = QUICK_WASTE_TOKENS if cfg.quick else cfg.max_new_tokens
-    cfg.options.update(max_new_tokens=cap)
     report = cfg.new_report("waste_demo")
-    with progress_bar("waste_demo", total=cap) as advance:
-        res = generate_batch(lm, WASTE_DEMO_PROMPTS, cap, on_step=lambda step, _live: advance(step + 1))
+    with progress_bar("waste_demo", total=cap) as bar:
+        res = generate_batch(lm, WASTE_DEMO_PROMPTS, cap, on_step=lambda step, _live: bar.update(step + 1))
     table = report.table(f"one static batch of {len(WASTE_DEMO_PROMPTS)} prompts, cap {cap} new tokens",
                          ["prompt", "steps needed", "steps wasted", "waste %", "finish"])
     for i, p in enumerate(WASTE_DEMO_PROMPTS):

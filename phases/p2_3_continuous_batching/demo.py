@@ -11,9 +11,11 @@ from statistics import mean
 
 from common.bench import MB, kv_bytes_per_token, now
 from common.demos import Option, RunConfig, demo
+from common.harness import run_prompts
+from common.progress import progress_bar
 from common.prompts import (LATENCY_DEMO_MAX_RUNNING, LATENCY_DEMO_MAX_TOKENS, SHORT_PROMPTS,
                             STATIC_RESERVATION_TOKENS, interleaved_latency_prompts)
-from phases.p2_1_naive_batching.demo import progress_bar, short
+from phases.p2_1_naive_batching.demo import short
 from phases.p2_1_naive_batching.generate import generate_batch
 from phases.p2_2_scheduler.scheduler import Scheduler
 from phases.p2_3_continuous_batching.scheduler import ContinuousScheduler
@@ -26,16 +28,6 @@ WARMUP_NEW_TOKENS = 2
 LATENCY_DEMO_DTYPE = "fp32"
 
 
-def run_scheduler(sched, prompts: list[str], cap: int, label: str) -> tuple[float, list]:
-    """Queue every prompt with one common arrival time t0, run to the end; return (t0, finished)."""
-    t0 = now(sched.lm.device)
-    for p in prompts:
-        sched.add(p, cap, arrival=t0)
-    with progress_bar(label, total=len(prompts)) as advance:
-        done = sched.run(progress=lambda n_done, _total: advance(n_done))
-    return t0, done
-
-
 # --- latency demo ------------------------------------------------------------------------------
 def compare_schedulers(lm, prompts: list[str], max_running: int, cap: int) -> dict:
     """Run the same requests through the static and the continuous scheduler.
@@ -46,7 +38,7 @@ def compare_schedulers(lm, prompts: list[str], max_running: int, cap: int) -> di
     results = {}
     for name, cls in (("static", Scheduler), ("continuous", ContinuousScheduler)):
         sched = cls(lm, max_running=max_running)
-        t0, done = run_scheduler(sched, prompts, cap, name)
+        t0, done = run_prompts(sched, prompts, cap, name)
         results[name] = (sched, t0, done)
     # static: a batch hands its results back together, when its slowest row is done;
     # continuous: a sequence's result is back the moment it finishes.
@@ -67,34 +59,14 @@ def compare_schedulers(lm, prompts: list[str], max_running: int, cap: int) -> di
 
 def draw_timelines(d: dict, png_path, title: str = "which sequence holds which slot when") -> None:
     """Gantt chart per scheduler from `compare_schedulers` data: slot on y, seconds on x."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    panels = d["timelines"]
-    end = max(s["end"] for spans in panels.values() for s in spans)
-    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 1.2 + 1.6 * len(panels)), sharex=True, squeeze=False)
-    cmap = plt.get_cmap("tab10")
-    for ax, (name, spans) in zip(axes[:, 0], panels.items()):
-        for s in spans:
-            color = "lightgrey" if s["carried"] else cmap(s["seq"] % 10)
-            ax.barh(s["slot"], s["end"] - s["start"], left=s["start"], height=0.8, color=color,
-                    edgecolor="black", linewidth=0.5, hatch="//" if s["carried"] else None)
-            kind = "S" if d["is_short"][s["seq"]] else "L"
-            if not s["carried"] and s["end"] - s["start"] > end / 80:
-                ax.text((s["start"] + s["end"]) / 2, s["slot"], f"{s['seq']}{kind}", ha="center", va="center",
-                        fontsize=8)
-        n_slots = d["max_running"]
-        ax.set_yticks(range(n_slots), [f"slot {i}" for i in range(n_slots)])
-        ax.set_ylim(n_slots - 0.5, -0.5)
-        ax.set_title(f"{name}: all results back after {d[f'{name}_wall_s']:.1f} s", loc="left", fontsize=10)
-        ax.grid(alpha=0.3, axis="x")
-    axes[-1, 0].set_xlim(left=0)
-    axes[-1, 0].set_xlabel("seconds since all requests arrived   (S short / L long prompt; hatched: finished "
-                           "but still carried in its static batch)")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
-    plt.close(fig)
+    from common.plots import gantt
+    panels = {f"{name}: all results back after {d[f'{name}_wall_s']:.1f} s":
+              [dict(row=s["slot"], start=s["start"], end=s["end"], color=s["seq"], hatched=s["carried"],
+                    label=f"{s['seq']}{'S' if d['is_short'][s['seq']] else 'L'}") for s in spans]
+              for name, spans in d["timelines"].items()}
+    gantt(png_path, panels, n_rows=d["max_running"], row_name="slot", title=title,
+          xlabel="seconds since all requests arrived   (S short / L long prompt; hatched: finished "
+                 "but still carried in its static batch)")
 
 
 def plot_latency(report, png_path) -> None:
@@ -114,10 +86,9 @@ def latency_demo(cfg: RunConfig):
         # work and only the scheduling differs. In bf16 padding changes the rounding,
         # and a short answer can turn into a long one under one scheduler only.
         cfg.dtype = LATENCY_DEMO_DTYPE
+    cfg.use_quick(max_running=QUICK_MAX_RUNNING, max_new_tokens=QUICK_MAX_TOKENS)
+    running, cap = cfg.max_running, cfg.max_new_tokens
     lm = cfg.load()
-    running = QUICK_MAX_RUNNING if cfg.quick else cfg.max_running
-    cap = QUICK_MAX_TOKENS if cfg.quick else cfg.max_new_tokens
-    cfg.options.update(max_running=running, max_new_tokens=cap)
     prompts = interleaved_latency_prompts()
     report = cfg.new_report("latency_demo")
     generate_batch(lm, prompts[:1], WARMUP_NEW_TOKENS)
@@ -159,11 +130,9 @@ def plot_wall(report, png_path) -> None:
                Option("reservation", int, cpu=STATIC_RESERVATION_TOKENS, help="tokens a StaticCache reserves per sequence")],
       plot=plot_wall)
 def wall(cfg: RunConfig):
+    cfg.use_quick(concurrency=QUICK_CONCURRENCY, max_new_tokens=QUICK_MAX_TOKENS)
+    conc, cap, reserve = cfg.concurrency, cfg.max_new_tokens, cfg.reservation
     lm = cfg.load()
-    conc = QUICK_CONCURRENCY if cfg.quick else cfg.concurrency
-    cap = QUICK_MAX_TOKENS if cfg.quick else cfg.max_new_tokens
-    cfg.options.update(concurrency=conc, max_new_tokens=cap)
-    reserve = cfg.reservation
     prompts = interleaved_latency_prompts()
     report = cfg.new_report("wall")
     # One continuous run gives each prompt's real length and its cache's real size at the end.
@@ -172,8 +141,8 @@ def wall(cfg: RunConfig):
     for p in prompts:
         ids = lm.prompt_ids(p)
         sched.add(ids, max(1, min(cap, reserve - len(ids))), arrival=t0)
-    with progress_bar("wall", total=len(prompts)) as advance:
-        done = sched.run(progress=lambda n, _t: advance(n))
+    with progress_bar("wall", total=len(prompts)) as bar:
+        done = sched.run(progress=bar.callback)
     per_tok = kv_bytes_per_token(lm)
     table = report.table(f"KV memory with the latency workload cycled to each concurrency "
                          f"(cap {cap} new tokens, StaticCache reserves {reserve} tokens/seq)",

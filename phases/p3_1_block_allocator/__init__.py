@@ -6,18 +6,19 @@ KV cache lives in a single pool tensor
 owns a handful of its blocks (phase 3.2's `BlockTable` says which).
 
 - `allocator.py`: `BlockAllocator` (alloc / free / incref / refcount),
-  `OutOfBlocks`, `AllocatorError`.
+  `OutOfBlocks`, `AllocatorError`, and `blocks_for` (tokens -> blocks, rounded
+  up: the one ceiling division every later phase imports).
 - `budget.py`: `budget_n_blocks` sizes the pool from the memory left after
   model load (CUDA) or a stated budget (CPU).
-- `workload_lengths.py`: real prompt/output token counts of the latency
-  workload, from phase 2.3's continuous-batching scheduler.
-- `demo.py`: `alloc_demo`, blocks used by paging vs a static reservation.
+- `demo.py`: `alloc_demo`, blocks used by paging vs a static reservation, on
+  the latency workload's real prompt/output token counts (from phase 2.3's
+  continuous-batching scheduler: `latency_workload_lengths`).
 """
 
 from phases.p3_1_block_allocator.allocator import (DEFAULT_BLOCK_SIZE, AllocatorError, BlockAllocator,
-                                                   OutOfBlocks)
+                                                   OutOfBlocks, blocks_for)
 from phases.p3_1_block_allocator.budget import (DEFAULT_CPU_KV_BUDGET, DEFAULT_MEMORY_FRACTION,
                                                 budget_n_blocks, bytes_per_block, kv_budget_bytes)
 
-__all__ = ["BlockAllocator", "OutOfBlocks", "AllocatorError", "DEFAULT_BLOCK_SIZE", "budget_n_blocks",
+__all__ = ["BlockAllocator", "OutOfBlocks", "AllocatorError", "DEFAULT_BLOCK_SIZE", "blocks_for", "budget_n_blocks",
            "bytes_per_block", "kv_budget_bytes", "DEFAULT_CPU_KV_BUDGET", "DEFAULT_MEMORY_FRACTION"]

@@ -6,17 +6,23 @@ sequence's real length, then take ceil(tokens / block_size) blocks per
 sequence from the pool (all held at once, as if every sequence were resident),
 give them back, and compare with StaticCache's worst-case reservation of
 `static_tokens` slots per sequence.
+
+Real lengths, not guesses: how many blocks a sequence needs depends on how many
+tokens it ends up holding, which nobody knows before it runs ("What is 2 + 2?"
+stops after a handful of tokens, "Describe the history of the Roman Empire" runs
+to the cap). So this demo and phase 3.2's account blocks for the lengths the
+model really produced (`latency_workload_lengths`).
 """
 
 from __future__ import annotations
 
 from common.demos import Option, RunConfig, demo
+from common.harness import run_prompts
 from common.prompts import (LATENCY_DEMO_MAX_RUNNING, LATENCY_DEMO_MAX_TOKENS, STATIC_RESERVATION_TOKENS,
                             interleaved_latency_prompts)
-from common.report import Report
+from common.report import Report, shorten
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
 from phases.p3_1_block_allocator.budget import DEFAULT_MEMORY_FRACTION, MiB, kv_budget_bytes
-from phases.p3_1_block_allocator.workload_lengths import latency_workload_lengths
 
 # The blog's GPU run let the long answers go to 2048 tokens (its table shows a 1,295-token answer).
 GPU_MAX_NEW_TOKENS = 2048
@@ -26,10 +32,6 @@ QUICK_MAX_NEW_TOKENS = 8   # ... with a few tokens each
 PROMPT_WIDTH = 34          # characters of prompt shown in the table
 
 
-def short(text: str, width: int = PROMPT_WIDTH) -> str:
-    return text if len(text) <= width else text[:width - 1] + "…"
-
-
 def workload_options() -> list[Option]:
     """The latency workload's knobs, shared with phase 3.2's block_size_study."""
     return [
@@ -37,6 +39,27 @@ def workload_options() -> list[Option]:
                help="cap on generated tokens per sequence"),
         Option("max_running", int, cpu=LATENCY_DEMO_MAX_RUNNING, help="sequences running at once"),
     ]
+
+
+def latency_workload_lengths(lm, max_new_tokens: int = LATENCY_DEMO_MAX_TOKENS,
+                             max_running: int = LATENCY_DEMO_MAX_RUNNING,
+                             prompts: list[str] | None = None) -> list[dict]:
+    """Run the latency workload (short and long prompts, interleaved) through phase 2.3's continuous
+    batching once; return, in prompt order, one dict per sequence:
+    `{"prompt": str, "prompt_tokens": int, "generated_tokens": int}`.
+
+    The sequence's K/V footprint is prompt_tokens + generated_tokens tokens.
+    """
+    # Imported here: phase 3.1 depends on phase 2.3 only for these numbers.
+    from phases.p2_3_continuous_batching.scheduler import ContinuousScheduler
+
+    prompts = interleaved_latency_prompts() if prompts is None else list(prompts)
+    if not prompts:
+        raise ValueError("no prompts: the workload needs at least one")
+    _, finished = run_prompts(ContinuousScheduler(lm, max_running=max_running), prompts, max_new_tokens,
+                              "generating the latency workload")
+    return [{"prompt": p, "prompt_tokens": len(s.prompt_ids), "generated_tokens": len(s.output_ids)}
+            for p, s in zip(prompts, finished)]
 
 
 def workload(cfg: RunConfig, lm) -> list[dict]:
@@ -51,7 +74,7 @@ def workload(cfg: RunConfig, lm) -> list[dict]:
 def plot_alloc(report: Report, png_path) -> None:
     from common.plots import bars
     seqs = report.data["sequences"]
-    bars(png_path, [f"{i} {short(s['prompt'], 18)}" for i, s in enumerate(seqs)],
+    bars(png_path, [f"{i} {shorten(s['prompt'], 18)}" for i, s in enumerate(seqs)],
          {"tokens stored": [s["tokens"] for s in seqs],
           "paged: slots in its blocks": [s["paged_blocks"] * report.data["block_size"] for s in seqs],
           f"static: {report.data['static_tokens']}-slot reservation": [s["static_slots"] for s in seqs]},
@@ -100,8 +123,9 @@ def alloc_demo(cfg: RunConfig) -> Report:
                    tokens=tokens, paged_blocks=len(blocks), tail_waste=len(blocks) * bs - tokens,
                    static_slots=static_slots)
         rows.append(row)
-        seq_table.add_row(i, short(w["prompt"]), w["prompt_tokens"], w["generated_tokens"], tokens, len(blocks),
-                          row["tail_waste"], static_slots // bs, 100 * (static_slots - tokens) / static_slots)
+        seq_table.add_row(i, shorten(w["prompt"], PROMPT_WIDTH), w["prompt_tokens"], w["generated_tokens"], tokens,
+                          len(blocks), row["tail_waste"], static_slots // bs,
+                          100 * (static_slots - tokens) / static_slots)
     peak_used = pool.n_used
     for b in held:
         pool.free(b)

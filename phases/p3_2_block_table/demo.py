@@ -14,10 +14,10 @@ from __future__ import annotations
 from common.bench import kv_bytes_per_token
 from common.demos import Option, RunConfig, demo
 from common.prompts import TABLE_DEMO_PROMPT, interleaved_latency_prompts
-from common.report import Report
+from common.report import Report, shorten
 from phases.p2_3_continuous_batching.scheduler import ContinuousScheduler
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
-from phases.p3_1_block_allocator.demo import short, workload, workload_options
+from phases.p3_1_block_allocator.demo import workload, workload_options
 from phases.p3_2_block_table.block_table import BlockTable
 
 TABLE_DEMO_MAX_TOKENS_CPU = 128
@@ -91,7 +91,7 @@ def _single(cfg: RunConfig, report: Report, sched: TableTracingScheduler, seq) -
     last = [e for e in sched.events if e["kind"] != "done"][-1]
     s.add_row(n_prompt, n_gen, n_prompt + n_gen, last["n_filled"], bs, len(last["block_ids"]),
               len(last["block_ids"]) * bs - last["n_filled"])
-    s.notes += [f"prompt: {seq.prompt!r}", f"output: {short(sched.lm.decode(seq.output_ids), 100)!r}",
+    s.notes += [f"prompt: {seq.prompt!r}", f"output: {shorten(sched.lm.decode(seq.output_ids), 100)!r}",
                 "K/V written = total - 1: the last generated token is never fed back, so its K/V is never computed"]
     for e in sched.events:
         if e["kind"] == "done":
@@ -110,7 +110,7 @@ def _single(cfg: RunConfig, report: Report, sched: TableTracingScheduler, seq) -
 
 
 def _concurrent(cfg: RunConfig, report: Report, sched: TableTracingScheduler, done: list) -> None:
-    bs, pool = sched.pool.block_size, sched.pool
+    pool = sched.pool
     final = {e["seq"]: e for e in sched.events if e["kind"] != "done"}  # last write of each sequence
     returned_by: dict[int, int] = {}   # block -> the sequence that gave it back most recently
     reused: dict[int, list[int]] = {s.seq_id: [] for s in done}
@@ -129,7 +129,7 @@ def _concurrent(cfg: RunConfig, report: Report, sched: TableTracingScheduler, do
                                                           "blocks", "physical ids (logical order)", "reused"])
     for s in done:
         e = final[s.seq_id]
-        t.add_row(s.seq_id, short(s.prompt, 28), len(s.prompt_ids), len(s.output_ids), len(e["block_ids"]),
+        t.add_row(s.seq_id, shorten(s.prompt, 28), len(s.prompt_ids), len(s.output_ids), len(e["block_ids"]),
                   str(e["block_ids"]), len(reused[s.seq_id]))
     total = sum(len(final[s.seq_id]["block_ids"]) for s in done)
     t.notes += [f"{len(done)} sequences took {total} blocks in all from a pool of {pool.n_blocks}; "
@@ -139,23 +139,12 @@ def _concurrent(cfg: RunConfig, report: Report, sched: TableTracingScheduler, do
 
 def plot_pool(report: Report, png_path) -> None:
     """Which sequence held which physical block, step by step (one row per block)."""
-    import matplotlib.pyplot as plt
-    spans, n = report.data["spans"], report.data["pool_blocks"]
-    cmap = plt.get_cmap("tab10")
-    fig, ax = plt.subplots(figsize=(10, 1.5 + 0.22 * n))
-    for s in spans:
-        ax.barh(s["block"], s["end"] - s["start"], left=s["start"], height=0.8, color=cmap(s["seq"] % 10),
-                edgecolor="black", linewidth=0.5)
-        ax.text((s["start"] + s["end"]) / 2, s["block"], f"seq {s['seq']}", ha="center", va="center", fontsize=7)
-    ax.set_yticks(range(n))
-    ax.set_yticklabels([f"block {b}" for b in range(n)], fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("scheduler step")
-    ax.grid(alpha=0.3, axis="x")
-    ax.set_title(f"Who holds each physical block of a {n}-block pool, step by step")
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
-    plt.close(fig)
+    from common.plots import gantt
+    n = report.data["pool_blocks"]
+    spans = [dict(row=s["block"], start=s["start"], end=s["end"], color=s["seq"], label=f"seq {s['seq']}")
+             for s in report.data["spans"]]
+    gantt(png_path, {"": spans}, n_rows=n, row_name="block", xlabel="scheduler step", inches_per_row=0.22,
+          fontsize=7, title=f"Who holds each physical block of a {n}-block pool, step by step")
 
 
 def _spans(events: list[dict]) -> list[dict]:
@@ -208,22 +197,12 @@ def table_demo(cfg: RunConfig) -> Report:
 
 # --- block_size_study ---------------------------------------------------------------------
 def plot_study(report: Report, png_path) -> None:
-    import matplotlib.pyplot as plt
+    from common.plots import twin_lines
     d = report.data
-    fig, ax = plt.subplots(figsize=(9, 4.5))
-    ax.plot(d["block_sizes"], d["waste_pct"], marker="o", color="tab:red", label="tail waste %")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("block size (tokens)")
-    ax.set_ylabel("tail waste (% of allocated slots)", color="tab:red")
-    ax2 = ax.twinx()
-    ax2.plot(d["block_sizes"], d["table_entries"], marker="s", color="tab:blue", label="block-table entries")
-    ax2.set_yscale("log")
-    ax2.set_ylabel("block-table entries (all sequences, log)", color="tab:blue")
-    ax.grid(alpha=0.3)
-    ax.set_title(f"Block size trade-off on the latency workload ({d['n_sequences']} sequences)")
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
-    plt.close(fig)
+    twin_lines(png_path, d["block_sizes"], ("tail waste (% of allocated slots)", d["waste_pct"]),
+               ("block-table entries (all sequences, log)", d["table_entries"]), xlabel="block size (tokens)",
+               logx=True, right_logy=True,
+               title=f"Block size trade-off on the latency workload ({d['n_sequences']} sequences)")
 
 
 @demo("block_size_study", phase="p3_2", plot=plot_study,

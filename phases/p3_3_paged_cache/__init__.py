@@ -9,8 +9,11 @@ by block. Greedy output is bit-identical to `DynamicCache`.
 
 - `paged_cache.py`  `PagedCache(allocator)`: update() writes through the block table and gathers
 - `gather.py`       `gather_python`: the per-block Python gather (the slow part phase 3.4 replaces)
-- `scheduler.py`    `PagedScheduler(lm, max_running, block_size, n_blocks)`: continuous batching on
-                    one shared pool; a sequence the pool cannot hold yet waits
-- `tput.py`         the `tput` measurement: `EngineRunner`, `measure`, `run_tput`, `TPUT_ENGINES`
-- `demo.py`         `snapshot` (paged == DynamicCache, token for token) and `tput`
+- `scheduler.py`    `PagedScheduler(ContinuousScheduler)`: continuous batching on one shared pool; a
+                    sequence the pool cannot hold yet waits. The admission rule every later engine
+                    refines: `worst_case_tokens`, `blocks_to_admit`, `blocks_promised`, `can_admit`
+- `demo.py`         `snapshot` (paged == DynamicCache, token for token) and `tput` (this phase's
+                    engines, `TPUT_ENGINES`, handed to the sweep in common/tput.py)
+- `tput.py`         a re-export of the names that moved to common/harness.py, common/tput.py and
+                    demo.py, until phase 3.5 imports them from there
 """

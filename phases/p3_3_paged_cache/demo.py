@@ -5,24 +5,29 @@ snapshot runs the blog's 4 short + 4 long prompts through phase 2.3's
 `PagedScheduler` (one PagedCache per sequence on a shared pool), with the
 same max_running, and compares the generated tokens one by one.
 
-tput (tput.py) runs N requests at a time through both engines for each batch
-size N and prints the KV memory each held at its peak and the throughput.
+tput hands both engines to the batch-size sweep (common/tput.py): N requests at
+a time for each batch size N, the KV memory each engine held at its peak and
+its throughput.
 """
 
 from __future__ import annotations
 
 from common.demos import Option, RunConfig, demo
+from common.harness import EngineRun, EngineRunner, PeakKV, run_prompts, submit, workload_pool_blocks
 from common.prompts import LATENCY_DEMO_MAX_RUNNING, LATENCY_DEMO_MAX_TOKENS, interleaved_latency_prompts
-from common.report import Report
+from common.report import Report, shorten
+from common.tput import plot_tput, run_tput, tput_options
+from common.workload import Request
 from phases.p2_3_continuous_batching.scheduler import ContinuousScheduler
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_3_paged_cache.scheduler import PagedScheduler, blocks_for, worst_case_tokens
-from phases.p3_3_paged_cache.tput import TPUT_ENGINES, plot_tput, run_tput, tput_options
 
 SNAPSHOT_MAX_TOKENS_CPU = 64
 SNAPSHOT_MAX_TOKENS_GPU = 2 * LATENCY_DEMO_MAX_TOKENS  # long answers cross many blocks
 QUICK_MAX_NEW_TOKENS = 8
 PROMPT_WIDTH = 28
+KV_ACCOUNTING = ("dyn: bytes of the DynamicCache tensors; paged and later: blocks held x bytes per block "
+                 "(the last block's unused tail included)")
 
 
 def compare_tokens(reference: list[int], candidate: list[int]) -> tuple[bool, int, int | None]:
@@ -37,12 +42,6 @@ def compare_tokens(reference: list[int], candidate: list[int]) -> tuple[bool, in
     return first is None, n, first
 
 
-def _run(sched, prompts: list[str], max_new_tokens: int, progress, task) -> list:
-    for p in prompts:
-        sched.add(p, max_new_tokens)
-    return sched.run(progress=lambda done, total: progress.update(task, completed=done))
-
-
 @demo("snapshot", phase="p3_3", help="per prompt: is PagedScheduler's output identical to DynamicCache's?",
       options=[
           Option("max_new_tokens", int, cpu=SNAPSHOT_MAX_TOKENS_CPU, gpu=SNAPSHOT_MAX_TOKENS_GPU,
@@ -53,8 +52,6 @@ def _run(sched, prompts: list[str], max_new_tokens: int, progress, task) -> list
                  help="blocks in the pool; 0 = room for every sequence's worst case (nobody waits)"),
       ])
 def snapshot(cfg: RunConfig) -> Report:
-    from rich.progress import Progress
-
     lm = cfg.load()
     prompts = interleaved_latency_prompts()
     max_new = min(cfg.max_new_tokens, QUICK_MAX_NEW_TOKENS) if cfg.quick else cfg.max_new_tokens
@@ -62,9 +59,8 @@ def snapshot(cfg: RunConfig) -> Report:
     lengths = [len(lm.prompt_ids(p)) for p in prompts]
     n_blocks = cfg.pool_blocks or sum(blocks_for(n + max_new - 1, cfg.block_size) for n in lengths)
     paged = PagedScheduler(lm, cfg.max_running, block_size=cfg.block_size, n_blocks=n_blocks)
-    with Progress(transient=True) as progress:
-        ref = _run(dynamic, prompts, max_new, progress, progress.add_task("DynamicCache", total=len(prompts)))
-        out = _run(paged, prompts, max_new, progress, progress.add_task("PagedCache", total=len(prompts)))
+    _, ref = run_prompts(dynamic, prompts, max_new, "DynamicCache")
+    _, out = run_prompts(paged, prompts, max_new, "PagedCache")
 
     report = cfg.new_report("snapshot")
     t = report.table(f"PagedCache vs DynamicCache, token for token (max_running {cfg.max_running}, "
@@ -73,8 +69,8 @@ def snapshot(cfg: RunConfig) -> Report:
     rows = []
     for r, o in zip(ref, out):
         same, n, first = compare_tokens(r.output_ids, o.output_ids)
-        short = r.prompt if len(r.prompt) <= PROMPT_WIDTH else r.prompt[:PROMPT_WIDTH - 1] + "…"
-        t.add_row(r.seq_id, short, len(r.output_ids), len(o.output_ids), n, "-" if first is None else first, same)
+        t.add_row(r.seq_id, shorten(r.prompt, PROMPT_WIDTH), len(r.output_ids), len(o.output_ids), n,
+                  "-" if first is None else first, same)
         rows.append(dict(seq=r.seq_id, prompt=r.prompt, dyn=r.output_ids, paged=o.output_ids, identical=same,
                          first_mismatch=first, blocks=blocks_for(worst_case_tokens(o), cfg.block_size)))
     n_same = sum(r["identical"] for r in rows)
@@ -88,7 +84,44 @@ def snapshot(cfg: RunConfig) -> Report:
     return report
 
 
+# --- tput: phase 2.3's and this phase's engines, measured with the KV they hold at peak -----------
+class DynamicPeakScheduler(PeakKV, ContinuousScheduler):
+    pass
+
+
+class PagedPeakScheduler(PeakKV, PagedScheduler):
+    pass
+
+
+def run_dynamic(lm, requests: list[Request], max_running: int) -> EngineRun:
+    """Phase 2.3: continuous batching, one DynamicCache per sequence."""
+    sched = DynamicPeakScheduler(lm, max_running)
+    submit(sched, lm, requests)
+    return EngineRun.from_sequences(sched.run(), sched.peak_kv_bytes,
+                                    settings=dict(max_running=max_running, kv="one DynamicCache per sequence"))
+
+
+def run_paged(lm, requests: list[Request], max_running: int, block_size: int = DEFAULT_BLOCK_SIZE) -> EngineRun:
+    """Phase 3.3: the same continuous batching, K/V in one paged pool (PagedCache + Python gather)."""
+    n_blocks = workload_pool_blocks(lm, requests, block_size)
+    sched = PagedPeakScheduler(lm, max_running, block_size=block_size, n_blocks=n_blocks)
+    submit(sched, lm, requests)
+    finished = sched.run()
+    assert sched.allocator.n_free == n_blocks, "blocks leaked"
+    return EngineRun.from_sequences(finished, sched.peak_kv_bytes,
+                                    note=f"pool of {n_blocks} blocks x {block_size} tokens",
+                                    settings=dict(max_running=max_running, block_size=block_size,
+                                                  pool_blocks=n_blocks))
+
+
+TPUT_ENGINES: list[EngineRunner] = [
+    EngineRunner("dyn", "ContinuousScheduler + DynamicCache (p2_3): one forward pass per sequence", run_dynamic),
+    EngineRunner("paged", "PagedScheduler + PagedCache (p3_3): one forward pass per sequence, Python gather",
+                 run_paged),
+]
+
+
 @demo("tput", phase="p3_3", plot=plot_tput, options=tput_options(),
       help="per batch size: KV memory held at peak, tok/s and ms/tok, DynamicCache vs PagedCache")
 def tput(cfg: RunConfig) -> Report:
-    return run_tput(cfg, TPUT_ENGINES)
+    return run_tput(cfg, TPUT_ENGINES, kv_note=KV_ACCOUNTING)
