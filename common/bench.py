@@ -54,6 +54,14 @@ class SeqTiming:
         self.finish = t
         self.n_generated += 1
 
+    def first(self, n: int) -> "SeqTiming":
+        """The timing of only the first n tokens: a row carried past what its request asked for (a static
+        batch runs every row to its longest) finished, for that request, when its n-th token came out."""
+        out = SeqTiming(arrival=self.arrival)
+        for when in self.token_times[:n]:
+            out.token(when)
+        return out
+
     @property
     def ttft_ms(self) -> float:
         return (self.first_token - self.arrival) * 1e3 if self.first_token is not None else float("nan")
@@ -172,6 +180,13 @@ def cpu_threads(n: int) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def ceil_div(n: int, d: int) -> int:
+    """n / d rounded up: tokens -> pages for the harness (common/ imports no phase, so not p3_1's
+    `blocks_for`, which the phases use)."""
+    full, rest = divmod(n, d)
+    return full + (rest > 0)
 
 
 def kv_bytes_per_token(lm) -> int:

@@ -22,11 +22,15 @@ workload's own shapes (`warm_up`), then times one run and returns a row dict.
 `pick_engines` chooses engines by name (the demos' `--engines`). The batch-size
 sweep built on this is common/tput.py.
 
-Helpers for the phases' runners, written against the schedulers' shared shape
-(`add(prompt, max_new_tokens, ...)`, `run(progress)`, `running`, `step()`):
+Helpers for the phases' runners, written against the engines' shared shape
+(`add(prompt, max_new_tokens, ...)`, `run(progress)`, `running`, `step()`, `has_work`;
+`add_group` and `add_beam_search` from phase 4):
 `PeakKV` (the most KV bytes held at once), `submit` (queue requests),
 `run_prompts` (queue prompts with one arrival time, run under a progress bar),
-`workload_pool_blocks` (a pool that never makes anyone wait).
+`workload_pool_blocks` (a pool that never makes anyone wait), `pool_problems`
+(a pool's invariants and leaks), and for the step-timed traces of
+common/workload.py: `drive` (feed a trace to an engine step by step, as a
+server's engine loop would) and `outputs_of` (each request's tokens).
 """
 
 from __future__ import annotations
@@ -34,9 +38,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from common.bench import MB, SeqTiming, now, summarize
+from common.bench import MB, SeqTiming, ceil_div, now, summarize
 from common.progress import progress_bar
-from common.workload import Request
+from common.workload import Request, TracedRequest
 
 WARMUP_NEW_TOKENS_CPU = 2   # a CPU warm-up runs the workload's prompts with only this many new tokens each
 
@@ -101,12 +105,13 @@ def submit(engine, lm, requests: list[Request]) -> None:
         engine.add(r.ids(lm), r.max_new_tokens, sampling=r.sampling, ignore_eos=r.ignore_eos)
 
 
-def run_prompts(engine, prompts: list, max_new_tokens: int, label: str) -> tuple[float, list]:
-    """Queue every prompt (text or ids) on a scheduler with one common arrival time t0, run it to the end
-    under a progress bar; returns (t0, the finished sequences in seq_id order)."""
+def run_prompts(engine, prompts: list, max_new_tokens: int, label: str, **add_options) -> tuple[float, list]:
+    """Queue every prompt (text or ids) on a scheduler with one common arrival time t0 (and `add_options`,
+    e.g. ignore_eos=True), run it to the end under a progress bar; returns (t0, the finished sequences in
+    seq_id order)."""
     t0 = now(engine.lm.device)
     for p in prompts:
-        engine.add(p, max_new_tokens, arrival=t0)
+        engine.add(p, max_new_tokens, arrival=t0, **add_options)
     with progress_bar(label, total=len(prompts)) as bar:
         return t0, engine.run(progress=bar.callback)
 
@@ -114,8 +119,47 @@ def run_prompts(engine, prompts: list, max_new_tokens: int, label: str) -> tuple
 def workload_pool_blocks(lm, requests: list[Request], block_size: int) -> int:
     """A pool with room for every request's worst case at once, so the pool never makes anyone wait:
     each request stores at most prompt + new tokens - 1 positions (the last token is never fed back),
-    in whole blocks (ceil)."""
-    return sum(-(-(len(r.ids(lm)) + r.max_new_tokens - 1) // block_size) for r in requests)
+    in whole blocks (rounded up)."""
+    return sum(ceil_div(len(r.ids(lm)) + r.max_new_tokens - 1, block_size) for r in requests)
+
+
+def pool_problems(pool, name: str = "pool") -> list[str]:
+    """A block pool after a run: its own invariants checked (`check_invariants()` raises if broken), then
+    every block back on the free list? [] when all is well, else one line naming the leak."""
+    pool.check_invariants()
+    return [] if pool.n_free == pool.n_blocks else [f"{name}: {pool.n_used} blocks leaked"]
+
+
+# --- step-timed traces (common/workload.py's TracedRequest) ----------------------------------
+def submit_traced(engine, r: TracedRequest):
+    """Queue one traced request: a beam search, or a group of r.n samples (a plain request is a group of one)."""
+    if r.kind == "beam":
+        return engine.add_beam_search(r.prompt_ids, r.max_new_tokens, beam_width=r.n)
+    return engine.add_group(r.prompt_ids, r.max_new_tokens, r.sampling, ignore_eos=True, n=r.n)
+
+
+def drive(engine, trace: list[TracedRequest], on_step: Callable | None = None) -> list:
+    """Add each request at its arrival step and step the engine until every request is done, like a
+    server's engine loop; `on_step(step_outputs)` after every step. Returns the groups in trace order."""
+    order = sorted(range(len(trace)), key=lambda i: trace[i].arrival_step)
+    groups: list = [None] * len(trace)
+    step, k = 0, 0
+    while k < len(order) or engine.has_work:
+        if not engine.has_work:
+            step = max(step, trace[order[k]].arrival_step)  # idle: jump to the next burst
+        while k < len(order) and trace[order[k]].arrival_step <= step:
+            groups[order[k]] = submit_traced(engine, trace[order[k]])
+            k += 1
+        outputs = engine.step()
+        if on_step is not None:
+            on_step(outputs)
+        step += 1
+    return groups
+
+
+def outputs_of(groups: list) -> list[list[list[int]]]:
+    """Each request's token ids: its samples' outputs, or a beam search's best hypothesis."""
+    return [[g.best] if hasattr(g, "best") else g.outputs for g in groups]
 
 
 # --- measuring -----------------------------------------------------------------------------

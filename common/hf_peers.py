@@ -1,10 +1,13 @@
 """Hugging Face's own engines, measured on the same requests as ours: the peers a reader could pick instead.
 
-- `hf_static_generate`: `model.generate` on ONE left-padded batch of every
+Each is an engine runner of the harness (common/harness.py): `run(lm, requests, max_running) -> EngineRun`,
+and an `EngineRunner` a demo hands to `measure` / `run_tput` (HF_STATIC, HF_COMPILED, HF_CB).
+
+- `run_hf_static`: `model.generate` on ONE left-padded batch of every
   request, run to the longest requested length (static batching: a row that
   asked for 16 tokens rides along for 256). Its rows' outputs are trimmed to
   what each request asked for; the compute is not. Eager, `DynamicCache`.
-- `hf_compiled_generate`: the same one padded `generate` call with
+- `run_hf_compiled`: the same one padded `generate` call with
   `cache_implementation="static"`. The KV cache is preallocated at fixed
   shapes `[rows, n_kv_heads, cache_len, head_dim]` and written in place, so the
   decode step always sees the same shapes, and on a GPU `generate` compiles it
@@ -14,9 +17,13 @@
   so this peer must be warmed up on the workload's own shapes before timing.
   transformers compiles only on accelerators (CUDA, XPU, ...): on a CPU this
   is the eager static-cache path, which is what a CPU user gets.
-- `hf_generate_batch`: transformers' built-in continuous batching
+- `run_hf_cb`: transformers' built-in continuous batching
   (`model.generate_batch` with a `ContinuousBatchingConfig`), the peer a
-  reader would reach for first.
+  reader would reach for first; `hf_cb_runner("16:1024")` names one
+  (page_size, max_batch_tokens) setting of it.
+
+`run_hf_static` and `run_hf_compiled` ignore `max_running`: they are one padded
+batch of every request.
 
 Every one returns per-request `SeqTiming`s (first token, finish, tokens), the
 KV bytes it reserves, and `settings`: what a reader needs to rerun the row.
@@ -32,12 +39,12 @@ surely been picked), the last one at the end of the call.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 from transformers import CompileConfig, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from common.bench import SeqTiming, kv_bytes_per_token, now
+from common.bench import SeqTiming, ceil_div, kv_bytes_per_token, now
+from common.harness import EngineRun, EngineRunner
 from common.workload import Request
 
 MS_PER_S = 1e3
@@ -48,15 +55,9 @@ MS_PER_S = 1e3
 # to raise the limit; they come from the harness running many shapes in one process, and each shape
 # still compiles once, during its warm-up.
 HF_COMPILED_RECOMPILE_LIMIT = 64
-
-
-@dataclass
-class BaselineRun:
-    outputs: list[list[int]]       # new token ids per request, in request order
-    timings: list[SeqTiming]
-    kv_bytes: int                  # KV memory the engine held/reserved for the run
-    note: str = ""
-    settings: dict = field(default_factory=dict)   # how it ran: enough to reproduce the row
+HF_CB_PAGE_SIZE = 16
+HF_CB_MAX_BATCH_TOKENS = 512
+HF_CB_RESULT_TIMEOUT_S = 600.0
 
 
 def _on_cuda(device) -> bool:
@@ -106,7 +107,7 @@ def _generation_settings(config: GenerationConfig) -> dict:
                 eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id)
 
 
-def _padded_generate(lm, requests: list[Request], **generation_options) -> tuple[BaselineRun, int, int]:
+def _padded_generate(lm, requests: list[Request], **generation_options) -> tuple[EngineRun, int, int]:
     """One left-padded `generate` call over all requests, EOS honoured only where the request wants it.
 
     Returns the run (settings filled with the generation config) plus the padded width and the longest output.
@@ -144,11 +145,11 @@ def _padded_generate(lm, requests: list[Request], **generation_options) -> tuple
                     compile_config=config.compile_config.to_dict() if config.compile_config is not None else None,
                     disable_compile=bool(config.disable_compile),
                     attn_implementation=lm.model.config._attn_implementation)
-    return BaselineRun(outputs, timings, kv, settings=settings), width, longest
+    return EngineRun(outputs, timings, kv, settings=settings), width, longest
 
 
 @torch.inference_mode()
-def hf_static_generate(lm, requests: list[Request]) -> BaselineRun:
+def run_hf_static(lm, requests: list[Request], max_running: int | None = None) -> EngineRun:
     """One padded, eager `generate` call over all requests (DynamicCache)."""
     run, _, longest = _padded_generate(lm, requests)
     run.note = f"one padded batch of {len(requests)}, {longest} steps"
@@ -157,7 +158,7 @@ def hf_static_generate(lm, requests: list[Request]) -> BaselineRun:
 
 # No inference_mode here: `generate` runs under no_grad by itself, which is how a user calls it, and
 # torch.compile has a record of failing or slowing down under inference_mode (pytorch issues 103132, 114119).
-def hf_compiled_generate(lm, requests: list[Request], compile: bool = True) -> BaselineRun:
+def run_hf_compiled(lm, requests: list[Request], max_running: int | None = None, compile: bool = True) -> EngineRun:
     """One padded `generate(cache_implementation="static")` call; its decode step compiled on CUDA.
 
     compile=False keeps the static cache and turns compilation off (`disable_compile=True`): the
@@ -185,22 +186,23 @@ def hf_compiled_generate(lm, requests: list[Request], compile: bool = True) -> B
 
 # No inference_mode here: generate_batch manages its own worker thread and
 # tensors, and an inference-mode tensor created on our side breaks its resets.
-def hf_generate_batch(lm, requests: list[Request], page_size: int = 16, num_blocks: int | None = None,
-                      max_batch_tokens: int = 512, max_requests_per_batch: int | None = None,
-                      result_timeout_s: float = 600.0) -> BaselineRun:
+def run_hf_cb(lm, requests: list[Request], max_running: int | None = None, page_size: int = HF_CB_PAGE_SIZE,
+              max_batch_tokens: int = HF_CB_MAX_BATCH_TOKENS, num_blocks: int | None = None,
+              result_timeout_s: float = HF_CB_RESULT_TIMEOUT_S) -> EngineRun:
     """transformers' continuous batching (the manager behind `model.generate_batch`) on the same
-    requests, each with its own max_new_tokens, as `generate_batch` would run them."""
+    requests, each with its own max_new_tokens, as `generate_batch` would run them, at most
+    `max_running` per batch (`max_requests_per_batch`)."""
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     ids = [r.ids(lm) for r in requests]
     if num_blocks is None:  # room for everything at once: the pool never makes anyone wait
-        num_blocks = sum(-(-(len(p) + r.max_new_tokens) // page_size) for p, r in zip(ids, requests))
+        num_blocks = sum(ceil_div(len(p) + r.max_new_tokens, page_size) for p, r in zip(ids, requests))
     ignore_eos = all(r.ignore_eos for r in requests)
     config = GenerationConfig(max_new_tokens=max(r.max_new_tokens for r in requests), do_sample=False,
                               pad_token_id=lm.pad_token_id,
                               eos_token_id=None if ignore_eos else sorted(lm.eos_token_ids)[0])
     cb = ContinuousBatchingConfig(page_size=page_size, num_blocks=num_blocks, max_batch_tokens=max_batch_tokens,
-                                  max_requests_per_batch=max_requests_per_batch)
+                                  max_requests_per_batch=max_running)
     results = {}
     start = now(lm.device)
     with lm.model.continuous_batching_context_manager(generation_config=config, continuous_batching_config=cb,
@@ -232,8 +234,23 @@ def hf_generate_batch(lm, requests: list[Request], page_size: int = 16, num_bloc
     # Read back after the run: the manager resolves the automatic fields (CUDA graphs) in place.
     use_cuda_graph = cb.use_cuda_graph
     settings = dict(**_generation_settings(config), page_size=page_size, num_blocks=num_blocks,
-                    max_batch_tokens=max_batch_tokens, max_requests_per_batch=max_requests_per_batch,
+                    max_batch_tokens=max_batch_tokens, max_requests_per_batch=max_running,
                     use_cuda_graph=list(use_cuda_graph) if isinstance(use_cuda_graph, tuple) else use_cuda_graph,
                     default_compile_level=cb.default_compile_level, use_async_batching=cb.use_async_batching,
                     attn_implementation=lm.model.config._attn_implementation)
-    return BaselineRun(outputs, timings, kv, note, settings)
+    return EngineRun(outputs, timings, kv, note, settings)
+
+
+def hf_cb_runner(config: str) -> EngineRunner:
+    """`run_hf_cb` at one "page_size:max_batch_tokens" setting, named `hf_cb[<config>]`."""
+    page, mbt = (int(x) for x in config.split(":"))
+    return EngineRunner(f"hf_cb[{config}]", f"generate_batch page_size {page}, max_batch_tokens {mbt}",
+                        lambda lm, reqs, mr: run_hf_cb(lm, reqs, mr, page_size=page, max_batch_tokens=mbt))
+
+
+HF_STATIC = EngineRunner("hf_static", "transformers generate: one left-padded batch of every request", run_hf_static)
+HF_COMPILED = EngineRunner("hf_compiled", "transformers generate(cache_implementation='static'): one left-padded "
+                           "batch of every request, decode step compiled on CUDA (torch.compile, CUDA graphs)",
+                           run_hf_compiled)
+HF_CB = EngineRunner("hf_cb", f"transformers generate_batch (continuous batching, page_size {HF_CB_PAGE_SIZE})",
+                     run_hf_cb)

@@ -1,18 +1,22 @@
 """Matplotlib figures drawn from a Report's `data` (never from live objects),
-so a plot can be redrawn from a saved results/*.json at any time.
+so a plot can be redrawn from a saved results/*.json at any time. Every plot of
+the project goes through here: no phase imports matplotlib.
 
 Each helper saves one PNG and closes its figure. Agg backend: no display needed.
+A figure of several axes is `draw_panels(path, [line_panel(...), bar_panel(...)])`;
+`lines`, `bars` and `side_by_side` are the one-row shapes the demos use most.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
 
 FIG_DPI = 120
 WIDE = (9, 4.5)
@@ -27,21 +31,98 @@ def _finish(fig, path: Path | str, title: str | None = None) -> Path:
     return Path(path)
 
 
+# --- panels: one axis each, drawn side by side by `draw_panels` -----------------------------------
+Panel = Callable[[Axes], None]   # draws one axis; `draw_panels` puts a row of them in one PNG
+
+
+def line_panel(x: Sequence, series: dict[str, Sequence], xlabel: str, ylabel: str, title: str | None = None,
+               logx: bool = False, logy: bool = False, ticks_at_x: bool = False, from_zero: bool = False,
+               marker: str = "o", styles: dict[str, dict] | None = None, hlines: dict[str, float] | None = None,
+               legend_fontsize: int | None = None) -> Panel:
+    """One line per series against x (log2 x with `logx`, a tick at every x with `ticks_at_x`, y from
+    zero with `from_zero`, so a 5% gap looks like one); `styles` {series: matplotlib line options} overrides
+    a series' look; `hlines` {label: y} adds dashed grey reference lines."""
+    def draw(ax: Axes) -> None:
+        for label, ys in series.items():
+            ax.plot(x, ys, **{"marker": marker, "label": label, **(styles or {}).get(label, {})})
+        for label, y in (hlines or {}).items():
+            ax.axhline(y, color="gray", ls="--", label=label)
+        if logx:
+            ax.set_xscale("log", base=2)
+        if ticks_at_x:
+            ax.set_xticks(list(x), [str(v) for v in x])
+        if logy:
+            ax.set_yscale("log")
+        if from_zero:
+            ax.set_ylim(bottom=0)
+        ax.set(xlabel=xlabel, ylabel=ylabel)
+        if title:
+            ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=legend_fontsize)
+    return draw
+
+
+def bar_panel(labels: Sequence[str], series: dict[str, Sequence], ylabel: str | None = None,
+              title: str | None = None, logy: bool = False, slanted: bool = False,
+              bar_colors: Sequence[str] | None = None, bands: dict[str, tuple[float, float, str]] | None = None,
+              legend: bool = True, legend_fontsize: int | None = None) -> Panel:
+    """Grouped bars: one group per label, one bar per series (x labels slanted with `slanted`).
+    `bar_colors` colours each bar of a single series; `bands` {label: (lo, hi, color)} shades reference
+    ranges behind the bars."""
+    def draw(ax: Axes) -> None:
+        n = max(len(series), 1)
+        width = 0.8 / n
+        for i, (name, ys) in enumerate(series.items()):
+            # bars coloured one by one carry their meaning in the colours (and the title), not a legend entry
+            ax.bar([j + i * width for j in range(len(labels))], ys, width,
+                   label=name if bar_colors is None else None,
+                   color=list(bar_colors) if bar_colors is not None else None)
+        for label, (lo, hi, color) in (bands or {}).items():
+            ax.axhspan(lo, hi, color=color, alpha=0.15, label=label)
+        ax.set_xticks([j + width * (n - 1) / 2 for j in range(len(labels))])
+        ax.set_xticklabels(labels, **(dict(rotation=20, ha="right") if slanted else {}))
+        if ylabel:
+            ax.set_ylabel(ylabel)
+        if logy:
+            ax.set_yscale("log")
+        if title:
+            ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3, axis="y")
+        if legend:
+            ax.legend(fontsize=legend_fontsize)
+    return draw
+
+
+def draw_panels(path, panels: list[Panel], title: str | None = None,
+                panel_size: tuple[float, float] = (5.5, 4.5)) -> Path:
+    """The panels next to each other, left to right, in one PNG."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(panel_size[0] * len(panels), panel_size[1]), squeeze=False)
+    for ax, draw in zip(axes[0], panels):
+        draw(ax)
+    return _finish(fig, path, title)
+
+
+# --- one-panel figures and the common shapes ------------------------------------------------------
 def lines(path, x: Sequence, series: dict[str, Sequence], xlabel: str, ylabel: str,
           title: str | None = None, logx: bool = False, logy: bool = False, marker: str = "o") -> Path:
     """One axis, one line per series (all sharing x)."""
-    fig, ax = plt.subplots(figsize=WIDE)
-    for label, ys in series.items():
-        ax.plot(x, ys, marker=marker, label=label)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    if logx:
-        ax.set_xscale("log", base=2)
-    if logy:
-        ax.set_yscale("log")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    return _finish(fig, path, title)
+    return draw_panels(path, [line_panel(x, series, xlabel, ylabel, logx=logx, logy=logy, marker=marker)], title,
+                       panel_size=WIDE)
+
+
+def bars(path, labels: Sequence[str], series: dict[str, Sequence], ylabel: str,
+         title: str | None = None, logy: bool = False) -> Path:
+    """Grouped bars: one group per label, one bar per series."""
+    return draw_panels(path, [bar_panel(labels, series, ylabel, logy=logy, slanted=True)], title, panel_size=WIDE)
+
+
+def side_by_side(path, x: Sequence, panels: dict[str, dict[str, Sequence]], xlabel: str,
+                 title: str | None = None) -> Path:
+    """Line panels next to each other, one per quantity ({y label: {series: ys}}), against one x on a
+    log2 axis with a tick at every x; each y axis starts at zero."""
+    return draw_panels(path, [line_panel(x, series, xlabel, ylabel, logx=True, ticks_at_x=True, from_zero=True)
+                              for ylabel, series in panels.items()], title)
 
 
 def twin_lines(path, x: Sequence, left: tuple[str, Sequence], right: tuple[str, Sequence],
@@ -59,44 +140,6 @@ def twin_lines(path, x: Sequence, left: tuple[str, Sequence], right: tuple[str, 
     if logx:
         ax.set_xscale("log", base=2)
     ax.grid(alpha=0.3)
-    return _finish(fig, path, title)
-
-
-def bars(path, labels: Sequence[str], series: dict[str, Sequence], ylabel: str,
-         title: str | None = None, logy: bool = False) -> Path:
-    """Grouped bars: one group per label, one bar per series."""
-    fig, ax = plt.subplots(figsize=WIDE)
-    n = max(len(series), 1)
-    width = 0.8 / n
-    for i, (name, ys) in enumerate(series.items()):
-        ax.bar([j + i * width for j in range(len(labels))], ys, width, label=name)
-    ax.set_xticks([j + width * (n - 1) / 2 for j in range(len(labels))])
-    ax.set_xticklabels(labels, rotation=20, ha="right")
-    ax.set_ylabel(ylabel)
-    if logy:
-        ax.set_yscale("log")
-    ax.grid(alpha=0.3, axis="y")
-    ax.legend()
-    return _finish(fig, path, title)
-
-
-
-
-def side_by_side(path, x: Sequence, panels: dict[str, dict[str, Sequence]], xlabel: str,
-                 title: str | None = None) -> Path:
-    """Panels next to each other, one per quantity ({y label: {series: ys}}), against one x on a log2
-    axis with a tick at every x; each y axis starts at zero, so a 5% gap looks like one."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
-    for ax, (ylabel, series) in zip(axes[0], panels.items()):
-        for label, ys in series.items():
-            ax.plot(x, ys, marker="o", label=label)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(list(x), [str(v) for v in x])
-        ax.set_ylim(bottom=0)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.grid(alpha=0.3)
-        ax.legend()
     return _finish(fig, path, title)
 
 

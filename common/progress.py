@@ -4,7 +4,7 @@
         for ...:
             bar.describe("sweep: batch 8")   # optional: what it is doing now
             ...
-            bar.advance()                    # one item done (or bar.update(n): n items done)
+            bar.advance()                    # one item done (bar.advance(n): n more; bar.update(n): n in all)
 
 A scheduler's `run(progress=...)` callback takes (n_done, n_total):
 pass `bar.callback`.
@@ -26,9 +26,9 @@ class Bar:
         """`completed` items are done."""
         self._progress.update(self._task, completed=completed)
 
-    def advance(self) -> None:
-        """One more item is done."""
-        self._progress.advance(self._task)
+    def advance(self, n: int = 1) -> None:
+        """n more items are done (one by default)."""
+        self._progress.advance(self._task, n)
 
     def describe(self, text: str) -> None:
         """Show `text` in front of the bar."""
@@ -40,8 +40,8 @@ class Bar:
 
 
 @contextmanager
-def progress_bar(description: str, total: int) -> Iterator[Bar]:
-    """A transient bar of `total` items, labelled `description`; yields its `Bar`."""
+def progress_bar(description: str, total: int | None) -> Iterator[Bar]:
+    """A transient bar of `total` items (None: of unknown length), labelled `description`; yields its `Bar`."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

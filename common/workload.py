@@ -1,10 +1,18 @@
-"""Request traces for the benchmarks: fixed prompt lists, length distributions, Poisson arrivals.
+"""Request traces for the benchmarks: fixed prompt lists, length distributions, Poisson arrivals, bursts.
 
 A trace is a list of `Request`s. Everything is drawn from a seeded generator,
 so two engines measured on "the same workload" really get the same requests.
 The vLLM-style traces (`equal_work`, `mixed_work`) use random token ids as
 prompts and fixed per-request output lengths with EOS ignored: every engine
 then does exactly the same number of forward-pass tokens.
+
+Step-timed traces (`TracedRequest`: phase 4.4's preemption and stress demos)
+arrive at an engine *step*, not a second, so a trace means the same thing on a
+fast GPU and a slow CPU, and two runs of it are comparable; each request is
+plain (greedy), n seeded samples, or a beam search of width n:
+- `burst`: n greedy requests that all arrive at once, lengths drawn uniformly;
+- `stress_trace`: bursts every few steps, a seeded mix of the three kinds.
+common/harness.py's `drive(engine, trace)` feeds one to an engine.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ EQUAL_WORK_N = 64
 EQUAL_WORK_PROMPT_LEN = (16, 128)
 EQUAL_WORK_OUTPUT_LEN = 64
 MIXED_WORK_OUTPUT_LEN = (16, 256)
+TRACE_SAMPLE_TEMPERATURE = 0.8  # a step-timed trace's sampled requests
 
 
 @dataclass
@@ -52,10 +61,15 @@ def uniform_lengths(n: int, lo: int, hi: int, seed: int = DEFAULT_SEED) -> list[
     return [int(x) for x in rng.integers(lo, hi + 1, size=n)]
 
 
+def random_token_ids(rng: np.random.Generator, n: int, vocab_size: int) -> list[int]:
+    """n random ordinary token ids (no special token) drawn from `rng`."""
+    return [int(t) for t in rng.integers(FIRST_ORDINARY_TOKEN_ID, vocab_size, size=n)]
+
+
 def random_prompt_ids(lengths: list[int], vocab_size: int, seed: int = DEFAULT_SEED) -> list[list[int]]:
     """One random-token prompt per length (ordinary tokens only)."""
     rng = np.random.default_rng(seed + 1)
-    return [[int(t) for t in rng.integers(FIRST_ORDINARY_TOKEN_ID, vocab_size, size=n)] for n in lengths]
+    return [random_token_ids(rng, n, vocab_size) for n in lengths]
 
 
 def poisson_arrivals(n: int, rate_per_s: float, seed: int = DEFAULT_SEED) -> list[float]:
@@ -83,3 +97,55 @@ def mixed_work(vocab_size: int, n: int = EQUAL_WORK_N, prompt_len: tuple[int, in
 
 def total_output_tokens(requests: list[Request]) -> int:
     return sum(r.max_new_tokens * r.n for r in requests)
+
+
+# --- step-timed traces --------------------------------------------------------------------------
+@dataclass
+class TracedRequest:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    arrival_step: int = 0
+    kind: str = "plain"        # "plain" (greedy), "samples" (n seeded samples), "beam" (beam search, width n)
+    n: int = 1
+    seed: int | None = None    # samples: the request's seed (sample i draws with seed + i)
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=TRACE_SAMPLE_TEMPERATURE, seed=self.seed) if self.kind == "samples" \
+            else GREEDY
+
+
+def _uniform(rng: np.random.Generator, bounds: tuple[int, int]) -> int:
+    """One integer drawn uniformly from [lo, hi]."""
+    return int(rng.integers(bounds[0], bounds[1] + 1))
+
+
+def burst(vocab_size: int, n: int, prompt_len: tuple[int, int], output_len: tuple[int, int],
+          seed: int = DEFAULT_SEED) -> list[TracedRequest]:
+    """n greedy requests arriving together at step 0; lengths uniform in the given [lo, hi] ranges."""
+    rng = np.random.default_rng(seed)
+    return [TracedRequest(random_token_ids(rng, _uniform(rng, prompt_len), vocab_size), _uniform(rng, output_len))
+            for _ in range(n)]
+
+
+def stress_trace(vocab_size: int, n_requests: int, prompt_len: tuple[int, int], output_len: tuple[int, int],
+                 burst_size: tuple[int, int], burst_gap: tuple[int, int], p_samples: float, p_beam: float,
+                 max_n: int, seed: int = DEFAULT_SEED) -> list[TracedRequest]:
+    """Bursts of requests (sizes, and gaps in steps, drawn uniformly); each is plain, n samples or a beam search
+    (probabilities p_samples, p_beam; n uniform in [2, max_n])."""
+    rng = np.random.default_rng(seed)
+    trace, step = [], 0
+    while len(trace) < n_requests:
+        for _ in range(min(_uniform(rng, burst_size), n_requests - len(trace))):
+            kind = rng.choice(["samples", "beam", "plain"], p=[p_samples, p_beam, 1 - p_samples - p_beam])
+            trace.append(TracedRequest(
+                random_token_ids(rng, _uniform(rng, prompt_len), vocab_size), _uniform(rng, output_len),
+                arrival_step=step, kind=str(kind), n=1 if kind == "plain" else _uniform(rng, (2, max_n)),
+                seed=len(trace)))
+        step += _uniform(rng, burst_gap)
+    return trace
+
+
+def demand_tokens(trace: list[TracedRequest]) -> int:
+    """KV tokens the trace would hold if every request ran to max_new_tokens at once, nothing shared."""
+    return sum(r.n * (len(r.prompt_ids) + r.max_new_tokens) for r in trace)

@@ -1,6 +1,7 @@
-"""The benchmark harness in common/: engine runners and `measure`, the `tput` sweep, the kernel-bench
-sweep, the roofline and step profiler, the plots. Engines here are stand-ins that record their calls,
-so each test checks what the harness does, not what an engine does; no phase is imported."""
+"""The benchmark harness in common/: engine runners and `measure`, the `tput` sweep, `workload_bench`, the
+kernel-bench sweep, the roofline and step profiler, step-timed traces and `drive`, pool checks, the plots.
+Engines here are stand-ins that record their calls, so each test checks what the harness does, not what
+an engine does; no phase is imported."""
 
 from __future__ import annotations
 
@@ -11,16 +12,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from common.bench import SeqTiming
+from common.bench import SeqTiming, ceil_div
 from common.demos import RunConfig
-from common.harness import (WARMUP_NEW_TOKENS_CPU, EngineRun, EngineRunner, PeakKV, measure, pick_engines,
-                            run_prompts, warmup_requests, workload_pool_blocks)
+from common.harness import (WARMUP_NEW_TOKENS_CPU, EngineRun, EngineRunner, PeakKV, drive, measure, outputs_of,
+                            pick_engines, pool_problems, run_prompts, warmup_requests, workload_pool_blocks)
 from common.prompts import interleaved_latency_prompts
 from common.report import REPO_ROOT, shorten
 from common.workload import Request
 
-HARNESS_MODULES = ["common.harness", "common.tput", "common.kernel_bench", "common.hf_peers", "common.roofline",
-                   "common.progress", "common.plots"]
+HARNESS_MODULES = ["common.harness", "common.tput", "common.workload_bench", "common.kernel_bench",
+                   "common.hf_peers", "common.roofline", "common.progress", "common.plots", "common.prefill_bench",
+                   "common.prefill_attention", "common.stream_latency"]
 
 
 def test_the_harness_imports_no_phase():
@@ -141,6 +143,109 @@ def test_run_prompts_gives_every_prompt_one_arrival_and_returns_in_order():
     assert done == ["a", "b"] and {a for *_, a in engine.added} == {t0} and {n for _, n, _ in engine.added} == {3}
 
 
+def test_run_prompts_passes_add_options_through():
+    class Engine:
+        lm = SimpleNamespace(device="cpu")
+        added = []
+
+        def add(self, prompt, max_new_tokens, arrival=None, **options):
+            self.added.append(options)
+
+        def run(self, progress=None):
+            return []
+
+    engine = Engine()
+    run_prompts(engine, ["a", "b"], 3, "test", ignore_eos=True)
+    assert engine.added == [dict(ignore_eos=True)] * 2
+
+
+def test_pool_problems_names_a_leak_and_runs_the_pools_own_checks():
+    class Pool:
+        n_blocks, checked = 8, 0
+
+        def __init__(self, n_free):
+            self.n_free = n_free
+            self.n_used = self.n_blocks - n_free
+
+        def check_invariants(self):
+            Pool.checked += 1
+
+    assert pool_problems(Pool(8)) == []
+    assert pool_problems(Pool(5), "CPU pool") == ["CPU pool: 3 blocks leaked"]
+    assert Pool.checked == 2
+
+
+def test_ceil_div_and_a_timing_cut_to_its_first_tokens():
+    assert [ceil_div(n, 4) for n in (0, 1, 4, 5, 8, 9)] == [0, 1, 1, 2, 2, 3]
+    t = SeqTiming(arrival=0.0)
+    for when in (1.0, 2.0, 3.0, 4.0):
+        t.token(when)
+    first = t.first(2)
+    assert (first.arrival, first.first_token, first.finish, first.n_generated) == (0.0, 1.0, 2.0, 2)
+
+
+# --- step-timed traces and `drive` ----------------------------------------------------------------
+def test_traces_are_seeded_and_mix_the_kinds_they_are_asked_for():
+    from common.workload import FIRST_ORDINARY_TOKEN_ID, burst, demand_tokens, stress_trace
+    b = burst(500, 6, (3, 9), (2, 5), seed=4)
+    assert b == burst(500, 6, (3, 9), (2, 5), seed=4) and b != burst(500, 6, (3, 9), (2, 5), seed=5)
+    assert all(3 <= len(r.prompt_ids) <= 9 and 2 <= r.max_new_tokens <= 5 and r.arrival_step == 0 for r in b)
+    assert all(FIRST_ORDINARY_TOKEN_ID <= t < 500 for r in b for t in r.prompt_ids)
+    assert demand_tokens(b) == sum(len(r.prompt_ids) + r.max_new_tokens for r in b)
+    t = stress_trace(500, 40, (1, 5), (1, 5), burst_size=(2, 4), burst_gap=(1, 3), p_samples=0.3, p_beam=0.3,
+                     max_n=3, seed=0)
+    assert len(t) == 40 and [r.arrival_step for r in t] == sorted(r.arrival_step for r in t)
+    assert {r.kind for r in t} == {"plain", "samples", "beam"}
+    assert all((r.n == 1) == (r.kind == "plain") and r.n <= 3 for r in t)
+    samples = next(r for r in t if r.kind == "samples")
+    assert samples.sampling.temperature > 0 and samples.sampling.seed == samples.seed
+    assert next(r for r in t if r.kind == "plain").sampling.temperature == 0
+
+
+class StepEngine:
+    """Finishes a request `max_new_tokens` steps after it is added; notes at which step each was added."""
+
+    def __init__(self):
+        self.live, self.added, self.n_steps = [], [], 0
+
+    @property
+    def has_work(self):
+        return bool(self.live)
+
+    def add_group(self, prompt_ids, max_new_tokens, sampling, ignore_eos, n):
+        group = SimpleNamespace(left=max_new_tokens, outputs=[[self.n_steps]] * n, kind="group")
+        self.live.append(group)
+        self.added.append(("group", self.n_steps, n))
+        return group
+
+    def add_beam_search(self, prompt_ids, max_new_tokens, beam_width):
+        group = SimpleNamespace(left=max_new_tokens, best=[self.n_steps], kind="beam")
+        self.live.append(group)
+        self.added.append(("beam", self.n_steps, beam_width))
+        return group
+
+    def step(self):
+        for g in self.live:
+            g.left -= 1
+        done = [g for g in self.live if g.left == 0]
+        self.live = [g for g in self.live if g.left > 0]
+        self.n_steps += 1
+        return [SimpleNamespace(finished=True) for _ in done]
+
+
+def test_drive_adds_each_request_at_its_step_and_jumps_idle_gaps():
+    from common.workload import TracedRequest
+    trace = [TracedRequest([5, 6], 2, arrival_step=0), TracedRequest([5], 1, arrival_step=10, kind="beam", n=3),
+             TracedRequest([7], 1, arrival_step=1, kind="samples", n=2, seed=3)]
+    engine, finished = StepEngine(), []
+    groups = drive(engine, trace, on_step=lambda outs: finished.append(len(outs)))
+    # in arrival order; the idle engine jumps from step 2 to the burst at step 10 (its own step count: 2)
+    assert engine.added == [("group", 0, 1), ("group", 1, 2), ("beam", 2, 3)]
+    assert [g.kind for g in groups] == ["group", "beam", "group"]            # in trace order
+    assert sum(finished) == 3 and not engine.has_work
+    assert outputs_of(groups) == [[[0]], [[2]], [[1], [1]]]                   # samples' outputs; a beam's best
+
+
 # --- the tput sweep ---------------------------------------------------------------------------------
 def test_tput_warms_each_cell_once_and_reports_settings(tiny32):
     from common.tput import run_tput
@@ -175,6 +280,44 @@ def test_tput_compares_every_engines_outputs_with_the_first(tiny32, tmp_path):
     assert "b: outputs identical to a's" in notes and "c: outputs DIFFER from a's" in notes
     plot_tput(report, tmp_path / "tput.png")
     assert (tmp_path / "tput.png").stat().st_size > 0
+
+
+# --- workload_bench -----------------------------------------------------------------------------------
+def test_workload_bench_runs_every_named_engine_and_keeps_hf_cbs_best_config(tiny32, monkeypatch):
+    import common.workload_bench as wb
+    ran = []
+
+    def fake_cb(config):
+        def run(lm, requests, max_running):
+            ran.append(config)
+            return recording_runner([]).run(lm, requests, max_running)
+        return EngineRunner(f"hf_cb[{config}]", "fake generate_batch", run)
+
+    monkeypatch.setattr(wb, "hf_cb_runner", fake_cb)
+    cfg = RunConfig(model="tiny", device="cpu", dtype="fp32", _lm=tiny32, quick=True)
+    cfg.options = {o.name: o.default(on_gpu=False) for o in wb.workload_options(["a", "hf_cb"], [], ["a", "hf_cb"])}
+    profiled = []
+
+    def profile_engine(lm, requests):
+        a = torch.randn(32, 32)
+        profiled.append(len(requests))
+        return SimpleNamespace(lm=lm, running=requests, step=lambda: a @ a)
+
+    report = wb.run_workload_bench(cfg, [recording_runner([], "a")], focus="a",
+                                   targets={("equal", "a", "hf_cb"): 1.0, ("mixed", "a", "nope"): 1.0},
+                                   profile_engine=profile_engine)
+    titles = [t.title for t in report.tables]
+    assert titles[0].startswith("equal work") and titles[1].startswith("mixed work")
+    assert titles[2].startswith("Ratios") and titles[3] == "Compute roofline" and titles[4].startswith("Where one")
+    equal = report.tables[0]
+    assert equal.columns[-1] == "a speedup" and [r[0] for r in equal.rows] == ["a", "hf_cb"]
+    assert ran == wb.HF_CB_CONFIGS[:1] * 4       # quick: the first config only; warm-up + timed run per workload
+    assert len(report.tables[2].rows) == 1                      # a target naming an engine that did not run: no row
+    assert profiled == [wb.QUICK["n"]] and report.data["profile"]
+    assert set(report.data["results"]) == {"equal", "mixed"} and "outputs" not in report.data["results"]["equal"]["a"]
+    cfg.options["engines"] = ["a", "vllm"]
+    with pytest.raises(ValueError, match="unknown engine"):
+        wb.run_workload_bench(cfg, [recording_runner([], "a")], "a", {}, profile_engine)
 
 
 # --- the kernel-bench sweep -----------------------------------------------------------------------
@@ -249,5 +392,13 @@ def test_every_plot_helper_writes_a_png(tmp_path):
                                                      dict(batch=1, context=16, a=2.0, b=None)],
                                 {"a": "timed", "b": "not timed"}, ylabel="ms"),
         plots.twin_lines(tmp_path / "e.png", [1, 2], ("l", [1, 2]), ("r", [10, 100]), "x", right_logy=True),
+        plots.lines(tmp_path / "f.png", [1, 2], {"s": [1, 2]}, "x", "y", logx=True, marker=""),
+        plots.bars(tmp_path / "g.png", ["p", "q"], {"s": [1, 2], "t": [3, 4]}, "y", logy=True),
+        plots.draw_panels(tmp_path / "h.png", [
+            plots.line_panel([4, 8], {"a": [1, 2], "b": [2, 1]}, "x", "y", logx=True, ticks_at_x=True, logy=True,
+                             styles={"b": dict(marker="^", ls="--")}, hlines={"ref": 1.5}),
+            plots.bar_panel(["p", "q"], {"s": [1, 2]}, "y", title="t", bar_colors=["tab:blue", "tab:orange"],
+                            bands={"range": (0.5, 1.5, "tab:blue")}),
+        ], title="two panels", panel_size=(4, 3)),
     ]
     assert all(p.stat().st_size > 0 for p in paths)

@@ -2,16 +2,21 @@
 
     python -m common sweep        [--batch-sizes 1 2 4 8 16] [--new-tokens 32]
     python -m common waste_demo   [--max-new-tokens 200]
+
+And this phase's engine for the later engine comparisons (`tput`, `workload_bench`
+in phase 3.5): `STATIC`, static batches of `max_running` handed to the harness.
 """
 
 from __future__ import annotations
 
 from common.bench import MB, PeakMemory, summarize
 from common.demos import Option, RunConfig, demo
+from common.harness import EngineRun, EngineRunner
 from common.progress import progress_bar
 from common.prompts import (SWEEP_BATCH_SIZES, SWEEP_NEW_TOKENS, SWEEP_PROMPT, WASTE_DEMO_MAX_TOKENS,
                             WASTE_DEMO_PROMPTS)
 from common.report import shorten
+from common.workload import Request
 from phases.p2_1_naive_batching.generate import generate_batch
 
 # CPU: 32 new tokens per row keeps the whole sweep around a minute on 2 cores.
@@ -111,3 +116,22 @@ def waste_demo(cfg: RunConfig):
                        finish_reasons=res.finish_reasons, outputs=res.texts, n_pad=res.n_pad,
                        prompt_tokens=[len(p) for p in res.prompt_ids], wall_s=res.wall_s)
     return report
+
+
+# --- this phase's engine, as the harness runs it ------------------------------------------------
+def run_static(lm, requests: list[Request], max_running: int) -> EngineRun:
+    """Static batches of `max_running` requests, one after another, each run to its longest row."""
+    outputs, timings, kv_peak = [], [], 0
+    for i in range(0, len(requests), max_running):
+        chunk = requests[i:i + max_running]
+        longest = max(r.max_new_tokens for r in chunk)
+        res = generate_batch(lm, [r.ids(lm) for r in chunk], longest, ignore_eos=all(r.ignore_eos for r in chunk))
+        for r, out, t in zip(chunk, res.output_ids, res.timings):
+            outputs.append(out[: r.max_new_tokens])   # a row carried past its request's length: cut back
+            timings.append(t.first(r.max_new_tokens))
+        kv_peak = max(kv_peak, res.kv_bytes)
+    return EngineRun(outputs, timings, kv_peak, note="every row of a batch runs to the batch's longest",
+                     settings=dict(max_running=max_running, kv="one left-padded DynamicCache per batch"))
+
+
+STATIC = EngineRunner("static", "generate_batch (p2_1): static padded batches of max_running", run_static)

@@ -1,4 +1,4 @@
-"""A scheduler: sequences with a status, a waiting queue and a capped running set (still static batches).
+"""Phase 2.2 adds a scheduler to phase 2.1: sequences with a status, a waiting queue and a capped running set (still static batches).
 
 Phase 2.1 took a fixed list of prompts. Here requests are queued one by one
 as `Sequence`s that move WAITING -> PREFILLING -> DECODING -> DONE, and a
@@ -6,8 +6,10 @@ as `Sequence`s that move WAITING -> PREFILLING -> DECODING -> DONE, and a
 admitted group as one static padded batch to its end (phase 2.1's
 `PaddedBatch`); phase 2.3 changes only when a freed slot is refilled.
 
-- `sequence.py`   `Status`, `Sequence` (one request's state machine) and `StepOutput` (one token of one step)
-- `trace.py`      per-step slot occupancy, for the timelines
-- `scheduler.py`  `Scheduler(lm, max_running)`: add() -> Sequence, step() -> [StepOutput], run(); the shape
-                  every later engine keeps (each subclasses the one before, up to phase 4.4)
+Files:
+- sequence.py   `Status`, `Sequence` (one request's state machine) and `StepOutput` (one token of one step)
+- trace.py      `StepRecord` / `Trace`: per-step slot occupancy, the data behind the timelines
+- scheduler.py  `Scheduler(lm, max_running)`: add() -> Sequence, step() -> [StepOutput], run(); the shape
+                every later engine keeps (each subclasses the one before, up to phase 4.4)
+- README.md     the state machine and the scheduler's loop (its demo is phase 2.3's `latency_demo`)
 """

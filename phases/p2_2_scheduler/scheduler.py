@@ -62,8 +62,10 @@ class Scheduler:
         """Queue a request. `prompt` is text (chat template applied) or token ids.
 
         Bad input (empty prompt, too long for the context, max_new_tokens <= 0)
-        raises ValueError here, before anything is queued. `arrival` is a clock
-        reading from `common.bench.now` (default: now).
+        raises ValueError here, before anything is queued; `sampling` must be a
+        `SamplingParams`, which checked its own values when it was made (so no
+        step can meet a NaN temperature or a seed torch refuses). `arrival` is a
+        clock reading from `common.bench.now` (default: now).
         """
         seq = self._new_sequence(prompt, max_new_tokens, sampling, ignore_eos, arrival)
         self._queue(seq)
@@ -73,6 +75,8 @@ class Scheduler:
                       ignore_eos: bool, arrival: float | None) -> Sequence:
         """A checked request, not queued yet: it takes the next seq_id only when `_queue` queues it, so a
         refused request leaves no trace. Later phases add their own checks here (3.3: the pool's size)."""
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams (it validates itself), got {type(sampling).__name__}")
         seq_id = self._next_id
         ids = tokenize_prompt(self.lm, prompt, max_new_tokens, label=f"sequence {seq_id}")
         text = prompt if isinstance(prompt, str) else self.lm.decode(ids)

@@ -1,18 +1,19 @@
-"""Adds one KV pool allocated once and carved into fixed-size blocks, handed out from a free list with reference counts.
+"""Phase 3.1 adds one KV pool to phase 2.3: allocated once, carved into fixed-size blocks, handed out from a free list with reference counts.
 
 Phase 2 gave every sequence its own growing `DynamicCache`. From here on the
 KV cache lives in a single pool tensor
 `[n_blocks, n_layers, 2, n_kv_heads, block_size, head_dim]`, and a sequence
 owns a handful of its blocks (phase 3.2's `BlockTable` says which).
 
-- `allocator.py`: `BlockAllocator` (alloc / free / incref / refcount),
-  `OutOfBlocks`, `AllocatorError`, and `blocks_for` (tokens -> blocks, rounded
-  up: the one ceiling division every later phase imports).
-- `budget.py`: `budget_n_blocks` sizes the pool from the memory left after
-  model load (CUDA) or a stated budget (CPU).
-- `demo.py`: `alloc_demo`, blocks used by paging vs a static reservation, on
-  the latency workload's real prompt/output token counts (from phase 2.3's
-  continuous-batching scheduler: `latency_workload_lengths`).
+Files:
+- allocator.py  `BlockAllocator` (alloc / free / incref / refcount), `OutOfBlocks`, `AllocatorError`,
+                and `blocks_for` (tokens -> blocks, rounded up: the one ceiling division every later
+                phase imports)
+- budget.py     `budget_n_blocks`: the pool sized from the memory left after model load (CUDA) or a
+                stated budget (CPU)
+- demo.py       `alloc_demo`: blocks used by paging vs a static reservation, on the latency workload's
+                real prompt/output token counts (`workload`, `workload_options`, shared with phase 3.2)
+- README.md     the pool's layout, its invariants, the measured table
 """
 
 from phases.p3_1_block_allocator.allocator import (DEFAULT_BLOCK_SIZE, AllocatorError, BlockAllocator,

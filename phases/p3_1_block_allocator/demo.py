@@ -21,7 +21,7 @@ from common.harness import run_prompts
 from common.prompts import (LATENCY_DEMO_MAX_RUNNING, LATENCY_DEMO_MAX_TOKENS, STATIC_RESERVATION_TOKENS,
                             interleaved_latency_prompts)
 from common.report import Report, shorten
-from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
+from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, blocks_for
 from phases.p3_1_block_allocator.budget import DEFAULT_MEMORY_FRACTION, MiB, kv_budget_bytes
 
 # The blog's GPU run let the long answers go to 2048 tokens (its table shows a 1,295-token answer).
@@ -107,7 +107,7 @@ def alloc_demo(cfg: RunConfig) -> Report:
                    f"{lm.n_kv_heads}*{bs}*{lm.head_dim}*{lm.dtype.itemsize}; blocks = budget // bytes/block")
 
     lengths = workload(cfg, lm)
-    static_blocks = -(-cfg.static_tokens // bs)
+    static_blocks = blocks_for(cfg.static_tokens, bs)
     seq_table = report.table(
         f"Per sequence (block size {bs}; static reserves {cfg.static_tokens} slots = {static_blocks} blocks)",
         ["seq", "prompt", "prompt tok", "generated", "tokens", "paged blocks", "tail waste (tok)",
@@ -115,7 +115,7 @@ def alloc_demo(cfg: RunConfig) -> Report:
     rows, held = [], []
     for i, w in enumerate(lengths):
         tokens = w["prompt_tokens"] + w["generated_tokens"]
-        blocks = [pool.alloc() for _ in range(-(-tokens // bs))]  # all of a sequence's blocks, held together
+        blocks = [pool.alloc() for _ in range(blocks_for(tokens, bs))]  # all of a sequence's blocks, held together
         held += blocks
         # A sequence longer than the reservation would not fit a static cache at all; count it as full.
         static_slots = max(static_blocks * bs, tokens)

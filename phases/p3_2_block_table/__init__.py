@@ -1,10 +1,12 @@
-"""Adds a per-sequence block table: logical token positions -> (physical block, offset) in phase 3.1's pool.
+"""Phase 3.2 adds a per-sequence block table to phase 3.1's pool: logical token positions -> (physical block, offset).
 
-- `block_table.py`: `BlockTable` (maybe_extend / ensure_capacity /
-  append_slots / physical_pos / slot_mapping / release).
-- `demo.py`: `table_demo` (one sequence's table at each block boundary, or N
-  sequences competing for one pool) and `block_size_study` (tail waste vs
-  table entries across block sizes, on the latency workload's real lengths).
+Files:
+- block_table.py  `BlockTable` (maybe_extend / ensure_capacity / append_slots / physical_pos /
+                  slot_mapping / release)
+- demo.py         `table_demo` (one sequence's table at each block boundary, or N sequences competing
+                  for one pool) and `block_size_study` (tail waste vs table entries across block sizes,
+                  on the latency workload's real lengths)
+- README.md       the mapping, the block-size trade-off, the measured tables
 """
 
 from phases.p3_2_block_table.block_table import BlockTable

@@ -16,7 +16,7 @@ from common.demos import Option, RunConfig, demo
 from common.prompts import TABLE_DEMO_PROMPT, interleaved_latency_prompts
 from common.report import Report, shorten
 from phases.p2_3_continuous_batching.scheduler import ContinuousScheduler
-from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
+from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, blocks_for
 from phases.p3_1_block_allocator.demo import workload, workload_options
 from phases.p3_2_block_table.block_table import BlockTable
 
@@ -179,7 +179,7 @@ def table_demo(cfg: RunConfig) -> Report:
     ids = [lm.prompt_ids(p) for p in queue]
     # Room for n sequences at their worst case, so the run never runs dry (no preemption yet), and
     # no more, so blocks that come back are soon handed out again.
-    worst = -(-(max(map(len, ids)) + max_new) // cfg.block_size)
+    worst = blocks_for(max(map(len, ids)) + max_new, cfg.block_size)
     pool = BlockAllocator.for_model(lm, block_size=cfg.block_size, n_blocks=n * worst)
     sched = TableTracingScheduler(lm, pool, max_running=n)
     for p in queue:
@@ -221,7 +221,7 @@ def block_size_study(cfg: RunConfig) -> Report:
     data = dict(block_sizes=[], table_entries=[], waste_pct=[], n_sequences=len(tokens), tokens=tokens)
     for bs in cfg.block_sizes:
         # Bookkeeping only: a "meta" pool has the real free list and refcounts but no storage.
-        pool = BlockAllocator(sum(-(-n // bs) for n in tokens), lm.n_layers, lm.n_kv_heads, lm.head_dim,
+        pool = BlockAllocator(sum(blocks_for(n, bs) for n in tokens), lm.n_layers, lm.n_kv_heads, lm.head_dim,
                               block_size=bs, device="meta", dtype=lm.dtype)
         tables = [BlockTable(bs) for _ in tokens]
         for table, n in zip(tables, tokens):

@@ -1,4 +1,4 @@
-"""Paged KV cache: each sequence's K/V live in a shared pool of fixed-size blocks, reached through its block table.
+"""Phase 3.3 adds a paged KV cache to phase 2.3's scheduler: each sequence's K/V live in phase 3.1's shared pool, reached through its phase 3.2 block table.
 
 Phase 2.3 gave every running sequence its own `DynamicCache`, a tensor that is
 reallocated and copied one token longer on every forward pass. Here the K/V
@@ -7,13 +7,13 @@ of all sequences live in phase 3.1's pool, and a `PagedCache` (a drop-in
 `BlockTable` assigns, then hands attention a contiguous copy gathered block
 by block. Greedy output is bit-identical to `DynamicCache`.
 
-- `paged_cache.py`  `PagedCache(allocator)`: update() writes through the block table and gathers
-- `gather.py`       `gather_python`: the per-block Python gather (the slow part phase 3.4 replaces)
-- `scheduler.py`    `PagedScheduler(ContinuousScheduler)`: continuous batching on one shared pool; a
-                    sequence the pool cannot hold yet waits. The admission rule every later engine
-                    refines: `worst_case_tokens`, `blocks_to_admit`, `blocks_promised`, `can_admit`
-- `demo.py`         `snapshot` (paged == DynamicCache, token for token) and `tput` (this phase's
-                    engines, `TPUT_ENGINES`, handed to the sweep in common/tput.py)
-- `tput.py`         a re-export of the names that moved to common/harness.py, common/tput.py and
-                    demo.py, until phase 3.5 imports them from there
+Files:
+- paged_cache.py  `PagedCache(allocator)`: update() writes through the block table and gathers
+- gather.py       `gather_python`: the per-block Python gather (the slow part phase 3.4 replaces)
+- scheduler.py    `PagedScheduler(ContinuousScheduler)`: continuous batching on one shared pool; a
+                  sequence the pool cannot hold yet waits. The admission rule every later engine
+                  refines: `worst_case_tokens`, `blocks_to_admit`, `blocks_promised`, `can_admit`
+- demo.py         `snapshot` (paged == DynamicCache, token for token) and `tput` (this phase's
+                  engines, `TPUT_ENGINES`: `run_dynamic`, `run_paged`, handed to common/tput.py)
+- README.md       the cache, the engine-runner interface, the measured tables
 """

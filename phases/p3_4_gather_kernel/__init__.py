@@ -1,9 +1,12 @@
-"""Phase 3.4: gather many sequences' K/V from the block pool in one Triton launch instead of a Python loop per block.
+"""Phase 3.4 adds a Triton gather to phase 3.3: many sequences' K/V read from the block pool in one launch instead of a Python loop per block.
 
 Files:
-- checks.py     input checks shared by every paged kernel and reference
-- reference.py  `gather_reference`: the batched gather as one torch indexing op (CPU path, oracle)
-- kernel.py     `gather_triton`: the same gather as a Triton kernel, grid (sequence, block, KV head)
-- dispatch.py   `gather_kv`: kernel on CUDA, reference on CPU (said once)
-- demo.py       `gather_bench`: Python per-block gather vs reference vs kernel
+- checks.py       input checks shared by every paged kernel and reference
+- reference.py    `gather_reference`: the batched gather as one torch indexing op (CPU path, oracle)
+- kernel.py       `gather_triton`: the same gather as a Triton kernel, grid (sequence, block, KV head)
+- dispatch.py     `gather_kv` / `use_kernels`: kernel on CUDA, reference on CPU (said once)
+- interpreter.py  runs Triton kernels without a GPU (Triton's CPU interpreter, switched on safely)
+- batch.py        `random_paged_batch`: a pool with scattered blocks and their tables, for tests and benchmarks
+- demo.py         `gather_bench`: Python per-block gather vs reference vs kernel
+- README.md       the kernel's grid, the tests, the measured table
 """

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from phases.p3_1_block_allocator.allocator import blocks_for
+
 
 @dataclass
 class PagedBatch:
@@ -24,16 +26,12 @@ class PagedBatch:
         return self.kv_store.shape[4]
 
 
-def blocks_needed(n_tokens: int, block_size: int) -> int:
-    return -(-n_tokens // block_size)
-
-
 def random_paged_batch(seq_lens: list[int], block_size: int, n_kv_heads: int, head_dim: int,
                        n_layers: int = 2, dtype: torch.dtype = torch.float32, device: str = "cpu",
                        spare_blocks: int = 3, seed: int = 0) -> PagedBatch:
     """A pool holding the given sequences in shuffled blocks (plus `spare_blocks` unused ones)."""
     gen = torch.Generator().manual_seed(seed)
-    per_seq = [blocks_needed(n, block_size) for n in seq_lens]
+    per_seq = [blocks_for(n, block_size) for n in seq_lens]
     n_blocks = sum(per_seq) + spare_blocks
     shape = (n_blocks, n_layers, 2, n_kv_heads, block_size, head_dim)
     kv_store = torch.randn(shape, generator=gen).to(dtype=dtype, device=device)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p3_4_gather_kernel.checks import check_paged_inputs
 
 K_INDEX, V_INDEX = 0, 1
@@ -43,7 +44,7 @@ def gather_reference(kv_store: torch.Tensor, layer_idx: int, block_tables: torch
     batch = block_tables.shape[0]
     _, _, _, n_kv_heads, block_size, head_dim = kv_store.shape
     max_len = max_length(seq_lens, max_len)
-    n_logical = -(-max_len // block_size)                                    # blocks covering max_len
+    n_logical = blocks_for(max_len, block_size)                              # blocks covering max_len
     if n_logical > block_tables.shape[1]:
         raise ValueError(f"max_len {max_len} needs {n_logical} blocks but block_tables has {block_tables.shape[1]}")
     lens = seq_lens.to(kv_store.device)[:, None]                              # [B, 1]

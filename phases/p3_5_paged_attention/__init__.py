@@ -1,14 +1,19 @@
-"""Phase 3.5: a fused Triton paged decode-attention kernel reads K/V in place from the pool (no gather), for a whole batch at different lengths.
+"""Phase 3.5 adds paged attention to phase 3.3's scheduler: a fused Triton decode-attention kernel reads K/V in place from the pool (no gather), so one forward pass serves every running sequence.
 
-The engine: `engine.py`, `BatchedPagedEngine(PagedScheduler)`: phase 3.3's scheduler with one packed prefill
-pass and one decode pass per step; a sequence's KV state is its bare block table. `attention.py` reroutes
-transformers' attention through the pool; `runners.py` and `demo.py` put every engine side by side (`tput`,
-`workload_bench`).
-
-Kernel files:
+Two groups of modules, then the demo. The kernels (each with a PyTorch
+reference that is the CPU path and the test oracle):
 - kernel_checks.py  input checks for attention and the K/V store
 - reference.py      PyTorch references: paged attention via gather, SDPA on contiguous K/V, the K/V store
 - kernels.py        Triton: paged decode attention (plus a split-KV variant) and the K/V store
+- plans.py          the CPU paths' per-pass index arithmetic (`WritePlan`, `DecodePlan`), made once per pass
 - ops.py            what the engine imports: kernels on CUDA, references on CPU
-- kernel_demo.py    `attn_bench`: paged kernel vs SDPA on contiguous K/V vs the reference
+The engine built on them:
+- attention.py      transformers' attention rerouted through the pool (`AttentionInterface`, `PagedBatch`)
+- engine.py         `BatchedPagedEngine(PagedScheduler)`: one packed prefill pass and one decode pass per
+                    step; a sequence's KV state is its bare block table
+And:
+- demo.py           `attn_bench` (the kernel vs SDPA vs the references), `tput` and `workload_bench` (every
+                    engine side by side, through common/tput.py and common/workload_bench.py), and this
+                    phase's engine runner `BATCHED`
+- README.md         the kernels, the engine, the peers, the measured tables
 """

@@ -1,44 +1,50 @@
-"""Phase 3.5's demos: `tput` with every engine, and `workload_bench` (vLLM-style equal and mixed work).
+"""Phase 3.5's demos: `attn_bench` (the kernel), `tput` and `workload_bench` (the batched engine among all others).
 
-`tput` takes over phase 3.3's demo of that name (`extends="p3_3"`): the same
-batch-size sweep over the blog's prompts, now with static batching (p2_1),
-per-sequence continuous batching (p2_3), per-sequence paged (p3_3), the
-batched paged engine (p3_5) and transformers' `generate_batch`; on CUDA also
-transformers' compiled static-cache `generate` (`hf_compiled`).
-
-`workload_bench` compares engines on the kind of trace vLLM's benchmarks use:
-N requests with random-token prompts of 16-128 tokens and fixed per-request
-output lengths, EOS ignored, so every engine does exactly the same work.
-  equal: every request wants the same number of tokens (64);
-  mixed: the same prompts, output lengths spread over 16-256 — a static
-         batch must carry every row to the longest, continuous engines don't.
-Then: how close the batched engine gets to this machine's compute roofline,
-and a profile of one full-batch decode step (where the time goes).
-
-Fair peers: every engine is warmed up on the workload's own shapes right
-before its timed run (`measure` in phase 3.3's tput.py: on CUDA the same
-requests, since compiled code is built per shape), and each row's settings
-(cache, compile, page/block size, pool, max_running) are in the table notes
-and in `report.data`, so a reader can rerun any row.
+attn_bench      decode attention for a batch at mixed lengths, three ways, one layer:
+                1. SDPA over K/V already contiguous and padded to the longest sequence,
+                   with a length mask: what a non-paged engine runs (the copy that builds
+                   that layout is not timed);
+                2. the references: gather from the pool then attend in fp32
+                   (`paged_decode_attention_reference`); gather + SDPA; gather per KV head +
+                   batched matmuls (`paged_decode_attention_gather_bmm`, the CPU path);
+                3. the kernel, `paged_decode_attention_triton`, reading K/V in place through
+                   the block tables (and its split-KV variant); timed on a GPU only.
+                Head counts come from the loaded model (SmolLM2-135M: 9 query heads over 3 KV
+                heads, head_dim 64), so `--model dummy:qwen3-0.6b` benchmarks Qwen3's shapes.
+                The sweep over batch sizes and context lengths is common/kernel_bench.py.
+tput            takes over phase 3.3's demo of that name (`extends="p3_3"`): the same batch-size
+                sweep (common/tput.py) with static batching (p2_1), per-sequence continuous batching
+                (p2_3), per-sequence paged (p3_3), this phase's batched engine and transformers'
+                `generate_batch`; on CUDA also transformers' compiled static-cache `generate`.
+workload_bench  the same engines on vLLM-style equal and mixed work, ratios against this phase's
+                targets, the compute roofline and a profile of one batched decode step
+                (common/workload_bench.py).
 """
 
 from __future__ import annotations
 
-from common.demos import Option, RunConfig, demo
-from common.report import Report
-from common.workload import EQUAL_WORK_N, equal_work, mixed_work
-from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, blocks_for
-from phases.p3_3_paged_cache.tput import (EngineRunner, format_settings, measure, plot_tput, run_tput,
-                                          tput_options, warmup_rule)
-from phases.p3_5_paged_attention.engine import BatchedPagedEngine
-from phases.p3_5_paged_attention.roofline import (measure_matmul_flops, profile_decode_step,
-                                                  roofline_tokens_per_s)
-from phases.p3_5_paged_attention.runners import (ALL_ENGINES, HF_COMPILED, HF_STATIC, ON_REQUEST,
-                                                 default_engines, run_hf_cb)
+import torch
 
-# (page_size, max_batch_tokens) tried for generate_batch; the table keeps its best.
-HF_CB_CONFIGS = ["16:256", "16:1024", "32:512"]
-QUICK = dict(n=4, prompt_len=(4, 12), output_len=4, mixed_output=(2, 6))
+from common.demos import Option, RunConfig, demo
+from common.harness import EngineRun, EngineRunner, pool_problems, submit, workload_pool_blocks
+from common.hf_peers import HF_CB, HF_COMPILED, HF_STATIC
+from common.kernel_bench import LAYER, NOT_TIMED_CPU, POOL_LAYERS, KernelCase, kernel_options, kernel_sweep
+from common.report import Report
+from common.tput import plot_tput, run_tput, tput_options
+from common.workload import Request
+from common.workload_bench import run_workload_bench, workload_options
+from phases.p2_1_naive_batching.demo import STATIC
+from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
+from phases.p3_3_paged_cache.demo import KV_ACCOUNTING, TPUT_ENGINES
+from phases.p3_4_gather_kernel.batch import random_paged_batch
+from phases.p3_4_gather_kernel.dispatch import use_kernels
+from phases.p3_4_gather_kernel.reference import gather_reference
+from phases.p3_5_paged_attention.engine import BatchedPagedEngine
+from phases.p3_5_paged_attention.reference import (paged_decode_attention_gather_bmm,
+                                                   paged_decode_attention_gather_sdpa,
+                                                   paged_decode_attention_reference, sdpa_decode_contiguous)
+
+QUERY_SEED = 0
 WORKLOAD_ENGINES = ["hf_static", "hf_cb", "paged", "batched"]
 WORKLOAD_ENGINES_GPU = ["hf_static", "hf_compiled", "hf_cb", "paged", "batched"]
 TARGETS = {  # (workload, faster engine, slower engine) -> the ratio the issue asks for
@@ -49,144 +55,133 @@ TARGETS = {  # (workload, faster engine, slower engine) -> the ratio the issue a
 }
 
 
+# --- attn_bench: the kernel --------------------------------------------------------------------
+def max_abs_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max())
+
+
+def measure_attention(case: KernelCase, gen: torch.Generator, split_blocks: int) -> tuple[list, dict]:
+    """One cell: time every way of attending over one random batch; each one's error against SDPA."""
+    lm, context, device = case.lm, case.context, case.device
+    batch = random_paged_batch(case.lens, case.block_size, lm.n_kv_heads, lm.head_dim, n_layers=POOL_LAYERS,
+                               dtype=lm.dtype, device=device, seed=case.seed)
+    q = torch.randn(case.batch_size, lm.n_heads, lm.head_dim, generator=gen).to(device=device, dtype=lm.dtype)
+    scale = lm.head_dim ** -0.5
+    paged = (q, batch.kv_store, LAYER, batch.block_tables, batch.seq_lens, scale)
+    k, v = gather_reference(batch.kv_store, LAYER, batch.block_tables, batch.seq_lens, max_len=context)
+
+    sdpa_out = sdpa_decode_contiguous(q, k, v, batch.seq_lens, scale)
+    ref_out = paged_decode_attention_reference(*paged, max_len=context)
+    sdpa_ms = case.time(lambda: sdpa_decode_contiguous(q, k, v, batch.seq_lens, scale))
+    ref_ms = case.time(lambda: paged_decode_attention_reference(*paged, max_len=context))
+    gs_ms = case.time(lambda: paged_decode_attention_gather_sdpa(*paged, max_len=context))
+    cpu_ms = case.time(lambda: paged_decode_attention_gather_bmm(*paged, max_len=context))
+    kernel_ms, split_ms, kernel_err = NOT_TIMED_CPU, NOT_TIMED_CPU, "-"
+    if case.check_kernel:
+        from phases.p3_5_paged_attention.kernels import paged_decode_attention_split, paged_decode_attention_triton
+
+        def split():
+            return paged_decode_attention_split(*paged, blocks_per_split=split_blocks)
+
+        kernel_err = max(max_abs_err(paged_decode_attention_triton(*paged), sdpa_out), max_abs_err(split(), sdpa_out))
+        kernel_ms = case.time_kernel(lambda: paged_decode_attention_triton(*paged))
+        split_ms = case.time_kernel(split)
+    ratio = kernel_ms / sdpa_ms if isinstance(kernel_ms, float) else "-"
+    ref_err = max_abs_err(ref_out, sdpa_out)
+    cells = [case.batch_size, context, sdpa_ms, ref_ms, gs_ms, cpu_ms, kernel_ms, split_ms, ratio, f"{ref_err:.1e}",
+             kernel_err if isinstance(kernel_err, str) else f"{kernel_err:.1e}"]
+    return cells, dict(batch=case.batch_size, context=context, tokens=sum(case.lens), sdpa_ms=sdpa_ms,
+                       reference_ms=ref_ms, gather_sdpa_ms=gs_ms, cpu_path_ms=cpu_ms,
+                       kernel_ms=kernel_ms if case.on_gpu else None, split_ms=split_ms if case.on_gpu else None,
+                       ref_err=ref_err, kernel_err=None if isinstance(kernel_err, str) else kernel_err)
+
+
+def plot_attn(report: Report, png_path) -> None:
+    from common import plots
+    m = report.meta
+    plots.per_batch_timings(png_path, report.data["rows"],
+                            {"sdpa_ms": "SDPA, contiguous K/V", "reference_ms": "reference (gather + fp32 attend)",
+                             "gather_sdpa_ms": "gather + SDPA", "cpu_path_ms": "gather + bmm (CPU path)",
+                             "kernel_ms": "paged kernel", "split_ms": "paged kernel, split-KV"},
+                            ylabel="ms per decode attention (one layer)",
+                            title=f"attn_bench: {m.get('model')} on {m.get('device_name')}, {m.get('dtype')}")
+
+
+@demo("attn_bench", phase="p3_5", plot=plot_attn,
+      help="paged decode attention: Triton kernel vs SDPA on contiguous K/V vs the PyTorch reference",
+      options=kernel_options(Option("split_blocks", int, cpu=16, gpu=16,
+                                    help="KV blocks per program in the split-KV variant")))
+def attn_bench(cfg: RunConfig) -> Report:
+    lm = cfg.load()
+    gen = torch.Generator().manual_seed(QUERY_SEED)   # one stream of queries over the whole sweep
+    report, table = kernel_sweep(
+        cfg, "attn_bench",
+        f"decode attention, one layer ({lm.n_heads} query heads over {lm.n_kv_heads} KV heads, head_dim "
+        f"{lm.head_dim}, block_size {cfg.block_size}, {str(lm.dtype).removeprefix('torch.')})",
+        ["batch", "context", "SDPA ms", "ref ms", "gather+SDPA ms", "CPU path ms", "kernel ms", "split-KV ms",
+         "kernel/SDPA", "ref err", "kernel err"],
+        lambda case: measure_attention(case, gen, cfg.split_blocks))
+    table.notes.append("Median ms per call. SDPA reads K/V already contiguous (a non-paged engine's layout); ref "
+                       "gathers from the pool then attends in fp32; gather+SDPA gathers then runs SDPA; CPU path (what "
+                       "the engine runs on a CPU) gathers per KV head with index_select, then two batched matmuls; "
+                       "the kernel reads the pool in place. Errors: max |x - SDPA|.")
+    if not cfg.on_gpu:
+        table.notes.append("CPU: the kernel only runs in Triton's interpreter (each program in Python), so it is not "
+                           "timed; its error is checked on the first row. GPU timings: modal run modal_run.py::attn_bench")
+    return report
+
+
+# --- the batched engine, as the harness runs it --------------------------------------------------
+def run_batched(lm, requests: list[Request], max_running: int, block_size: int = DEFAULT_BLOCK_SIZE) -> EngineRun:
+    """One batched forward pass per step over the paged pool, for every running sequence."""
+    n_blocks = workload_pool_blocks(lm, requests, block_size)
+    engine = BatchedPagedEngine(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks)
+    submit(engine, lm, requests)
+    finished = engine.run()
+    assert not pool_problems(engine.allocator), "blocks leaked"
+    settings = dict(max_running=max_running, block_size=block_size, pool_blocks=n_blocks,
+                    max_prefill_tokens=engine.max_prefill_tokens,
+                    attention="Triton kernels" if use_kernels(lm.device) else "PyTorch reference (no GPU)")
+    return EngineRun.from_sequences(finished, engine.peak_blocks_used * engine.allocator.bytes_per_block,
+                                    note=f"{engine.n_forward_passes} forward passes in {engine.n_steps} steps",
+                                    settings=settings)
+
+
+BATCHED = EngineRunner("batched", "BatchedPagedEngine (p3_5): one forward pass per step for all sequences",
+                       run_batched)
+ALL_ENGINES: list[EngineRunner] = [STATIC, *TPUT_ENGINES, BATCHED, HF_CB]
+# Run by default only on CUDA: compiling is what a GPU user of transformers gets, not a CPU user
+# (transformers does not compile on a CPU). Elsewhere they run when named (`--engines hf_compiled`).
+CUDA_ENGINES: list[EngineRunner] = [HF_COMPILED]
+ON_REQUEST: list[EngineRunner] = [HF_STATIC, HF_COMPILED]   # namable in `tput`, not in its default list
+
+
+def default_engines(on_gpu: bool) -> list[EngineRunner]:
+    """What `tput` runs when no engine is named: every engine, plus the CUDA-only peers on a GPU."""
+    return ALL_ENGINES + (CUDA_ENGINES if on_gpu else [])
+
+
+def prefilled_engine(lm, requests: list[Request]) -> BatchedPagedEngine:
+    """Every request admitted and prefilled, so the next step is one decode step of the whole batch."""
+    engine = BatchedPagedEngine(lm, max_running=len(requests), block_size=DEFAULT_BLOCK_SIZE,
+                                n_blocks=workload_pool_blocks(lm, requests, DEFAULT_BLOCK_SIZE))
+    for r in requests:
+        engine.add(r.prompt_ids, r.max_new_tokens, ignore_eos=True)
+    while engine.waiting:
+        engine.step()
+    return engine
+
+
+# --- tput and workload_bench: every engine side by side -----------------------------------------
 @demo("tput", phase="p3_5", extends="p3_3", options=tput_options(), plot=plot_tput,
       help="KV memory and tok/s per batch size for every engine, ours and transformers'")
 def tput(cfg: RunConfig) -> Report:
-    return run_tput(cfg, default_engines(cfg.on_gpu), on_request=ON_REQUEST)
-
-
-def _hf_cb_runner(config: str) -> EngineRunner:
-    page, mbt = (int(x) for x in config.split(":"))
-    return EngineRunner(f"hf_cb[{config}]", f"generate_batch page_size {page}, max_batch_tokens {mbt}",
-                        lambda lm, reqs, mr: run_hf_cb(lm, reqs, mr, page_size=page, max_batch_tokens=mbt))
-
-
-def _workloads(cfg: RunConfig, vocab: int) -> dict:
-    n, plen, out, mixed = cfg.n_requests, (cfg.prompt_min, cfg.prompt_max), cfg.output_len, (cfg.mixed_min, cfg.mixed_max)
-    if cfg.quick:
-        n, plen, out, mixed = QUICK["n"], QUICK["prompt_len"], QUICK["output_len"], QUICK["mixed_output"]
-    return {"equal": equal_work(vocab, n, plen, out), "mixed": mixed_work(vocab, n, plen, mixed)}
+    return run_tput(cfg, default_engines(cfg.on_gpu), on_request=ON_REQUEST, kv_note=KV_ACCOUNTING)
 
 
 @demo("workload_bench", phase="p3_5",
       help="engines on equal and mixed work (vLLM-style trace), ratios vs targets, roofline, step profile",
-      options=[
-          Option("n_requests", int, cpu=EQUAL_WORK_N, gpu=256, help="requests per workload"),
-          Option("prompt_min", int, cpu=16, help="shortest prompt (tokens)"),
-          Option("prompt_max", int, cpu=128, help="longest prompt (tokens)"),
-          Option("output_len", int, cpu=64, help="new tokens per request, equal workload"),
-          Option("mixed_min", int, cpu=16, help="shortest output, mixed workload"),
-          Option("mixed_max", int, cpu=256, help="longest output, mixed workload"),
-          Option("workloads", str, cpu=["equal", "mixed"], many=True, help="equal and/or mixed"),
-          Option("engines", str, cpu=WORKLOAD_ENGINES, gpu=WORKLOAD_ENGINES_GPU, many=True,
-                 help="from: static dyn paged batched hf_static hf_compiled hf_cb"),
-          Option("hf_cb_configs", str, cpu=HF_CB_CONFIGS, many=True, help="page_size:max_batch_tokens for hf_cb"),
-      ])
+      options=workload_options(WORKLOAD_ENGINES, WORKLOAD_ENGINES_GPU, [e.name for e in ALL_ENGINES + ON_REQUEST]))
 def workload_bench(cfg: RunConfig) -> Report:
-    from rich.progress import Progress
-
-    lm = cfg.load()
-    report = cfg.new_report("workload_bench")
-    workloads = {k: v for k, v in _workloads(cfg, lm.vocab_size).items() if k in cfg.workloads}
-    hf_cb_configs = cfg.hf_cb_configs[:1] if cfg.quick else cfg.hf_cb_configs
-    by_name = {e.name: e for e in ALL_ENGINES + [HF_STATIC, HF_COMPILED]}
-    unknown = set(cfg.engines) - set(by_name)
-    if unknown:
-        raise ValueError(f"unknown engine(s) {sorted(unknown)}; choose from {sorted(by_name)}")
-    max_running = max(len(r) for r in workloads.values())
-
-    results: dict[str, dict[str, dict]] = {}
-    n_runs = len(workloads) * (len(cfg.engines) - ("hf_cb" in cfg.engines) + ("hf_cb" in cfg.engines) * len(hf_cb_configs))
-    with Progress(transient=True) as progress:
-        task = progress.add_task("workload_bench", total=n_runs)
-        for wname, requests in workloads.items():
-            results[wname] = {}
-            for name in cfg.engines:
-                runners = [_hf_cb_runner(c) for c in hf_cb_configs] if name == "hf_cb" else [by_name[name]]
-                rows = []
-                for runner in runners:
-                    progress.update(task, description=f"{wname}: {runner.name}")
-                    rows.append(measure(lm, runner, requests, max_running))   # warms up on these requests first
-                    progress.advance(task)
-                best = max(rows, key=lambda r: r["tok_s"])
-                if len(rows) > 1:
-                    best["note"] = (f"best of {len(rows)} configs: " +
-                                    ", ".join(f"{r['engine']} {r['tok_s']:.1f} tok/s" for r in rows))
-                best["engine"] = name
-                results[wname][name] = best
-    _workload_tables(report, workloads, results, warmup_rule(lm.device))
-    _targets_table(report, results)
-    _roofline_and_profile(report, lm, workloads, results, cfg)
-    report.data["results"] = {w: {e: {k: v for k, v in row.items() if k != "outputs"} for e, row in rows.items()}
-                              for w, rows in results.items()}
-    return report
-
-
-def _workload_tables(report: Report, workloads: dict, results: dict, warmup: str) -> None:
-    for wname, rows in results.items():
-        reqs = workloads[wname]
-        outs = [r.max_new_tokens for r in reqs]
-        t = report.table(f"{wname} work: {len(reqs)} requests, prompts {min(len(r.prompt_ids) for r in reqs)}-"
-                         f"{max(len(r.prompt_ids) for r in reqs)} tokens, outputs {min(outs)}-{max(outs)} tokens "
-                         f"(EOS ignored)",
-                         ["engine", "total tok/s", "mean ms/tok", "mean TTFT (ms)", "KV MB", "wall s",
-                          "batched speedup"])
-        base = rows.get("batched")
-        for name, row in rows.items():
-            speedup = base["tok_s"] / row["tok_s"] if base and row["tok_s"] else float("nan")
-            t.add_row(name, row["tok_s"], row["ms_per_tok"], row["ttft_ms"], row["kv_peak_mb"], row["wall_s"],
-                      f"{speedup:.2f}x")
-        ref = next(iter(rows.values()))
-        for name, row in rows.items():
-            same = sum(a == b for a, b in zip(row["outputs"], ref["outputs"]))
-            t.notes.append(f"{name}: {same}/{len(reqs)} outputs identical to {ref['engine']}'s"
-                           + (f"; {row['note']}" if row.get("note") else ""))
-        t.notes.append("Greedy outputs can differ in bf16 (different batch shapes round differently); "
-                       "the fp32 tests assert token-for-token equality with HF generate.")
-        t.notes.append(f"every engine: {warmup}")
-        if any(name in rows for name in ("hf_static", "hf_compiled")):
-            t.notes.append("hf_static, hf_compiled: every row's token i is timed when step i+1's logits are "
-                           "ready (CUDA events on a GPU: no synchronize per step), so TTFT runs to the end of the "
-                           "first decode step and ms/tok is the mean step time of the one padded batch")
-        for name, row in rows.items():
-            if row.get("settings"):
-                t.notes.append(f"{name} settings: {format_settings(row['settings'])}")
-
-
-def _targets_table(report: Report, results: dict) -> None:
-    t = report.table("Ratios the phase aims for (same requests, one run)",
-                     ["workload", "comparison", "measured", "target", "met"])
-    for (wname, fast, slow), target in TARGETS.items():
-        rows = results.get(wname, {})
-        if fast in rows and slow in rows and rows[slow]["tok_s"]:
-            ratio = rows[fast]["tok_s"] / rows[slow]["tok_s"]
-            t.add_row(wname, f"{fast} / {slow} tok/s", f"{ratio:.2f}x", f">= {target:.1f}x", ratio >= target)
-
-
-def _roofline_and_profile(report: Report, lm, workloads: dict, results: dict, cfg: RunConfig) -> None:
-    flops = measure_matmul_flops(lm.dtype, lm.device, n=512 if cfg.quick else 2048)
-    ceiling = roofline_tokens_per_s(flops, lm.n_params)
-    t = report.table("Compute roofline", ["workload", "matmul GFLOP/s", "params (M)", "ceiling tok/s",
-                                          "batched tok/s", "share of ceiling"])
-    for wname, rows in results.items():
-        if "batched" in rows:
-            got = rows["batched"]["tok_s"]
-            t.add_row(wname, flops / 1e9, lm.n_params / 1e6, ceiling, got, f"{100 * got / ceiling:.1f}%")
-    t.notes.append(f"ceiling = measured {str(lm.dtype).removeprefix('torch.')} matmul FLOP/s / (2 x parameters): "
-                   "every parameter costs a multiply and an add per token")
-    # Profile one decode step with every request of the first workload running.
-    requests = next(iter(workloads.values()))
-    engine = BatchedPagedEngine(lm, max_running=len(requests), block_size=DEFAULT_BLOCK_SIZE,
-                                n_blocks=sum(blocks_for(len(r.prompt_ids) + r.max_new_tokens, DEFAULT_BLOCK_SIZE)
-                                             for r in requests))
-    for r in requests:
-        engine.add(r.prompt_ids, r.max_new_tokens, ignore_eos=True)
-    while engine.waiting:
-        engine.step()       # admit and prefill everything first
-    ops = profile_decode_step(engine)
-    p = report.table(f"Where one decode step's time goes ({len(engine.running)} sequences, torch.profiler self time)",
-                     ["op", "self ms", "share"])
-    for op in ops:
-        p.add_row(op["op"], op["self_ms"], f"{100 * op['share']:.1f}%")
-    report.data["roofline"] = dict(matmul_flops=flops, ceiling_tok_s=ceiling, n_params=lm.n_params)
-    report.data["profile"] = ops
+    return run_workload_bench(cfg, ALL_ENGINES + ON_REQUEST, focus="batched", targets=TARGETS,
+                              profile_engine=prefilled_engine)

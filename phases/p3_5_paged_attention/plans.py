@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p3_4_gather_kernel.checks import check_tables
 from phases.p3_4_gather_kernel.reference import max_length
 from phases.p3_5_paged_attention.kernel_checks import PADDING_SLOT
@@ -61,7 +62,7 @@ def plan_decode(kv_store: torch.Tensor, block_tables: torch.Tensor, seq_lens: to
     """block_tables [B, max_blocks], seq_lens [B] -> the blocks to gather and the mask, for every layer."""
     check_tables(kv_store, block_tables, seq_lens)
     block_size, device = kv_store.shape[4], kv_store.device
-    n_logical = -(-max_length(seq_lens, max_len) // block_size)
+    n_logical = blocks_for(max_length(seq_lens, max_len), block_size)
     lens = seq_lens.to(device)[:, None]                                               # [B, 1]
     starts = torch.arange(n_logical, device=device) * block_size                      # [n_logical]
     # Table entries past a sequence's end are padding: read block 0 there (masked by `valid`).

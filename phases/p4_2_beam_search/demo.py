@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from statistics import mean
 
-from rich.progress import Progress
-
 from common.demos import Option, RunConfig, demo
+from common.harness import pool_problems
+from common.progress import progress_bar
 from common.prompts import interleaved_latency_prompts
 from common.report import Report
 from common.sampling import SamplingParams
@@ -39,6 +39,7 @@ QUICK = dict(ns=[2], beam_widths=[2], max_new_tokens=4, n_prompts=2)
 # vLLM paper, §6.3 / Fig. 15 (OPT-13B): memory saving for n or k = 2, 4, 6
 PAPER = {"parallel sampling": {"Alpaca": "6.1-9.8%", "ShareGPT": "16.2-30.5%"},
          "beam search": {"Alpaca": "37.6-55.2%", "ShareGPT": "44.3-66.3%"}}
+COLORS = {"parallel sampling": "tab:blue", "beam search": "tab:orange"}
 
 
 def _measure(lm, prompts: list[str], method: str, width: int, max_new: int, block_size: int) -> dict:
@@ -54,7 +55,7 @@ def _measure(lm, prompts: list[str], method: str, width: int, max_new: int, bloc
     else:
         groups = [engine.add_beam_search(i, max_new, beam_width=width) for i in ids]
     engine.run()
-    assert engine.allocator.n_free == engine.allocator.n_blocks, "blocks leaked"
+    assert not pool_problems(engine.allocator), "blocks leaked"
     held = [h for h, _ in engine.usage]
     unshared = [u for _, u in engine.usage]
     if method == "parallel sampling":
@@ -70,32 +71,26 @@ def _measure(lm, prompts: list[str], method: str, width: int, max_new: int, bloc
 
 def plot_share(report: Report, png_path) -> None:
     """Left: saving per configuration vs the paper's Alpaca range. Right: blocks held over the widest beam run."""
-    import matplotlib.pyplot as plt
+    from common import plots
+
     runs = report.data["runs"]
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
-    labels = [f"{'n' if r['method'] == 'parallel sampling' else 'k'}={r['width']}" for r in runs]
-    colors = ["tab:blue" if r["method"] == "parallel sampling" else "tab:orange" for r in runs]
-    ax.bar(range(len(runs)), [100 * r["saving"] for r in runs], color=colors)
-    for method, color in (("parallel sampling", "tab:blue"), ("beam search", "tab:orange")):
-        lo, hi = (float(x) for x in PAPER[method]["Alpaca"].rstrip("%").split("-"))
-        ax.axhspan(lo, hi, color=color, alpha=0.15, label=f"paper, Alpaca: {method}")
-    ax.set_xticks(range(len(runs)))
-    ax.set_xticklabels(labels)
-    ax.set_ylabel("memory saved by sharing (%)")
-    ax.set_title("Blue: parallel sampling, orange: beam search")
-    ax.legend(fontsize=8)
     beams = [r for r in runs if r["method"] == "beam search"] or runs
     widest = max(beams, key=lambda r: r["width"])
-    ax2.plot(widest["unshared"], label="without sharing (sum of table lengths)")
-    ax2.plot(widest["held"], label="with sharing (distinct blocks)")
-    ax2.set_xlabel("decode pass")
-    ax2.set_ylabel("KV blocks")
-    ax2.set_title(f"{widest['method']}, width {widest['width']}")
-    ax2.legend(fontsize=8)
-    fig.suptitle(f"share_demo ({report.meta.get('model', '')}, block size {report.data['block_size']})")
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
-    plt.close(fig)
+    bands = {}
+    for method in PAPER:
+        lo, hi = (float(x) for x in PAPER[method]["Alpaca"].rstrip("%").split("-"))
+        bands[f"paper, Alpaca: {method}"] = (lo, hi, COLORS[method])
+    plots.draw_panels(png_path, [
+        plots.bar_panel([f"{'n' if r['method'] == 'parallel sampling' else 'k'}={r['width']}" for r in runs],
+                        {"saving": [100 * r["saving"] for r in runs]}, ylabel="memory saved by sharing (%)",
+                        title="Blue: parallel sampling, orange: beam search",
+                        bar_colors=[COLORS[r["method"]] for r in runs], bands=bands, legend_fontsize=8),
+        plots.line_panel(range(len(widest["held"])), {"without sharing (sum of table lengths)": widest["unshared"],
+                                                      "with sharing (distinct blocks)": widest["held"]},
+                         xlabel="decode pass", ylabel="KV blocks", title=f"{widest['method']}, width {widest['width']}",
+                         marker="", legend_fontsize=8),
+    ], title=f"share_demo ({report.meta.get('model', '')}, block size {report.data['block_size']})",
+        panel_size=(6, 4.5))
 
 
 @demo("share_demo", phase="p4_2", help="KV memory saved by block sharing: parallel sampling (n) and beam search (k)",
@@ -106,21 +101,21 @@ def plot_share(report: Report, png_path) -> None:
                Option("block_size", int, cpu=DEFAULT_BLOCK_SIZE, help="tokens per KV block")],
       plot=plot_share)
 def share_demo(cfg: RunConfig) -> Report:
+    cfg.use_quick(**QUICK)
     lm = cfg.load()
     report = cfg.new_report("share_demo")
-    opts = {**{k: getattr(cfg, k) for k in QUICK}, **(QUICK if cfg.quick else {})}
+    opts = cfg.options
     all_prompts = interleaved_latency_prompts()
     if not 1 <= opts["n_prompts"] <= len(all_prompts):
         raise ValueError(f"n_prompts must be in 1..{len(all_prompts)}, got {opts['n_prompts']}")
     prompts = all_prompts[:opts["n_prompts"]]
     configs = [("parallel sampling", n) for n in opts["ns"]] + [("beam search", k) for k in opts["beam_widths"]]
     runs = []
-    with Progress(transient=True) as progress:
-        task = progress.add_task("share_demo", total=len(configs))
+    with progress_bar("share_demo", total=len(configs)) as bar:
         for method, width in configs:
-            progress.update(task, description=f"{method}, {width}")
+            bar.describe(f"{method}, {width}")
             runs.append(_measure(lm, prompts, method, width, opts["max_new_tokens"], cfg.block_size))
-            progress.advance(task)
+            bar.advance()
 
     t = report.table(f"Memory saved by sharing KV blocks (block size {cfg.block_size}, {len(prompts)} requests, "
                      f"cap {opts['max_new_tokens']} new tokens)",

@@ -1,16 +1,18 @@
-"""Adds automatic prefix caching: full KV blocks are named by a chained hash of their tokens and reused by later requests, so a shared prompt prefix is prefilled once.
+"""Phase 4.3 adds automatic prefix caching to phase 4.2's engine: full KV blocks are named by a chained hash of their tokens and reused by later requests, so a shared prompt prefix is prefilled once.
 
-- `block_hash.py`: `hash_block(parent_hash, tokens)` and `chain_hashes`: a
-  full block's name covers every token before it.
-- `evictor.py`: `Evictor`, the order in which unused cached blocks give their
-  memory back (least recently used, then the deepest prefix first).
-- `prefix_cache.py`: `PrefixCachingAllocator`, phase 3.1's allocator plus the
-  global `hash -> CachedBlock` table and a third block state, cached-free.
-- `engine.py`: `PrefixCachingEngine(BeamSearchEngine)`: phase 4.2's engine
-  whose admission, KV hooks and forks map cached prompt blocks in and publish
-  new full ones (on by default; `prefix_caching=False` turns it off).
-- `demo.py`: `prefix_demo`, one-shot and few-shot system prompts with and
-  without the cache: hit rate, prefill tokens skipped, TTFT, throughput.
+Files:
+- block_hash.py    `hash_block(parent_hash, tokens)` and `chain_hashes`: a full block's name covers every
+                   token before it
+- evictor.py       `Evictor`, the order in which unused cached blocks give their memory back (least
+                   recently used, then the deepest prefix first)
+- prefix_cache.py  `PrefixCachingAllocator`, phase 3.1's allocator plus the global `hash -> CachedBlock`
+                   table and a third block state, cached-free
+- engine.py        `PrefixCachingEngine(BeamSearchEngine)`: phase 4.2's engine whose admission, KV hooks
+                   and forks map cached prompt blocks in and publish new full ones (on by default;
+                   `prefix_caching=False` turns it off); `CacheStats`
+- demo.py          `prefix_demo`, one-shot and few-shot system prompts with and without the cache: hit
+                   rate, prefill tokens skipped, TTFT, throughput
+- README.md        the three block states, the hooks, the measured tables
 """
 
 from phases.p4_3_prefix_caching.block_hash import ROOT_HASH, chain_hashes, hash_block

@@ -10,14 +10,16 @@ own decisions and records every broken rule in `violations`:
 
 `check_finished` runs after the engine has drained: every request is done,
 every sequence finished exactly once (DONE once in its history, listed once
-in `engine.finished`), and no block leaked in the GPU pool or the CPU pool.
-The tests assert on both; `stress_demo` reports them.
+in `engine.finished`), and no block leaked in the GPU pool or the CPU pool
+(common/harness.py's `pool_problems`, which any engine's pool can be checked
+with). The tests assert on both; `stress_demo` reports them.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
+from common.harness import pool_problems
 from phases.p2_2_scheduler.sequence import Sequence, Status
 from phases.p4_1_copy_on_write.engine import SequenceGroup
 
@@ -77,11 +79,7 @@ def check_finished(engine, groups: list[SequenceGroup]) -> list[str]:
             if s.history.count(Status.DONE) != 1 or listed[s.seq_id] != 1:
                 problems.append(f"sequence {s.seq_id} finished {s.history.count(Status.DONE)} times "
                                 f"(listed {listed[s.seq_id]} times)")
-    engine.allocator.check_invariants()
-    if engine.allocator.n_free != engine.allocator.n_blocks:
-        problems.append(f"GPU pool: {engine.allocator.n_used} blocks leaked")
+    problems += pool_problems(engine.allocator, "GPU pool")
     if engine.swap_space is not None:
-        engine.swap_space.cpu.check_invariants()
-        if engine.swap_space.cpu.n_free != engine.swap_space.cpu.n_blocks:
-            problems.append(f"CPU pool: {engine.swap_space.cpu.n_used} blocks leaked")
+        problems += pool_problems(engine.swap_space.cpu, "CPU pool")
     return problems + list(getattr(engine, "violations", []))

@@ -14,6 +14,9 @@ stress_demo   A seeded random trace: bursts of plain requests, n seeded
               (checks.py): FCFS, latest group preempted, whole groups, every
               sequence finished exactly once, no block leaked (GPU or CPU pool).
 
+The traces (`burst`, `stress_trace`) are common/workload.py's step-timed
+traces, fed to the engine by common/harness.py's `drive`.
+
 preempt_demo runs the engine with its prefix cache off by default
 (--prefix-caching 1 turns it on): a recomputation then recomputes every token,
 as in the paper. stress_demo runs the engine as it is served, cache on.
@@ -28,13 +31,15 @@ from __future__ import annotations
 
 from common.bench import MB, cpu_threads, now
 from common.demos import Option, RunConfig, demo
+from common.harness import drive, outputs_of
+from common.progress import progress_bar
 from common.report import Report
+from common.workload import burst, demand_tokens, stress_trace
 from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p4_1_copy_on_write.engine import worst_case_blocks
 from phases.p4_4_preemption.checks import Audited, check_finished
 from phases.p4_4_preemption.engine import PREEMPTION_MODES, PreemptingEngine
-from phases.p4_4_preemption.microbench import recovery_microbench
-from phases.p4_4_preemption.trace import burst, demand_tokens, drive, outputs_of, stress_trace
+from phases.p4_4_preemption.swap import SwapSpace
 
 DEMO_DTYPE = "fp32"
 MAX_RUNNING = 256  # high enough that the pool, not the slot count, limits the batch
@@ -43,6 +48,7 @@ QUICK_PREEMPT = dict(n_requests=5, prompt_len=[4, 12], output_len=[3, 8], block_
 QUICK_STRESS = dict(n_requests=8, prompt_len=[3, 10], output_len=[2, 6], burst_size=[2, 4], burst_gap=[1, 2],
                     block_size=4)
 WARMUP_REQUESTS = 2
+MICRO_SEED = 1
 COLORS = {"swap": "tab:blue", "recompute": "tab:orange"}
 
 
@@ -51,28 +57,26 @@ class AuditedEngine(Audited, PreemptingEngine):
 
 
 def _start(cfg: RunConfig, name: str, quick: dict):
-    """What both demos do first: fp32 unless told otherwise, the model, an empty report, the options."""
+    """What both demos do first: fp32 unless told otherwise, the quick options under `quick`, the model,
+    an empty report (its meta says what ran), the options."""
     if cfg.dtype is None:
         cfg.dtype = DEMO_DTYPE
-    opts = dict(cfg.options)
-    if cfg.quick:
-        opts.update(quick)
-    return cfg.load(), cfg.new_report(name), opts
+    cfg.use_quick(**quick)
+    return cfg.load(), cfg.new_report(name), cfg.options
 
 
 def _round_up(x: float, multiple: int) -> int:
     return blocks_for(int(x), multiple) * multiple
 
 
-def _run(lm, trace, n_blocks: int, block_size: int, mode: str, progress, label: str, prefix_caching: bool) -> dict:
+def _run(lm, trace, n_blocks: int, block_size: int, mode: str, label: str, prefix_caching: bool) -> dict:
     """Drive `trace` through a fresh audited engine; everything the tables need, JSON-ready."""
     engine = AuditedEngine(lm, preemption_mode=mode, block_size=block_size, n_blocks=n_blocks,
                            max_running=MAX_RUNNING, prefix_caching=prefix_caching)
-    task = progress.add_task(label, total=sum(r.n for r in trace))
-    start = now(lm.device)
-    groups = drive(engine, trace, on_step=lambda outs: progress.advance(task, sum(o.finished for o in outs)))
-    wall = now(lm.device) - start
-    progress.remove_task(task)
+    with progress_bar(label, total=sum(r.n for r in trace)) as bar:
+        start = now(lm.device)
+        groups = drive(engine, trace, on_step=lambda outs: bar.advance(sum(o.finished for o in outs)))
+        wall = now(lm.device) - start
     generated = sum(s.timing.n_generated for g in groups for s in g.seqs)
     s = engine.summary()
     return dict(s, mode=mode, block_size=block_size, n_blocks=n_blocks, wall_s=wall, tok_s=generated / wall,
@@ -108,41 +112,75 @@ def _warm_up(lm, trace, block_size: int) -> None:
 
 
 # --- preempt_demo -----------------------------------------------------------------------
+def recovery_microbench(lm, block_sizes: list[int], n_seqs: int, seq_len: int, reps: int) -> list[dict]:
+    """What one recovery costs, per block size: the vLLM paper's Fig. 19(a) micro-benchmark.
+
+    The same K/V (`n_seqs` sequences of `seq_len` tokens) brought back each way, at each block size:
+    - swap, batched: `SwapSpace.swap_out` then `swap_in` of their blocks, one indexed copy per
+      direction (what the engine does);
+    - swap, per block: the same with one copy per block (`batched=False`), the way vLLM v0 issued one
+      `cudaMemcpyAsync` per block: many small transfers, each paying a fixed cost, which is what made
+      the paper's swapping slow at small block sizes;
+    - recompute: one prefill pass over all those tokens (what a re-prefill after preemption costs),
+      independent of the block size but for the attention's reads from the pool.
+    Each number is the fastest of `reps` repetitions (the others wait on the neighbours of a shared machine).
+    """
+    prompts = [r.prompt_ids for r in burst(lm.vocab_size, n_seqs, (seq_len, seq_len), (1, 1), seed=MICRO_SEED)]
+    rows = []
+    for bs in block_sizes:
+        n_blocks = n_seqs * blocks_for(seq_len + 1, bs)
+        recompute = []
+        for _ in range(reps):
+            # prefix caching off: the pass computes every token, as a recomputation without cached blocks does
+            engine = PreemptingEngine(lm, block_size=bs, n_blocks=n_blocks, watermark_blocks=0, prefix_caching=False)
+            for p in prompts:
+                engine.add(p, 2, ignore_eos=True)
+            start = now(lm.device)
+            engine.step()  # the prefill pass: all n_seqs x seq_len tokens' K/V computed and written
+            recompute.append(now(lm.device) - start)
+        tables = [s.kv for s in engine.running]
+        row = dict(block_size=bs, n_blocks=len({b for t in tables for b in t.block_ids}), tokens=n_seqs * seq_len,
+                   recompute_ms=min(recompute) * 1e3)
+        for name, batched in (("swap_ms", True), ("swap_per_block_ms", False)):
+            space = SwapSpace(engine.allocator, n_blocks, batched=batched)
+            times = []
+            for _ in range(reps):
+                start = space.out.seconds + space.into.seconds
+                space.swap_out(tables)
+                space.swap_in(tables)
+                times.append(space.out.seconds + space.into.seconds - start)
+            row[name] = min(times) * 1e3
+        rows.append(row)
+    return rows
+
+
 def plot_preempt(report: Report, png_path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Left: the micro-benchmark's cost of one recovery; right: end-to-end throughput; both per block size."""
+    from common import plots
 
     rows, micro = report.data["sweep"], report.data["micro"]
     sizes = sorted({r["block_size"] for r in rows})
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    ms = [m["block_size"] for m in micro]
-    ax1.plot(ms, [m["swap_ms"] for m in micro], marker="o", color=COLORS["swap"],
-             label="swap out + in, one indexed copy each way")
-    ax1.plot(ms, [m["swap_per_block_ms"] for m in micro], marker="^", ls="--", color=COLORS["swap"],
-             label="swap, one copy per block")
-    ax1.plot(ms, [m["recompute_ms"] for m in micro], marker="s", color=COLORS["recompute"],
-             label="recompute (one prefill pass)")
-    ax1.set_yscale("log")
-    ax1.set_ylabel(f"ms to bring back {micro[0]['tokens']} tokens")
-    ax1.set_title("cost of one recovery (micro-benchmark)")
-    for mode, marker in zip(PREEMPTION_MODES, "so"):
-        by = {r["block_size"]: r for r in rows if r["mode"] == mode}
-        ax2.plot(sizes, [by[b]["tok_s"] for b in sizes], marker=marker, color=COLORS[mode], label=mode)
-    ax2.axhline(report.data["unlimited"]["tok_s"], color="gray", ls="--", label="unlimited pool")
-    ax2.set_ylabel("total throughput (tok/s)")
-    ax2.set_title(f"end to end, pool of {report.data['pool_tokens']} tokens")
-    for ax in (ax1, ax2):
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(sizes, [str(b) for b in sizes])
-        ax.set_xlabel("block size (tokens)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+    by_mode = {mode: {r["block_size"]: r for r in rows if r["mode"] == mode} for mode in PREEMPTION_MODES}
+    swap, per_block, recompute = ("swap out + in, one indexed copy each way", "swap, one copy per block",
+                                  "recompute (one prefill pass)")
     m = report.meta
-    fig.suptitle(f"preempt_demo: {m.get('model')} on {m.get('device_name', m.get('device'))}, {m.get('dtype')}")
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
-    plt.close(fig)
+    plots.draw_panels(png_path, [
+        plots.line_panel([r["block_size"] for r in micro],
+                         {swap: [r["swap_ms"] for r in micro], per_block: [r["swap_per_block_ms"] for r in micro],
+                          recompute: [r["recompute_ms"] for r in micro]},
+                         xlabel="block size (tokens)", ylabel=f"ms to bring back {micro[0]['tokens']} tokens",
+                         title="cost of one recovery (micro-benchmark)", logx=True, ticks_at_x=True, logy=True,
+                         styles={swap: dict(color=COLORS["swap"]),
+                                 per_block: dict(marker="^", ls="--", color=COLORS["swap"]),
+                                 recompute: dict(marker="s", color=COLORS["recompute"])}, legend_fontsize=8),
+        plots.line_panel(sizes, {mode: [by_mode[mode][b]["tok_s"] for b in sizes] for mode in PREEMPTION_MODES},
+                         xlabel="block size (tokens)", ylabel="total throughput (tok/s)",
+                         title=f"end to end, pool of {report.data['pool_tokens']} tokens", logx=True, ticks_at_x=True,
+                         styles={mode: dict(marker=marker, color=COLORS[mode])
+                                 for mode, marker in zip(PREEMPTION_MODES, "so")},
+                         hlines={"unlimited pool": report.data["unlimited"]["tok_s"]}, legend_fontsize=8),
+    ], title=f"preempt_demo: {m.get('model')} on {m.get('device_name', m.get('device'))}, {m.get('dtype')}",
+        panel_size=(5.5, 4.2))
 
 
 @demo("preempt_demo", phase="p4_4",
@@ -165,8 +203,6 @@ def plot_preempt(report: Report, png_path) -> None:
                       help="1: the engine's prefix cache on (a recomputation maps still-cached blocks back in)")],
       plot=plot_preempt)
 def preempt_demo(cfg: RunConfig) -> Report:
-    from rich.progress import Progress
-
     lm, report, o = _start(cfg, "preempt_demo", QUICK_PREEMPT)
     trace = burst(lm.vocab_size, o["n_requests"], tuple(o["prompt_len"]), tuple(o["output_len"]), o["seed"])
     sizes = sorted(set(o["block_sizes"]) | {o["block_size"]})
@@ -180,17 +216,15 @@ def preempt_demo(cfg: RunConfig) -> Report:
 
     caching = bool(o["prefix_caching"])
     results: dict[tuple[int, str], dict] = {}
-    with cpu_threads(o["threads"]), Progress(transient=True) as progress:
+    with cpu_threads(o["threads"]):
         _warm_up(lm, trace, o["block_size"])
-        ref = _run(lm, trace, unlimited_blocks(o["block_size"]), o["block_size"], "recompute", progress,
-                   "unlimited pool", caching)
+        ref = _run(lm, trace, unlimited_blocks(o["block_size"]), o["block_size"], "recompute", "unlimited pool",
+                   caching)
         for bs in [o["block_size"]] + [b for b in sizes if b != o["block_size"]]:
             for mode in PREEMPTION_MODES:
-                results[bs, mode] = _run(lm, trace, pool_tokens // bs, bs, mode, progress,
-                                         f"block size {bs}, {mode}", caching)
-        task = progress.add_task("micro-benchmark", total=None)
-        micro = recovery_microbench(lm, sizes, o["micro_seqs"], o["micro_len"], o["reps"])
-        progress.remove_task(task)
+                results[bs, mode] = _run(lm, trace, pool_tokens // bs, bs, mode, f"block size {bs}, {mode}", caching)
+        with progress_bar("micro-benchmark", total=None):
+            micro = recovery_microbench(lm, sizes, o["micro_seqs"], o["micro_len"], o["reps"])
 
     bs = o["block_size"]
     main = report.table(
@@ -272,8 +306,6 @@ def preempt_demo(cfg: RunConfig) -> Report:
                Option("seed", int, cpu=0, help="trace seed"),
                Option("prefix_caching", int, cpu=1, help="0: the engine's prefix cache off")])
 def stress_demo(cfg: RunConfig) -> Report:
-    from rich.progress import Progress
-
     lm, report, o = _start(cfg, "stress_demo", QUICK_STRESS)
     trace = stress_trace(lm.vocab_size, o["n_requests"], tuple(o["prompt_len"]), tuple(o["output_len"]),
                          tuple(o["burst_size"]), tuple(o["burst_gap"]), o["p_samples"], o["p_beam"], o["max_n"],
@@ -283,11 +315,11 @@ def stress_demo(cfg: RunConfig) -> Report:
     alone = max(worst_case_blocks(r, r.n, bs) for r in trace)
     n_blocks = max(blocks_for(int(demand * o["pool_fraction"]), bs), alone)  # every request fits alone
     caching = bool(o["prefix_caching"])
-    with cpu_threads(o["threads"]), Progress(transient=True) as progress:
+    with cpu_threads(o["threads"]):
         _warm_up(lm, trace, bs)
         unlimited = sum(worst_case_blocks(r, r.n, bs) for r in trace)
-        ref = _run(lm, trace, unlimited, bs, "recompute", progress, "unlimited pool", caching)
-        runs = [_run(lm, trace, n_blocks, bs, mode, progress, mode, caching) for mode in PREEMPTION_MODES]
+        ref = _run(lm, trace, unlimited, bs, "recompute", "unlimited pool", caching)
+        runs = [_run(lm, trace, n_blocks, bs, mode, mode, caching) for mode in PREEMPTION_MODES]
 
     kinds = {k: sum(r.kind == k for r in trace) for k in ("plain", "samples", "beam")}
     t = report.table(
