@@ -56,6 +56,36 @@ TABLE_DEMO_PROMPT = "Explain how the attention mechanism works in a transformer 
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
+# --- phase 4.3: one long shared system prompt (one-shot / few-shot), short inputs -----
+# The vLLM paper's shared-prefix experiment (§6.4): a task description with one example
+# (one-shot) or five (few-shot) in front of every request, then a different short input.
+TRANSLATION_INSTRUCTION = (
+    "You are a professional translator. Translate the English sentence the user sends into French. "
+    "Keep the meaning, the tone and the punctuation of the original, and reply with the French "
+    "sentence only, without notes or explanations.")
+TRANSLATION_EXAMPLES = [  # (English, French): the shots of the shared prefix
+    ("The old lighthouse on the hill has guided fishing boats home through the fog for more than a century.",
+     "Le vieux phare sur la colline guide les bateaux de pêche à travers le brouillard depuis plus d'un siècle."),
+    ("When the train finally arrived, the passengers who had waited in the cold for an hour cheered loudly.",
+     "Quand le train est enfin arrivé, les passagers qui avaient attendu une heure dans le froid ont applaudi."),
+    ("My grandmother keeps her recipes in a small notebook whose pages are stained with butter and flour.",
+     "Ma grand-mère garde ses recettes dans un petit carnet dont les pages sont tachées de beurre et de farine."),
+    ("The museum will stay open late on Fridays so that people who work during the day can visit it.",
+     "Le musée restera ouvert tard le vendredi pour que les personnes qui travaillent la journée puissent le visiter."),
+    ("Although it rained all weekend, the children spent hours building a castle out of cardboard boxes.",
+     "Bien qu'il ait plu tout le week-end, les enfants ont passé des heures à construire un château en carton."),
+]
+TRANSLATION_SENTENCES = [  # the per-request inputs
+    "Where is the nearest bakery?", "The cat is sleeping on the sofa.", "I would like a cup of tea, please.",
+    "We are going to the beach tomorrow.", "This book is very interesting.", "My brother plays the guitar.",
+    "The shop closes at seven o'clock.", "It is cold this morning.", "She lost her keys again.",
+    "The garden is full of flowers.", "Can you help me carry this box?", "He runs in the park every day.",
+    "The soup is too hot to eat.", "Our teacher speaks three languages.", "The bus is late today.",
+    "I forgot my umbrella at home.", "They painted the kitchen yellow.", "The river flows to the sea.",
+    "Please close the window.", "We watched a film last night.", "The baby is laughing.",
+    "My phone battery is empty.", "The mountains are covered in snow.", "Dinner will be ready soon.",
+]
+
 
 def interleaved_latency_prompts() -> list[str]:
     """Short and long prompts alternating: short, long, short, long, ...
@@ -93,3 +123,27 @@ def format_prompt(tokenizer, user_message: str, system: str | None = DEFAULT_SYS
     # the model reasons at length before answering; other templates ignore it.
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                          enable_thinking=False)
+
+
+def translation_system_prompt(n_shots: int) -> str:
+    """The translation instruction, then `n_shots` worked examples: the prefix every request shares."""
+    if not 0 <= n_shots <= len(TRANSLATION_EXAMPLES):
+        raise ValueError(f"shots must be between 0 and {len(TRANSLATION_EXAMPLES)}, got {n_shots}")
+    shots = "".join(f"\n\nEnglish: {en}\nFrench: {fr}" for en, fr in TRANSLATION_EXAMPLES[:n_shots])
+    return TRANSLATION_INSTRUCTION + ("\n\nExamples:" + shots if shots else "")
+
+
+def translation_input(i: int) -> str:
+    """Request i's input: the sentences in turn, then pairs of them, so no two requests are equal."""
+    n = len(TRANSLATION_SENTENCES)
+    if i < n:
+        return TRANSLATION_SENTENCES[i]
+    return f"{TRANSLATION_SENTENCES[i % n]} {TRANSLATION_SENTENCES[(i // n + i) % n]}"
+
+
+def shared_prefix_len(prompts: list[list[int]]) -> int:
+    """Tokens every prompt starts with (a shared system prompt and the template around it)."""
+    n = 0
+    while all(len(p) > n for p in prompts) and len({p[n] for p in prompts}) == 1:
+        n += 1
+    return n

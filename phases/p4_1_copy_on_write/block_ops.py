@@ -21,6 +21,11 @@ The copies themselves are queued in a `CopyQueue` and run together just before
 the forward pass that writes the new tokens: `kv_store[dst] = kv_store[src]`
 with index tensors is one indexed copy (one kernel launch on a GPU) however
 many blocks a step copies, moving every layer's K and V of each block at once.
+
+Each operation here is all or nothing: a fork that fails half-way gives back
+the references it took, and a claim whose copy-on-write succeeded but whose
+new blocks did not puts the shared block back, so a failure never leaks a
+block or leaves a table half-changed.
 """
 
 from __future__ import annotations
@@ -35,9 +40,18 @@ from phases.p3_2_block_table.block_table import BlockTable
 
 
 def fork(table: BlockTable, allocator: BlockAllocator) -> BlockTable:
-    """A new table sharing every block of `table` (one more owner each); nothing is copied."""
-    for block_id in table.block_ids:
-        allocator.incref(block_id)
+    """A new table sharing every block of `table` (one more owner each); nothing is copied.
+
+    All or nothing: if a reference cannot be taken (a block that is not owned), those taken so far are dropped."""
+    taken: list[int] = []
+    try:
+        for block_id in table.block_ids:
+            allocator.incref(block_id)
+            taken.append(block_id)
+    except Exception:
+        for block_id in taken:
+            allocator.free(block_id)
+        raise
     return BlockTable(table.block_size, list(table.block_ids), table.n_filled)
 
 
@@ -54,6 +68,11 @@ class CopyQueue:
 
     def __len__(self) -> int:
         return len(self.src)
+
+    def discard(self) -> None:
+        """Forget the queued copies: the pass they were for failed, and their destination blocks go back."""
+        self.src.clear()
+        self.dst.clear()
 
     def flush(self, kv_store: torch.Tensor) -> int:
         """Copy every queued block, all layers and both K and V, in one indexed copy; return how many."""
@@ -107,8 +126,18 @@ def append_slots_cow(table: BlockTable, allocator: BlockAllocator, n: int, copie
     if not allocator.can_alloc(need):
         raise OutOfBlocks(f"need {need} blocks for {n} tokens (copy-on-write included), "
                           f"{allocator.n_free} free of {allocator.n_blocks}")
-    copy_on_write(table, allocator, copies)
-    return table.append_slots(allocator, n)
+    logical = table.n_filled // table.block_size
+    new = copy_on_write(table, allocator, copies)
+    try:
+        return table.append_slots(allocator, n)
+    except Exception:
+        if new is not None:  # undo the copy: the table lists the shared block again, the copy goes back
+            old = copies.src.pop()
+            copies.dst.pop()
+            allocator.incref(old)
+            table.block_ids[logical] = old
+            allocator.free(new)
+        raise
 
 
 # --- accounting and invariants ------------------------------------------------------

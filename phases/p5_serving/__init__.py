@@ -1,14 +1,18 @@
-"""Phase 5: serving - the last engine of the line (samples, beams, prefix caching, preemption) behind an OpenAI-compatible HTTP API, with streaming, aborts and a bounded queue.
+"""Phase 5: serving - the last engine of the line (samples, beams, prefix caching, preemption) behind an OpenAI-compatible HTTP API, with streaming, aborts, a bounded queue, and failures isolated to the request that caused them.
 
 Files, in reading order:
 - detokenize.py    token ids -> text deltas (incremental detokenization) and stop strings
-- samples.py       `ServingEngine(PreemptingEngine)` (forgets finished requests), and `n` samples of one
+- isolation.py     `IsolatingEngine(PreemptingEngine)`: a step that raises fails only its culprit (rollback by
+                   recomputation, narrower passes until the culprit fails alone)
+- samples.py       `ServingEngine(IsolatingEngine)` (forgets finished requests), and `n` samples of one
                    prompt behind one adapter
+- metrics.py       the engine snapshot behind /health, and /metrics with prometheus-client
 - async_engine.py  `AsyncEngine`: one thread steps the engine; requests come and go on an asyncio loop
 - protocol.py      the OpenAI request/response bodies (pydantic), error bodies
-- server.py        `create_app(lm)`: the FastAPI routes
+- formats.py       completion vs chat answers and stream chunks
+- server.py        `create_app(lm)` and its module-level routes
 - launch.py        `python -m common serve` (--no-prefix-caching, --preemption-mode recompute|swap), and
                    `BackgroundServer` (uvicorn in a thread) for tests and the benchmark
-- load_gen.py      a streaming load generator with Poisson arrivals (TTFT, inter-token latency)
-- demo.py          `bench_serve`: latency and throughput against the request rate
+- demo.py          `bench_serve`: latency and throughput against the request rate (common/load_gen.py sends
+                   the load); --workload fewshot (prefix caching on vs off) and undersized (preemption)
 """

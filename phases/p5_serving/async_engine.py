@@ -24,12 +24,18 @@ So the engine lives in its own thread and nothing else touches it:
   503) instead of queueing without limit or dropping anything silently.
 - `texts()` turns token events into text deltas (detokenize.py) and ends a
   sample early when one of its stop strings appears.
+- A step that raises fails only its culprit (isolation.py): the tokens made
+  before the failure are delivered, the culprit's client gets the error, the
+  others carry on; every failure is logged with its traceback and the ids of
+  the requests it failed and retried. Only an error the engine cannot
+  recover from fails every request in it, as a shutdown does.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 from collections import defaultdict, deque
 from dataclasses import dataclass
@@ -37,7 +43,11 @@ from typing import AsyncIterator
 
 from common.sampling import GREEDY, SamplingParams
 from phases.p5_serving.detokenize import TextStream
+from phases.p5_serving.isolation import StepFailed
+from phases.p5_serving.metrics import EngineStats, RateMeter, snapshot
 from phases.p5_serving.samples import SAMPLES
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MAX_WAITING = 64   # requests accepted but not yet producing tokens
 STOP_JOIN_TIMEOUT_S = 10   # how long stop() waits for the engine thread to finish its step
@@ -67,20 +77,14 @@ class ChoiceDelta:
     finish_reason: str | None = None  # OpenAI's "stop" or "length", on the sample's last delta
 
 
-@dataclass(frozen=True)
-class EngineStats:
-    running: int             # sequences in the running batch
-    waiting: int             # sequences queued in the engine, not admitted yet (or swapped out)
-    free_blocks: int
-    total_blocks: int
-
-
 class Request:
     """One API request of `n` samples, as the event loop sees it."""
 
     def __init__(self, request_id: int, prompt_ids: list[int], n: int, max_tokens: int,
-                 sampling: SamplingParams, ignore_eos: bool, loop: asyncio.AbstractEventLoop):
+                 sampling: SamplingParams, ignore_eos: bool, loop: asyncio.AbstractEventLoop,
+                 label: str | None = None):
         self.request_id = request_id
+        self.label = label or f"request {request_id}"  # what the logs call it (the API's response id)
         self.prompt_ids = prompt_ids
         self.n = n
         self.max_tokens = max_tokens
@@ -109,7 +113,10 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self.stats = self._snapshot()
+        self.n_generated = 0                           # engine side: tokens routed to requests
+        self.n_requests_failed = 0                     # engine side: requests a failed step failed
+        self.token_rate = RateMeter()
+        self.stats: EngineStats = self._snapshot()
 
     # --- lifecycle (event loop) -------------------------------------------------------
     def start(self) -> None:
@@ -130,19 +137,20 @@ class AsyncEngine:
 
     # --- requests (event loop) --------------------------------------------------------
     async def submit(self, prompt_ids: list[int], n: int = 1, max_tokens: int = 16,
-                     sampling: SamplingParams = GREEDY, ignore_eos: bool = False) -> Request:
-        """Queue a request; returns once the engine accepted it.
+                     sampling: SamplingParams = GREEDY, ignore_eos: bool = False,
+                     label: str | None = None) -> Request:
+        """Queue a request; returns once the engine accepted it. `label` names it in the logs.
 
         Raises QueueFull when `max_waiting` requests are already waiting, and the
         engine's ValueError for a request it can never run (too long for the
-        context or the pool).
+        context or the pool, a seed + n that overflows).
         """
         if self._thread is None or self._stopping:
             raise EngineFailed("the engine is not running")
         if self.n_queued >= self.max_waiting:
             raise QueueFull(f"{self.n_queued} requests are already waiting (max_waiting={self.max_waiting}); "
                             "try again later")
-        req = Request(next(self._ids), list(prompt_ids), n, max_tokens, sampling, ignore_eos, self._loop)
+        req = Request(next(self._ids), list(prompt_ids), n, max_tokens, sampling, ignore_eos, self._loop, label)
         self.n_queued += 1
         self._post("add", req)
         try:
@@ -229,9 +237,7 @@ class AsyncEngine:
             pass  # the event loop is closed: nobody is left to tell
 
     def _snapshot(self) -> EngineStats:
-        e = self.engine
-        return EngineStats(len(e.running), len(e.waiting) + len(e.swapped_seqs), e.allocator.n_free,
-                           e.allocator.n_blocks)
+        return snapshot(self.engine, self.n_generated, self.n_requests_failed)
 
     def _run(self) -> None:
         while True:
@@ -245,7 +251,13 @@ class AsyncEngine:
                 continue
             try:
                 outputs = self.engine.step()
-            except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the server
+            except StepFailed as failure:
+                self._dispatch(failure.outputs)   # made before the failure: real tokens
+                self._fail_culprits(failure)
+                outputs = []
+            except Exception as e:  # noqa: BLE001 - the engine could not recover: fail what is in it, not the server
+                log.exception("engine step %d failed and the engine could not isolate it; failing every request "
+                              "in it: %s", self.engine.n_steps, self._labels(self._owner.values()))
                 self._fail_all(EngineFailed(f"engine step failed: {type(e).__name__}: {e}"))
                 continue
             self._dispatch(outputs)
@@ -288,7 +300,26 @@ class AsyncEngine:
                 self._owner.pop(key, None)
             self.samples.forget(self.engine, req.ticket)
 
+    @staticmethod
+    def _labels(reqs) -> list[str]:
+        return sorted({r.label for r in reqs})
+
+    def _fail_culprits(self, failure: StepFailed) -> None:
+        """Tell the culprits' clients; log the failure with its traceback and who it touched."""
+        culprits = [self._owner[key] for g in failure.failed for key in self.samples.keys(g) if key in self._owner]
+        retried = [self._owner[key] for g in failure.retried for key in self.samples.keys(g) if key in self._owner]
+        log.error("engine step %d failed: %s; failed: %s; rolled back to retry in narrower passes: %s",
+                  self.engine.n_steps, failure, self._labels(culprits) or "none", self._labels(retried) or "none",
+                  exc_info=(type(failure.error), failure.error, failure.error.__traceback__))
+        for req in {id(r): r for r in culprits}.values():
+            self.n_requests_failed += 1
+            self._ended(req, range(req.n))
+            self._call(self._deliver, {req: [EngineFailed(f"engine step failed on this request: {failure}")]})
+
     def _dispatch(self, outputs) -> None:
+        self.n_generated += len(outputs)
+        if outputs:
+            self.token_rate.add(len(outputs))
         batch: dict[Request, list[TokenEvent]] = defaultdict(list)
         for out in outputs:
             req = self._owner.get(self.samples.key_of(self.engine, out.seq))

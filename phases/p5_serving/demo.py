@@ -1,30 +1,48 @@
 """`bench_serve`: the server under Poisson load - throughput and latency against the request rate.
 
 The server runs in this process (uvicorn in a thread on a free 127.0.0.1
-port); the load generator (load_gen.py) sends `n_requests` streaming chat
-requests at each rate, the same requests in the same order at every rate,
-and measures from the client side, as vLLM's serving benchmark does.
+port); the load generator (common/load_gen.py) sends `n_requests` streaming
+chat requests at each rate, the same requests in the same order at every
+rate, and measures from the client side, as vLLM's serving benchmark does.
+Three workloads (`--workload`):
 
-Below the engine's capacity, TTFT is about one prefill and ITL about one
-decode step of a small batch. As the rate approaches capacity the batch
-grows (ITL rises with it), then requests start to queue for a slot and TTFT
-climbs steeply: that knee is the rate this server can sustain.
+- `chat` (default): the blog's short and long prompts. Below the engine's
+  capacity, TTFT is about one prefill and ITL about one decode step of a
+  small batch. As the rate approaches capacity the batch grows (ITL rises
+  with it), then requests queue for a slot and TTFT climbs steeply: that
+  knee is the rate this server can sustain.
+- `fewshot`: every request behind the same 5-shot system prompt (phase
+  4.3's translation task), on a server with prefix caching on and on one
+  with it off (`--no-prefix-caching`): the hit rate and TTFT of each, read
+  over HTTP from the server's own /metrics.
+- `undersized`: a KV pool a fraction (`pool_fraction`) of what the running
+  requests need at once, against an unconstrained pool, on the same
+  greedy, fixed-length requests: requests are preempted (recomputed) and
+  all complete, no 5xx, and every output equals the unconstrained run's
+  (token for token in fp32: `--dtype fp32`).
 """
 
 from __future__ import annotations
 
 import asyncio
 
+import httpx
+
 from common.demos import Option, RunConfig, demo
+from common.load_gen import RequestResult, chat_payloads, run_load, summarize
+from common.prompts import translation_input, translation_system_prompt
 from common.report import Report
 from common.workload import poisson_arrivals
+from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p5_serving.launch import BackgroundServer
-from phases.p5_serving.load_gen import chat_payloads, run_load, summarize
 from phases.p5_serving.server import create_app
 
+WORKLOADS = ("chat", "fewshot", "undersized")
 KNEE_FACTOR = 2.0          # latency "climbs" where median TTFT passes this multiple of the lowest rate's
 WARMUP_REQUESTS = 2        # sent before timing: first passes pay for lazy init and allocator growth
 WARMUP_MAX_TOKENS = 4
+FEWSHOT_SHOTS = 5          # the shared system prompt: instruction + 5 worked examples
+SCRAPE_TIMEOUT_S = 10
 QUICK = dict(rates=[8.0], n_requests=3, max_tokens=4)
 METRICS = ["req_per_s", "output_tok_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms"]
 
@@ -39,40 +57,51 @@ def knee_rate(rates: list[float], ttft_p50_ms: list[float]) -> float | None:
     return None
 
 
-def plot_bench_serve(report: Report, png_path) -> None:
-    """TTFT, inter-token latency and output throughput against the offered request rate."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def scrape(server: BackgroundServer) -> dict[str, float]:
+    """The server's /metrics, sample name -> value (what a Prometheus scrape sees)."""
+    from prometheus_client.parser import text_string_to_metric_families
 
-    d = report.data
+    text = httpx.get(server.url + "/metrics", timeout=SCRAPE_TIMEOUT_S, trust_env=False).text
+    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def plot_bench_serve(report: Report, png_path) -> None:
+    """chat: TTFT, inter-token latency and output throughput against the offered rate; fewshot: TTFT with the
+    prefix cache off and on (undersized has its table only)."""
+    from common import plots
+
+    d, m = report.data, report.meta
+    where = f"{m.get('model')} on {m.get('device_name', m.get('device'))}, {m.get('dtype')}"
+    if d.get("workload") == "fewshot":
+        runs = d["runs"]
+        labels = [f"{r:g} req/s" for r in d["rates"]]
+        series = {f"prefix cache {'on' if c else 'off'} ({q})": [next(x[f"ttft_{q}_ms"] for x in runs
+                                                                    if x["prefix_caching"] is c and x["rate"] == r)
+                                                               for r in d["rates"]]
+                  for c in (False, True) for q in ("p50", "p99")}
+        plots.draw_panels(png_path, [plots.bar_panel(labels, series, ylabel="TTFT (ms)")],
+                          title=f"bench_serve fewshot: {d['shots']}-shot system prompt, {where}", panel_size=(7, 4.5))
+        return
+    if d.get("workload") == "undersized":
+        labels = [f"{x['pool']} ({x['blocks']} blocks), {x['rate']:g} req/s" for x in d["runs"]]
+        series = {k: [x[f"{k}_p50_ms"] for x in d["runs"]] for k in ("ttft", "e2e")}
+        plots.draw_panels(png_path, [plots.bar_panel(labels, {f"{k} p50 (ms)": v for k, v in series.items()},
+                                                     ylabel="ms", slanted=True)],
+                          title=f"bench_serve undersized: preemption under load, {where}", panel_size=(8, 4.5))
+        return
     rates = d["rates"]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
-    for ax, key, label in [(axes[0], "ttft", "TTFT (ms)"), (axes[1], "itl", "inter-token latency (ms)")]:
-        ax.plot(rates, d[f"{key}_p50_ms"], marker="o", label="p50")
-        ax.plot(rates, d[f"{key}_p99_ms"], marker="s", label="p99")
-        ax.set_ylabel(label)
-    axes[2].plot(rates, d["output_tok_per_s"], marker="o", color="tab:green")
-    axes[2].set_ylabel("output tok/s")
-    for ax in axes:
-        ax.set_xlabel("offered rate (requests/s)")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(rates, [f"{r:g}" for r in rates])
-        ax.grid(alpha=0.3)
-        if d.get("knee_rate"):
-            ax.axvline(d["knee_rate"], color="gray", linestyle="--", linewidth=1)
-    axes[0].legend()
-    axes[1].legend()
-    m = report.meta
-    fig.suptitle(f"bench_serve: {m.get('model')} on {m.get('device_name', m.get('device'))}, {m.get('dtype')}"
-                 + (f" - latency climbs at {d['knee_rate']:g} req/s" if d.get("knee_rate") else ""))
-    fig.tight_layout()
-    fig.savefig(png_path, dpi=120)
-    plt.close(fig)
+    panel = dict(xlabel="offered rate (requests/s)", logx=True, ticks_at_x=True)
+    plots.draw_panels(png_path, [
+        plots.line_panel(rates, {"p50": d["ttft_p50_ms"], "p99": d["ttft_p99_ms"]}, ylabel="TTFT (ms)", **panel),
+        plots.line_panel(rates, {"p50": d["itl_p50_ms"], "p99": d["itl_p99_ms"]},
+                         ylabel="inter-token latency (ms)", **panel),
+        plots.line_panel(rates, {"output tok/s": d["output_tok_per_s"]}, ylabel="output tok/s", **panel),
+    ], title=f"bench_serve: {where}" + (f" - latency climbs at {d['knee_rate']:g} req/s" if d.get("knee_rate") else ""))
 
 
 @demo("bench_serve", phase="p5",
-      help="OpenAI-compatible server under Poisson load: req/s, output tok/s, TTFT and ITL p50/p99 per request rate",
+      help="OpenAI-compatible server under Poisson load: req/s, output tok/s, TTFT and ITL p50/p99 per request "
+           "rate; --workload fewshot (prefix caching on vs off) or undersized (preemption under load)",
       options=[
           Option("rates", float, cpu=[0.5, 1.0, 2.0, 4.0, 8.0], gpu=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0], many=True,
                  help="request rates to offer (requests/s, Poisson arrivals)"),
@@ -81,58 +110,180 @@ def plot_bench_serve(report: Report, png_path) -> None:
           Option("max_running", int, cpu=8, gpu=64,
                  help="the engine's running-batch cap (below n_requests, so a burst has to queue)"),
           Option("seed", int, cpu=0, help="seed of the arrival times"),
+          Option("workload", str, cpu="chat", help=f"one of {', '.join(WORKLOADS)}"),
+          Option("pool_fraction", float, cpu=0.5,
+                 help="undersized: the KV pool as a fraction of what max_running requests need at once"),
       ],
       plot=plot_bench_serve)
 def bench_serve(cfg: RunConfig) -> Report:
-    from rich.progress import Progress
-
     opts = dict(QUICK) if cfg.quick else {"rates": list(cfg.rates), "n_requests": cfg.n_requests,
                                           "max_tokens": cfg.max_tokens}
     rates, n, max_tokens = sorted(opts["rates"]), opts["n_requests"], opts["max_tokens"]
     if not rates or min(rates) <= 0 or n < 1 or max_tokens < 1:
         raise ValueError("bench_serve needs rates > 0, n_requests >= 1 and max_tokens >= 1")
+    if cfg.workload not in WORKLOADS:
+        raise ValueError(f"bench_serve: unknown workload '{cfg.workload}'; choose one of {', '.join(WORKLOADS)}")
+    if not 0 < cfg.pool_fraction <= 1:
+        raise ValueError(f"bench_serve: pool_fraction must be in (0, 1], got {cfg.pool_fraction}")
+    run = {"chat": _chat, "fewshot": _fewshot, "undersized": _undersized}[cfg.workload]
+    return run(cfg, rates, n, max_tokens)
+
+
+def _measure(server: BackgroundServer, payloads: list[dict], rates: list[float], seed: int,
+             description: str) -> list[tuple[float, dict, list[RequestResult]]]:
+    """Warm the server up, then send `payloads` at each rate: [(rate, summary, results)]."""
+    from rich.progress import Progress
+
+    warm = chat_payloads(payloads[0]["model"], WARMUP_REQUESTS, WARMUP_MAX_TOKENS)  # no shared prefix in them
+    asyncio.run(run_load(server.base_url, warm, [0.0] * WARMUP_REQUESTS))
+    rows = []
+    with Progress(transient=True) as progress:
+        task = progress.add_task(description, total=len(payloads) * len(rates))
+        for rate in rates:
+            progress.update(task, description=f"{description}: {rate:g} req/s")
+            results, wall = asyncio.run(run_load(server.base_url, payloads,
+                                                 poisson_arrivals(len(payloads), rate, seed),
+                                                 on_done=lambda _: progress.advance(task)))
+            rows.append((rate, summarize(results, wall), results))
+    return rows
+
+
+def _engine_note(app) -> str:
+    engine = app.state.engine.engine
+    pool = engine.allocator
+    return (f"server in this process (uvicorn thread + engine thread), client in the main thread; engine "
+            f"{type(engine).__name__} (prefix caching {'on' if engine.prefix_caching else 'off'}, preemption by "
+            f"{engine.preemption_mode}), max_running {engine.max_running}, KV pool {pool.n_blocks} blocks x "
+            f"{pool.block_size} tokens")
+
+
+# --- chat: latency against the offered rate ------------------------------------------------
+def _chat(cfg: RunConfig, rates: list[float], n: int, max_tokens: int) -> Report:
     lm = cfg.load()
     report = cfg.new_report("bench_serve")
     # Every request may wait: the bench measures queueing, so nothing is turned away with a 503.
     app = create_app(lm, max_running=cfg.max_running, max_waiting=n)
-    payloads = chat_payloads(lm.name, n, max_tokens)
-    rows = []
-    with BackgroundServer(app) as server, Progress(transient=True) as progress:
-        warm = chat_payloads(lm.name, WARMUP_REQUESTS, WARMUP_MAX_TOKENS)
-        asyncio.run(run_load(server.base_url, warm, [0.0] * WARMUP_REQUESTS))
-        task = progress.add_task("bench_serve", total=n * len(rates))
-        for rate in rates:
-            progress.update(task, description=f"{rate:g} req/s")
-            results, wall = asyncio.run(run_load(server.base_url, payloads, poisson_arrivals(n, rate, cfg.seed),
-                                                 on_done=lambda _: progress.advance(task)))
-            rows.append((rate, summarize(results, wall)))
-        pool = app.state.engine.engine.allocator
+    with BackgroundServer(app) as server:
+        rows = _measure(server, chat_payloads(lm.name, n, max_tokens), rates, cfg.seed, "bench_serve")
 
     table = report.table(f"streaming chat requests, {n} per rate, max_tokens {max_tokens}",
                          ["rate (req/s)", "done", "req/s", "output tok/s", "TTFT p50 (ms)", "TTFT p99 (ms)",
                           "ITL p50 (ms)", "ITL p99 (ms)", "e2e p50 (ms)"])
-    for rate, s in rows:
+    for rate, s, _ in rows:
         table.add_row(rate, f"{s['completed']}/{n}", s["req_per_s"], s["output_tok_per_s"], s["ttft_p50_ms"],
                       s["ttft_p99_ms"], s["itl_p50_ms"], s["itl_p99_ms"], s["e2e_p50_ms"])
-    report.data = {"rates": rates, "n_requests": n, "max_tokens": max_tokens,
-                   **{k: [s[k] for _, s in rows] for k in METRICS},
-                   "completed": [s["completed"] for _, s in rows], "errors": [s["errors"] for _, s in rows]}
+    report.data = {"workload": "chat", "rates": rates, "n_requests": n, "max_tokens": max_tokens,
+                   **{k: [s[k] for _, s, _ in rows] for k in METRICS},
+                   "completed": [s["completed"] for _, s, _ in rows], "errors": [s["errors"] for _, s, _ in rows]}
     knee = knee_rate(rates, report.data["ttft_p50_ms"])
     report.data["knee_rate"] = knee
     table.notes += [
         f"latency starts to climb at {knee:g} req/s (median TTFT > {KNEE_FACTOR:g}x that at {rates[0]:g} req/s)"
         if knee else f"latency did not climb over these rates (median TTFT stayed under {KNEE_FACTOR:g}x "
                      f"that at {rates[0]:g} req/s): offer higher rates to find the knee",
-        f"server in this process (uvicorn thread + engine thread), client in the main thread; engine "
-        f"{type(app.state.engine.engine).__name__} (phase 4.4's: prefix caching on, preemption by recompute), "
-        f"max_running {cfg.max_running}, KV pool {pool.n_blocks} blocks x {pool.block_size} tokens",
+        _engine_note(app),
         "prompts: the blog's short/long chat prompts in turn, greedy; short answers stop at EOS, long ones at "
         "max_tokens. TTFT = request sent -> first text chunk; ITL = gap between text chunks (client side).",
     ]
-    best_rate, best = max(rows, key=lambda r: r[1]["req_per_s"])
+    best_rate, best, _ = max(rows, key=lambda r: r[1]["req_per_s"])
     table.notes.append(f"most completed: {best['req_per_s']:.2f} req/s ({best['output_tok_per_s']:.1f} output tok/s), "
                        f"at {best_rate:g} req/s offered (req/s = completed / wall time, drain included)")
-    failed = [(rate, s["errors"]) for rate, s in rows if s["failed"]]
+    failed = [(rate, s["errors"]) for rate, s, _ in rows if s["failed"]]
     if failed:
         table.notes.append(f"failed requests: {failed}")
+    return report
+
+
+# --- fewshot: one shared 5-shot system prompt, prefix caching on vs off ----------------------
+def _fewshot(cfg: RunConfig, rates: list[float], n: int, max_tokens: int) -> Report:
+    lm = cfg.load()
+    report = cfg.new_report("bench_serve_fewshot")
+    system = translation_system_prompt(FEWSHOT_SHOTS)
+    # Fixed-length answers (EOS ignored): both servers decode the same tokens and differ only in prefill.
+    payloads = chat_payloads(lm.name, n, max_tokens, prompts=[translation_input(i) for i in range(n)],
+                             ignore_eos=True, system=system)
+    rows = []
+    for caching in (False, True):
+        app = create_app(lm, max_running=cfg.max_running, max_waiting=n, prefix_caching=caching)
+        with BackgroundServer(app) as server:
+            before = scrape(server)
+            for rate, s, _ in _measure(server, payloads, rates, cfg.seed, f"prefix caching {'on' if caching else 'off'}"):
+                after = scrape(server)
+                queried = after["engine_prefix_cache_queried_blocks_total"] - before["engine_prefix_cache_queried_blocks_total"]
+                hit = after["engine_prefix_cache_hit_blocks_total"] - before["engine_prefix_cache_hit_blocks_total"]
+                rows.append((caching, rate, s, hit / queried if queried else float("nan")))
+                before = after
+            note = _engine_note(app)
+
+    n_system = len(lm.tokenizer(system, add_special_tokens=False)["input_ids"])
+    table = report.table(f"{n} streaming chat requests behind one {FEWSHOT_SHOTS}-shot system prompt "
+                         f"(~{n_system} tokens), max_tokens {max_tokens}",
+                         ["prefix caching", "rate (req/s)", "done", "hit rate", "TTFT p50 (ms)", "TTFT p99 (ms)",
+                          "e2e p50 (ms)", "output tok/s"])
+    for caching, rate, s, hit_rate in rows:
+        table.add_row("on" if caching else "off", rate, f"{s['completed']}/{n}", hit_rate, s["ttft_p50_ms"],
+                      s["ttft_p99_ms"], s["e2e_p50_ms"], s["output_tok_per_s"])
+    report.data = {"workload": "fewshot", "rates": rates, "n_requests": n, "max_tokens": max_tokens,
+                   "shots": FEWSHOT_SHOTS, "system_tokens": n_system,
+                   "runs": [{"prefix_caching": c, "rate": r, "hit_rate": h, **s} for c, r, s, h in rows]}
+    for rate in rates:
+        off, on = (next(s for c, r, s, _ in rows if c is caching and r == rate) for caching in (False, True))
+        table.notes.append(f"{rate:g} req/s: median TTFT {off['ttft_p50_ms']:.0f} ms -> {on['ttft_p50_ms']:.0f} ms "
+                           f"with prefix caching ({off['ttft_p50_ms'] / on['ttft_p50_ms']:.2f}x)")
+    table.notes += [
+        note.replace("prefix caching on", "prefix caching on/off"),
+        "hit rate = prompt blocks found in the prefix cache / full prompt blocks looked up, during the timed run, "
+        "from the server's /metrics. The warm-up requests share no prefix with the timed ones.",
+        "requests admitted in the same step cannot use each other's blocks (phase 4.3's known limit): the first "
+        "wave computes the system prompt, later ones hit it.",
+    ]
+    return report
+
+
+# --- undersized: a pool smaller than the offered load ---------------------------------------
+def _undersized(cfg: RunConfig, rates: list[float], n: int, max_tokens: int) -> Report:
+    lm = cfg.load()
+    report = cfg.new_report("bench_serve_undersized")
+    # Greedy and fixed-length: both pools must produce exactly the same text.
+    payloads = chat_payloads(lm.name, n, max_tokens, ignore_eos=True)
+    block_size = 16
+    tok = lm.tokenizer  # the prompt as the server sees it: the chat template around the messages
+    lengths = [len(tok(tok.apply_chat_template(p["messages"], tokenize=False, add_generation_prompt=True),
+                       add_special_tokens=False)["input_ids"]) + max_tokens for p in payloads]
+    concurrent = sorted(lengths, reverse=True)[:cfg.max_running]
+    demand = sum(blocks_for(t, block_size) for t in concurrent)   # blocks max_running requests hold at their end
+    pool = max(blocks_for(max(lengths), block_size) + 1, int(cfg.pool_fraction * demand))
+    runs = {}
+    for label, n_blocks in (("unconstrained", None), ("undersized", pool)):
+        app = create_app(lm, max_running=cfg.max_running, max_waiting=n, block_size=block_size, n_blocks=n_blocks)
+        with BackgroundServer(app) as server:
+            rows = _measure(server, payloads, rates, cfg.seed, label)
+            metrics = scrape(server)
+            runs[label] = (app.state.engine.engine.allocator.n_blocks, rows, metrics, _engine_note(app))
+
+    table = report.table(f"{n} streaming chat requests, greedy, {max_tokens} tokens each (EOS ignored), "
+                         f"max_running {cfg.max_running}: an undersized KV pool against an unconstrained one",
+                         ["pool", "blocks", "rate (req/s)", "done", "5xx", "preemptions", "outputs equal",
+                          "TTFT p50 (ms)", "e2e p50 (ms)", "output tok/s"])
+    reference = {rate: res for rate, _, res in runs["unconstrained"][1]}
+    report.data = {"workload": "undersized", "rates": rates, "n_requests": n, "max_tokens": max_tokens,
+                   "demand_blocks": demand, "runs": []}
+    for label, (blocks, rows, metrics, _) in runs.items():
+        for rate, s, results in rows:
+            equal = sum(r.ok and r.text == ref.text for r, ref in zip(results, reference[rate]))
+            table.add_row(label, blocks, rate, f"{s['completed']}/{n}", s["server_errors"],
+                          int(metrics["engine_preemptions_total"]), f"{equal}/{n}", s["ttft_p50_ms"],
+                          s["e2e_p50_ms"], s["output_tok_per_s"])
+            report.data["runs"].append({"pool": label, "blocks": blocks, "rate": rate, "outputs_equal": equal,
+                                        "preemptions": metrics["engine_preemptions_total"], **s})
+    table.notes += [
+        f"the {cfg.max_running} longest requests hold {demand} blocks of {block_size} tokens at their end; the "
+        f"undersized pool has {pool} ({cfg.pool_fraction:g} of that, at least one request's worth + 1)",
+        "preemptions: the server's engine_preemptions_total (/metrics), over every rate; outputs equal: the "
+        "request's streamed text equals the unconstrained run's, request by request",
+        runs["undersized"][3],
+    ]
+    if lm.dtype.is_floating_point and str(lm.dtype) != "torch.float32":
+        table.notes.append(f"{str(lm.dtype).removeprefix('torch.')}: a recomputed prefill may round differently "
+                           "from the decode passes it replaces; token-for-token equality is the fp32 claim")
     return report

@@ -4,8 +4,14 @@ Only what this server implements is declared. Fields OpenAI has and we do
 not support either are rejected with a 400 when set (`logprobs`, `echo`,
 `suffix`, `best_of` > 1, tools) rather than silently ignored; fields no
 server needs to honour (`user`, `frequency_penalty` left at 0, ...) are
-ignored. Two vLLM extensions are accepted: `top_k` and `ignore_eos` (the
-serving benchmark runs fixed-length outputs with it).
+ignored. Two vLLM extensions are accepted: `top_k` (-1 or 0: no cut, as in
+vLLM) and `ignore_eos` (the serving benchmark runs fixed-length outputs
+with it).
+
+The bounds written here are the ones a client can read in the server's
+OpenAPI schema; the engine checks the sampling values again itself
+(`SamplingParams`, and `seed + n - 1` for `n` samples), and the server turns
+its refusals into the same 400 with `param` set.
 """
 
 from __future__ import annotations
@@ -16,10 +22,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
-from common.sampling import SamplingParams
+from common.sampling import SEED_MAX, SEED_MIN, SamplingParams
 
 MAX_N = 16                          # samples per request
 MAX_STOP_STRINGS = 4                # OpenAI's limit
+MAX_STOP_CHARS = 256                # per stop string: the stream holds back len(longest) - 1 characters
+NO_TOP_K = -1                       # vLLM's "no top-k cut" (0 means the same here)
 MAX_TEMPERATURE = 2.0               # OpenAI's range is [0, 2]
 DEFAULT_TEMPERATURE = 1.0           # OpenAI's default: sampling, not greedy
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -38,12 +46,12 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: StrictInt | None = Field(None, ge=0)        # vLLM extension
+    temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    top_k: StrictInt | None = Field(None, ge=NO_TOP_K)  # vLLM extension: -1 or 0 is no cut
     n: StrictInt | None = Field(None, ge=1, le=MAX_N)
     stop: str | list[str] | None = None
-    seed: StrictInt | None = None
+    seed: StrictInt | None = Field(None, ge=SEED_MIN, le=SEED_MAX)  # sample i of n draws with seed + i
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = False                   # vLLM extension: run to max_tokens
@@ -59,6 +67,8 @@ class _Sampling(BaseModel):
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(stops)}")
         if any(not s for s in stops):
             raise ValueError("stop strings must not be empty")
+        if any(len(s) > MAX_STOP_CHARS for s in stops):
+            raise ValueError(f"a stop string may be {MAX_STOP_CHARS} characters at most")
         return stops
 
     @field_validator("logprobs", "presence_penalty", "frequency_penalty")
@@ -70,7 +80,7 @@ class _Sampling(BaseModel):
 
     def sampling_params(self) -> SamplingParams:
         t = DEFAULT_TEMPERATURE if self.temperature is None else self.temperature
-        return SamplingParams(temperature=t, top_k=self.top_k or 0,
+        return SamplingParams(temperature=t, top_k=max(self.top_k or 0, 0),
                               top_p=1.0 if self.top_p is None else self.top_p, seed=self.seed)
 
     @property

@@ -2,7 +2,8 @@
 
 `ServingEngine` is the last engine of the line, phase 4.4's `PreemptingEngine`
 (samples over shared blocks, beam search, prefix caching, preemption), plus
-one thing a server needs: it forgets a request once it is over. The engine
+two things a server needs: a failing step fails only the request that caused
+it (isolation.py), and it forgets a request once it is over. The engine
 keeps records of every request for a finished run's report (its groups, its
 sequences, their KV bytes and return times); a server runs for days.
 
@@ -17,11 +18,11 @@ from __future__ import annotations
 
 from common.sampling import SamplingParams
 from phases.p4_1_copy_on_write.engine import SequenceGroup
-from phases.p4_4_preemption.engine import PreemptingEngine
+from phases.p5_serving.isolation import IsolatingEngine
 
 
-class ServingEngine(PreemptingEngine):
-    """`PreemptingEngine` that drops a request's records once it is over: a server runs for days."""
+class ServingEngine(IsolatingEngine):
+    """Phase 4.4's engine that isolates failures and drops a request's records once it is over."""
 
     def group_or_none(self, seq) -> SequenceGroup | None:
         return self._group_of.get(seq.seq_id)
@@ -36,6 +37,7 @@ class ServingEngine(PreemptingEngine):
         self.sequences = [s for s in self.sequences if id(s) not in gone]  # the ones still in flight: a short list
         if group in self.groups:
             self.groups.remove(group)
+        self.suspects.pop(group, None)
         self.usage.clear()             # per-pass sharing statistics, for demos
 
 

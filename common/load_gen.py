@@ -10,9 +10,13 @@ user would see:
 
 Every request has its own timeout and the whole run a deadline: whatever is
 still open then is cancelled and counted as failed, so a run always ends.
+A request that fails is recorded with its HTTP status (`RequestResult.status`),
+so a run can tell a server error (5xx) from a refusal.
 
-Also a command for any running server (default: this machine's):
-  python -m phases.p5_serving.load_gen --rate 2 --n 16 --max-tokens 32
+It speaks plain HTTP to any OpenAI-compatible server (phase 5's, vLLM's), so
+it lives here with the other measurement code. Also a command for any running
+server (default: this machine's):
+  python -m common.load_gen --rate 2 --n 16 --max-tokens 32
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ SSE_DONE = "[DONE]"
 @dataclass
 class RequestResult:
     ok: bool
+    status: int | None = None           # the HTTP status (None: no answer at all)
     sent_s: float = float("nan")        # when it was sent, from the start of the run
     ttft_s: float = float("nan")
     latency_s: float = float("nan")
@@ -51,10 +56,12 @@ class RequestResult:
 
 
 def chat_payloads(model: str, n: int, max_tokens: int, prompts: list[str] | None = None,
-                  ignore_eos: bool = False) -> list[dict]:
-    """n streaming chat requests, greedy, cycling through `prompts` (the blog's short/long mix by default)."""
+                  ignore_eos: bool = False, system: str | None = None) -> list[dict]:
+    """n streaming chat requests, greedy, cycling through `prompts` (the blog's short/long mix by default),
+    each behind the same `system` message if one is given (a shared prefix, as a few-shot task has)."""
     prompts = prompts or interleaved_latency_prompts()
-    return [{"model": model, "messages": [{"role": "user", "content": prompts[i % len(prompts)]}],
+    head = [{"role": "system", "content": system}] if system else []
+    return [{"model": model, "messages": head + [{"role": "user", "content": prompts[i % len(prompts)]}],
              "max_tokens": max_tokens, "temperature": 0, "stream": True,
              "stream_options": {"include_usage": True}, "ignore_eos": ignore_eos} for i in range(n)]
 
@@ -65,6 +72,7 @@ async def stream_one(client: httpx.AsyncClient, url: str, payload: dict) -> Requ
     first = last = None
     res = RequestResult(ok=False)
     async with client.stream("POST", url, json=payload) as resp:
+        res.status = resp.status_code
         if resp.status_code != 200:
             body = (await resp.aread()).decode(errors="replace")
             res.error = f"HTTP {resp.status_code}: {body[:200]}"
@@ -144,6 +152,7 @@ def summarize(results: list[RequestResult], wall_s: float) -> dict:
     ms = 1e3
     return {
         "completed": len(ok), "failed": len(results) - len(ok), "wall_s": wall_s,
+        "server_errors": sum(1 for r in results if r.status is not None and r.status >= 500),
         "req_per_s": len(ok) / wall_s if wall_s > 0 else float("nan"),
         "output_tok_per_s": out_tokens / wall_s if wall_s > 0 else float("nan"),
         "output_tokens": out_tokens,
@@ -157,7 +166,7 @@ def summarize(results: list[RequestResult], wall_s: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m phases.p5_serving.load_gen",
+    p = argparse.ArgumentParser(prog="python -m common.load_gen",
                                 description="Poisson load of streaming chat requests against a running server.")
     p.add_argument("--base-url", default=DEFAULT_BASE_URL)
     p.add_argument("--model", default=None, help="model id (default: the server's first /v1/models entry)")

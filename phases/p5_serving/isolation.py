@@ -1,0 +1,211 @@
+"""`IsolatingEngine`: phase 4.4's engine, where a step that raises fails only the request that caused it.
+
+A server steps one engine for every client at once, so an exception in a
+step (a kernel that trips on one prompt's shape, a bad value that slipped
+past validation, a CUDA error) would otherwise fail every request in it,
+and could leave blocks claimed by nobody. Validation (`SamplingParams`,
+`add()`) stops every known cause before a request is queued; this is the
+second line, for what is left:
+
+1. Outputs already made are kept. A step runs up to two forward passes
+   (prefill, then decode); tokens the first pass made are real, so the
+   engine hands them over with the failure (`StepFailed.outputs`).
+2. The failing pass names the suspects: the groups (requests) in it. One
+   suspect is the culprit: it alone fails (`StepFailed.failed`). Several
+   are rolled back to where recomputation can take them up (below) and the
+   engine *isolates*: while it does, every forward pass runs in chunks of at
+   most `isolation_width` groups, half the suspects of the last failure. A
+   chunk that fails again halves the width, until the culprit fails alone in
+   a chunk of one. Each failure either halves the width or fails a request,
+   so the search ends, after at most log2(suspects) + 1 failed passes.
+3. The isolation ends once every suspect has come through a pass of the
+   kind that failed (prefill or decode), or has finished. While isolating, the step's token budget is shared by its
+   narrower passes, in arrival order.
+
+Rolling a group back uses what phase 4.4 built for preemption: its blocks go
+back to the pool (full blocks stay in the prefix cache: they were written by
+passes that succeeded), and its sequences go back to the waiting queue at
+their arrival position. A sequence with outputs is PREEMPTED and
+recomputed (prompt + outputs in one prefill; nothing is sampled or streamed
+twice); a request that had made nothing is un-admitted: its samples are
+un-forked (phase 4.1's `_unfork`) and its parent is WAITING again with a
+fresh generator, so a seeded request still draws what it would have drawn.
+The KV of a failed pass is never trusted: it is dropped, never swapped.
+
+Limits: a beam-search group in a failing pass fails with it (its search
+state moved on in the pass and cannot be rolled back; the server never makes
+beams). A seeded sample in a pass whose sampling raised part-way may have
+drawn a number it never used, so its later tokens may differ from an
+undisturbed run. A failure with no group to blame (nothing running) is
+raised as it is: the caller must fail everything.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left
+
+from common.sampling import make_generator
+from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
+from phases.p4_1_copy_on_write.engine import SequenceGroup
+from phases.p4_2_beam_search.engine import BeamGroup
+from phases.p4_4_preemption.engine import PreemptingEngine
+
+PREFILL_PASS, DECODE_PASS = "prefill", "decode"
+
+
+class StepFailed(RuntimeError):
+    """A step raised; the engine is consistent again. Deliver `outputs`, fail `failed`; `retried` carry on."""
+
+    def __init__(self, error: BaseException, outputs: list[StepOutput], failed: list[SequenceGroup],
+                 retried: list[SequenceGroup]):
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error = error
+        self.outputs = outputs      # tokens made by the step's passes that succeeded
+        self.failed = failed        # groups aborted for it (finish_reason "error")
+        self.retried = retried      # groups rolled back, to be recomputed in narrower passes
+
+
+class IsolatingEngine(PreemptingEngine):
+    def __init__(self, lm, **engine_kwargs):
+        super().__init__(lm, **engine_kwargs)
+        self.isolation_width: int | None = None   # while isolating: groups per forward pass at most
+        self.suspects: dict[SequenceGroup, str | None] = {}  # group -> the kind of pass it must come through
+        self.n_step_failures = 0
+        self.n_groups_failed = 0
+        self.n_groups_retried = 0
+        self._made: list[StepOutput] = []          # outputs of the step in flight, pass by pass
+        self.in_pass: tuple[str, list[Sequence]] | None = None  # (kind, sequences) of the pass running now
+
+    # --- the step, and what a failure leaves --------------------------------------------
+    def step(self) -> list[StepOutput]:
+        self._made = []
+        try:
+            return super().step()
+        except Exception as error:
+            raise self._recover(error) from error
+        finally:
+            self._made, self.in_pass = [], None
+
+    def _recover(self, error: Exception) -> StepFailed:
+        """Put the engine back together after `error`; return the StepFailed that says what became of whom."""
+        self.n_step_failures += 1
+        kind, in_pass = self.in_pass or (None, self.running)
+        self.copies.discard()              # copies for the failed pass: their blocks go back below
+        for seq in list(self.running):     # finished in a pass that succeeded: retire, as the step would have
+            if seq.status is Status.DONE:
+                self._retire(seq)
+        involved = self._groups(s for s in in_pass if s.status is not Status.DONE)
+        if not involved:
+            raise error                    # nothing to blame: the caller fails everything
+        if len(involved) == 1:
+            failed, retried = involved, []
+        else:  # a beam search cannot be rolled back: it fails with the pass
+            failed = [g for g in involved if isinstance(g, BeamGroup)]
+            retried = [g for g in involved if not isinstance(g, BeamGroup)]
+        for group in retried:
+            self._roll_back(group)
+        for group in failed:
+            self._fail(group)
+        self.n_groups_failed += len(failed)
+        self.n_groups_retried += len(retried)
+        if len(retried) > 1 or (retried and self.isolation_width is not None):
+            width = math.ceil(len(involved) / 2)
+            self.isolation_width = width if self.isolation_width is None else min(self.isolation_width, width)
+            self.suspects.update({g: kind for g in retried})
+        else:
+            self._end_isolation()          # the culprit is found (or the only suspect is retried): a new round
+        return StepFailed(error, list(self._made), failed, retried)
+
+    def _groups(self, seqs) -> list[SequenceGroup]:
+        """The distinct groups of `seqs`, in arrival order."""
+        groups = {self.group_of(s): None for s in seqs}
+        return sorted(groups, key=lambda g: g.request_id)
+
+    def _roll_back(self, group: SequenceGroup) -> None:
+        """Take `group` off the pool and back to the waiting queue, to be admitted and recomputed later."""
+        if any(s.output_ids for s in group.seqs):
+            members = [s for s in group.seqs if s in self.running]
+            for s in members:
+                self._take_back(s, Status.PREEMPTED)   # recomputed from prompt + outputs when admitted again
+        else:  # it made nothing yet: un-admit it, as if it had never been admitted
+            if group.forked:
+                self._unfork(group)
+            else:
+                self._slots_promised -= group.n - 1    # promised at admission for samples it never forked
+            parent = group.seqs[0]
+            self._take_back(parent, Status.WAITING)
+            self._generators[parent.seq_id] = make_generator(group.sampling, self.lm.device)
+            members = [parent]
+        rids = [self.group_of(s).request_id for s in self.waiting]
+        i = bisect_left(rids, group.request_id)        # its arrival position: ahead of every later request
+        for s in reversed(members):
+            self.waiting.insert(i, s)
+
+    def _take_back(self, seq: Sequence, status: Status) -> None:
+        """Release `seq`'s blocks and slot and set its status: an undo, not one of the state machine's moves."""
+        if seq.kv is not None:
+            self.free_kv(seq)
+        self._vacate(seq)
+        seq.status = status
+        seq.history.append(status)
+
+    def _fail(self, group: SequenceGroup) -> None:
+        """Abort the culprit: every block and slot back, every member DONE with finish_reason "error"."""
+        if not group.forked and group.seqs[0] in self.running:
+            self._slots_promised -= group.n - 1
+        live = [s for s in group.seqs if s.status is not Status.DONE]
+        self.abort_group(group)
+        for s in live:
+            s.finish_reason = "error"
+
+    # --- narrower passes while isolating ------------------------------------------------
+    def _prefill(self, seqs: list[Sequence]) -> list[StepOutput]:
+        return self._in_chunks(PREFILL_PASS, super()._prefill, seqs)
+
+    def _decode(self, seqs: list[Sequence]) -> list[StepOutput]:
+        return self._in_chunks(DECODE_PASS, super()._decode, seqs)
+
+    def _in_chunks(self, kind: str, run_pass, seqs: list[Sequence]) -> list[StepOutput]:
+        """One pass for `seqs`, or, while isolating, one per chunk of at most `isolation_width` groups
+        (a group's members stay together and in order: a recomputed group's lead goes first)."""
+        if self.isolation_width is None:
+            chunks = [seqs]
+        else:
+            members: dict[SequenceGroup, list[Sequence]] = {}
+            for s in seqs:
+                members.setdefault(self.group_of(s), []).append(s)
+            groups = list(members.values())
+            chunks = [sum(groups[i:i + self.isolation_width], []) for i in range(0, len(groups), self.isolation_width)]
+        outputs = []
+        for chunk in chunks:
+            self.in_pass = (kind, chunk)
+            outputs += run_pass(chunk)
+            self.in_pass = None
+            self._cleared(kind, chunk)
+        return outputs
+
+    def _emit(self, seqs: list[Sequence], logits) -> list[StepOutput]:
+        outputs = super()._emit(seqs, logits)
+        self._made += outputs   # kept, should a later pass of this step fail
+        return outputs
+
+    def _cleared(self, kind: str, seqs: list[Sequence]) -> None:
+        """Suspects in a pass that succeeded are cleared if it was the kind that failed; none left: isolation ends."""
+        if not self.isolating:
+            return
+        for group in self._groups(seqs):
+            if group in self.suspects and self.suspects[group] in (None, kind):
+                del self.suspects[group]
+        for group in [g for g in self.suspects if g.done]:
+            del self.suspects[group]
+        if not self.suspects:
+            self._end_isolation()
+
+    def _end_isolation(self) -> None:
+        self.isolation_width = None
+        self.suspects.clear()
+
+    @property
+    def isolating(self) -> bool:
+        return self.isolation_width is not None

@@ -1,0 +1,140 @@
+"""What `/health` and `/metrics` report: a snapshot of the engine, and the Prometheus exposition of it.
+
+The engine thread takes an `EngineStats` snapshot after every step (one
+reference assignment: a reader sees the old one or the new one, never half
+of each), so the HTTP handlers never touch the engine. `/metrics` turns the
+latest snapshot into Prometheus' text format with the `prometheus-client`
+package: a custom collector reads the snapshot at each scrape, the way that
+package exports values that live elsewhere. Counters only grow (a scraper
+derives rates from them); gauges are the state now, and
+`engine_generation_tokens_per_second` is the generation rate over the last
+`TOKEN_RATE_WINDOW_S` seconds, for a person reading /health.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from phases.p2_2_scheduler.sequence import Status
+
+TOKEN_RATE_WINDOW_S = 10.0
+METRIC_PREFIX = "engine"
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    running: int                  # sequences in the running batch
+    waiting: int                  # sequences queued and never admitted yet
+    preempted: int                # sequences preempted for room: waiting to be recomputed, or swapped out
+    free_blocks: int              # KV blocks free (cached-free ones included: they are reclaimable)
+    total_blocks: int
+    prefix_blocks_queried: int    # full prompt blocks looked up in the prefix cache
+    prefix_blocks_hit: int        # ... and found there
+    preemptions: int              # preemptions so far
+    generated_tokens: int         # tokens handed to clients so far
+    step_failures: int            # steps that raised
+    requests_failed: int          # requests failed by a step (the culprits)
+    isolating: bool               # narrower passes while a failure's culprit is searched for
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Blocks hit / blocks looked up; NaN before any lookup (and with prefix caching off)."""
+        return self.prefix_blocks_hit / self.prefix_blocks_queried if self.prefix_blocks_queried else math.nan
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out["prefix_hit_rate"] = None if math.isnan(self.prefix_hit_rate) else self.prefix_hit_rate
+        return out
+
+
+def snapshot(engine, generated_tokens: int, requests_failed: int) -> EngineStats:
+    """The served engine's state now; call on the engine thread only."""
+    preempted = sum(1 for s in engine.waiting if s.status is Status.PREEMPTED) + len(engine.swapped_seqs)
+    cache = engine.cache_stats
+    return EngineStats(
+        running=len(engine.running), waiting=len(engine.waiting) + len(engine.swapped_seqs) - preempted,
+        preempted=preempted, free_blocks=engine.allocator.n_free, total_blocks=engine.allocator.n_blocks,
+        prefix_blocks_queried=cache.blocks_queried, prefix_blocks_hit=cache.blocks_hit,
+        preemptions=engine.stats.n_preemptions, generated_tokens=generated_tokens,
+        step_failures=engine.n_step_failures, requests_failed=requests_failed, isolating=engine.isolating)
+
+
+class RateMeter:
+    """Events per second over the last `window_s` seconds. One thread adds, any thread reads."""
+
+    def __init__(self, window_s: float = TOKEN_RATE_WINDOW_S):
+        self.window_s = window_s
+        self._events: deque[tuple[float, int]] = deque()
+        self._lock = threading.Lock()
+
+    def add(self, n: int, t: float | None = None) -> None:
+        t = time.monotonic() if t is None else t
+        with self._lock:
+            self._events.append((t, n))
+            self._trim(t)
+
+    def per_second(self, t: float | None = None) -> float:
+        t = time.monotonic() if t is None else t
+        with self._lock:
+            self._trim(t)
+            return sum(n for _, n in self._events) / self.window_s
+
+    def _trim(self, t: float) -> None:
+        while self._events and self._events[0][0] < t - self.window_s:
+            self._events.popleft()
+
+
+class EngineCollector:
+    """Reads the async engine's latest snapshot at every scrape (prometheus-client's custom-collector protocol)."""
+
+    def __init__(self, aengine):
+        self.aengine = aengine
+
+    def collect(self):
+        s: EngineStats = self.aengine.stats
+        p = METRIC_PREFIX
+        gauges = [
+            ("running_sequences", "Sequences in the running batch", s.running),
+            ("waiting_sequences", "Sequences queued, never admitted yet", s.waiting),
+            ("preempted_sequences", "Sequences preempted for room (to recompute, or swapped out)", s.preempted),
+            ("queued_requests", "Requests accepted and not producing tokens yet (503 past max_waiting)",
+             self.aengine.n_queued),
+            ("kv_blocks_free", "KV blocks free (cached-free included)", s.free_blocks),
+            ("kv_blocks_total", "KV blocks in the pool", s.total_blocks),
+            ("prefix_cache_hit_rate", "Prefix cache: blocks hit / blocks looked up (NaN before any lookup)",
+             s.prefix_hit_rate),
+            ("generation_tokens_per_second", f"Tokens generated per second over the last "
+             f"{self.aengine.token_rate.window_s:g} s", self.aengine.token_rate.per_second()),
+            ("isolating", "1 while a failed step's culprit is being isolated", int(s.isolating)),
+        ]
+        for name, doc, value in gauges:
+            yield GaugeMetricFamily(f"{p}_{name}", doc, value=value)
+        counters = [
+            ("generation_tokens", "Tokens generated", s.generated_tokens),
+            ("preemptions", "Preemptions", s.preemptions),
+            ("prefix_cache_queried_blocks", "Prompt blocks looked up in the prefix cache", s.prefix_blocks_queried),
+            ("prefix_cache_hit_blocks", "Prompt blocks found in the prefix cache", s.prefix_blocks_hit),
+            ("step_failures", "Engine steps that raised", s.step_failures),
+            ("requests_failed", "Requests failed by an engine step", s.requests_failed),
+        ]
+        for name, doc, value in counters:
+            yield CounterMetricFamily(f"{p}_{name}", doc, value=value)
+
+
+def metrics_registry(aengine) -> CollectorRegistry:
+    """A registry of this server's own (not the process-wide default: tests start several servers)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EngineCollector(aengine))
+    return registry
+
+
+def exposition(registry: CollectorRegistry) -> tuple[bytes, str]:
+    """(body, content type) of a /metrics answer."""
+    return generate_latest(registry), CONTENT_TYPE_LATEST
