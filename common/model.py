@@ -10,6 +10,13 @@ Names it understands:
   with fixed output lengths (ignore EOS).
 - `tiny`: a 2-layer, hidden-64 random Llama for unit tests (GQA: 4 query heads
   over 2 KV heads), seeded, so every run builds the same weights.
+- `tiny-sliding`, `tiny-softcap`: the same size, with attention that is not
+  plain causal, for the tests that check the paged engines honour it:
+  `tiny-sliding` is a Mistral whose every layer has a sliding window of
+  TINY_WINDOW tokens (shorter than the test prompts); `tiny-softcap` is a
+  Gemma 2 (attention logit softcapping, a windowed layer then a full one,
+  scaling by query_pre_attn_scalar), run with transformers' eager attention,
+  its only path that computes the softcap.
 - anything else with a `/` or an existing path: a Hugging Face hub id or a
   local folder (`revision=` pins a hub commit). Only this path touches the network.
 
@@ -65,9 +72,25 @@ TINY_CONFIG: dict[str, Any] = dict(
     # that float rounding could flip between two correct implementations.
     initializer_range=0.3,
 )
+TINY_WINDOW = 7          # tokens a windowed layer of the tiny test models sees: fewer than a block-spanning prompt
+TINY_SOFTCAP = 5.0       # far below Gemma 2's 50, so the cap bends the tiny model's scores and changes its tokens
+TINY_SLIDING_CONFIG: dict[str, Any] = dict(TINY_CONFIG, model_type="mistral", sliding_window=TINY_WINDOW)
+TINY_SOFTCAP_CONFIG: dict[str, Any] = dict(
+    TINY_CONFIG, model_type="gemma2", sliding_window=TINY_WINDOW, attn_logit_softcapping=TINY_SOFTCAP,
+    layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=32, final_logit_softcapping=30.0,
+    hidden_activation="gelu_pytorch_tanh",
+    # Gemma scales its embeddings by sqrt(hidden); tied to the output, they would make each next token
+    # an echo of the current one whatever attention computes. Untied, attention decides the tokens.
+    tie_word_embeddings=False)
+# Test models by name: (architecture, the attention implementation transformers must use for it).
+TINY_MODELS: dict[str, tuple[dict[str, Any], str | None]] = {
+    "tiny": (TINY_CONFIG, None),
+    "tiny-sliding": (TINY_SLIDING_CONFIG, None),
+    "tiny-softcap": (TINY_SOFTCAP_CONFIG, "eager"),   # transformers has no SDPA path for a softcap
+}
 # Hub models the project runs by default, pinned so a result names exact weights.
 PINNED_REVISIONS = {"Qwen/Qwen3-0.6B": "c1899de289a04d12100db370d81485cdf75e47ca"}
-KNOWN_NAMES = [PACKAGED_MODEL, "tiny"] + [f"dummy:{a}" for a in DUMMY_CONFIGS]
+KNOWN_NAMES = [PACKAGED_MODEL, *TINY_MODELS] + [f"dummy:{a}" for a in DUMMY_CONFIGS]
 
 
 class ModelNotAvailable(RuntimeError):
@@ -199,8 +222,10 @@ def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str 
         path = packaged_model_dir()
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch_dtype, attn_implementation=attn_implementation)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-    elif name == "tiny":
-        model, tokenizer = _random_model(TINY_CONFIG, TINY_SEED), borrowed_tokenizer()
+    elif name in TINY_MODELS:
+        arch, required = TINY_MODELS[name]
+        model, tokenizer = _random_model(arch, TINY_SEED), borrowed_tokenizer()
+        attn_implementation = required or attn_implementation
     elif name.startswith("dummy:"):
         arch = name.split(":", 1)[1]
         if arch not in DUMMY_CONFIGS:
@@ -214,7 +239,7 @@ def load_model(name: str = DEFAULT_MODEL, device: str | None = None, dtype: str 
     else:
         raise ModelNotAvailable(f"unknown model '{name}'. Known names: {', '.join(KNOWN_NAMES)}; "
                                 "or a Hugging Face id like 'Qwen/Qwen3-0.6B', or a local folder")
-    if name == "tiny" or is_dummy:
+    if name in TINY_MODELS or is_dummy:
         model.set_attn_implementation(attn_implementation)
     model = model.to(device=device, dtype=torch_dtype).eval()
     return _describe(name, model, tokenizer, device, torch_dtype, is_dummy)

@@ -144,8 +144,9 @@ def test_bad_input_is_refused_up_front(tiny32):
 
 def test_runners_agree_with_each_other(tiny32):
     from common.workload import mixed_work
-    from phases.p3_5_paged_attention.runners import (run_batched, run_hf_cb, run_hf_compiled, run_hf_static,
-                                                     run_static)
+    from common.hf_peers import run_hf_cb, run_hf_compiled, run_hf_static
+    from phases.p2_1_naive_batching.demo import run_static
+    from phases.p3_5_paged_attention.demo import run_batched
 
     requests = mixed_work(tiny32.vocab_size, n=5, prompt_len=(3, 9), output_len=(2, 7))
     expected = [hf_greedy(tiny32, r.prompt_ids, r.max_new_tokens, ignore_eos=True) for r in requests]
@@ -161,7 +162,7 @@ def test_hf_compiled_peer_runs_a_static_cache_and_equals_hf_greedy(tiny32):
     # On CPU transformers does not compile (only on accelerators), so both calls run the eager
     # static-cache path; the compiled path is for the gpu tier. EOS honoured here, unlike above.
     from common.workload import Request
-    from phases.p3_5_paged_attention.runners import run_hf_compiled
+    from common.hf_peers import run_hf_compiled
 
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(100, 40000, (n,), generator=gen).tolist() for n in (2, 7, 12)]
@@ -179,8 +180,9 @@ def test_hf_compiled_peer_runs_a_static_cache_and_equals_hf_greedy(tiny32):
 
 def test_peers_run_on_cuda_by_default_and_anywhere_by_name():
     from common.demos import get
-    from phases.p3_3_paged_cache.tput import pick_engines
-    from phases.p3_5_paged_attention.runners import ALL_ENGINES, HF_COMPILED, ON_REQUEST, default_engines
+    from common.harness import pick_engines
+    from common.hf_peers import HF_COMPILED
+    from phases.p3_5_paged_attention.demo import ALL_ENGINES, ON_REQUEST, default_engines
 
     assert HF_COMPILED not in default_engines(on_gpu=False)
     assert default_engines(on_gpu=True) == ALL_ENGINES + [HF_COMPILED]
@@ -214,3 +216,92 @@ def test_workload_bench_and_tput_demos_run_quick():
     engines = report.data["engines"]
     assert {"static", "dyn", "paged", "batched", "hf_cb"} <= set(engines)
     assert all("DIFFER" not in n for t in report.tables for n in t.notes)
+
+
+# --- attention as the model defines it: a sliding window, a softcap, or a clear refusal ---------------------
+WINDOW_MODELS = ["tiny-sliding", "tiny-softcap"]   # Mistral (every layer windowed); Gemma 2 (softcap, mixed layers)
+
+
+@pytest.fixture(scope="module")
+def window_models():
+    from common.model import load_model
+    return {name: load_model(name, device="cpu", dtype=torch.float32) for name in WINDOW_MODELS}
+
+
+def window_prompts(lm) -> list[list[int]]:
+    """Prompts longer than the window (and one shorter), none a multiple of the block size (4)."""
+    from common.model import TINY_WINDOW
+    gen = torch.Generator().manual_seed(7)
+    lengths = (3, TINY_WINDOW + 2, 14, 23)
+    assert max(lengths) > TINY_WINDOW and min(lengths) < TINY_WINDOW
+    return [torch.randint(100, 40000, (n,), generator=gen).tolist() for n in lengths]
+
+
+def _run_ids(engine, prompts, max_new_tokens):
+    seqs = [engine.add(p, max_new_tokens, ignore_eos=True) for p in prompts]
+    engine.run()
+    assert engine.allocator.n_free == engine.allocator.n_blocks
+    return [s.output_ids for s in seqs]
+
+
+@pytest.mark.parametrize("name", WINDOW_MODELS)
+def test_window_and_softcap_models_equal_hf_generate_past_the_window(window_models, name):
+    lm = window_models[name]
+    prompts = window_prompts(lm)
+    expected = [hf_greedy(lm, p, 10, ignore_eos=True) for p in prompts]
+    engine = BatchedPagedEngine(lm, max_running=2, block_size=4, n_blocks=64)
+    assert _run_ids(engine, prompts, 10) == expected
+
+
+@pytest.mark.parametrize("name", WINDOW_MODELS)
+def test_an_attention_that_drops_the_window_and_softcap_gives_other_tokens(window_models, name, monkeypatch):
+    """The control: the same engine with the layer's window and softcap ignored is wrong on these models,
+    so the test above can fail."""
+    from transformers import AttentionInterface
+    from phases.p3_5_paged_attention import attention
+
+    def ignoring(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, paged=None,
+                 sliding_window=None, softcap=None, **kwargs):
+        return attention.paged_attention_forward(module, query, key, value, attention_mask, scaling, dropout,
+                                                 paged=paged, **kwargs)
+
+    lm = window_models[name]
+    prompts = window_prompts(lm)
+    expected = [hf_greedy(lm, p, 10, ignore_eos=True) for p in prompts]
+    monkeypatch.setattr(attention, "check_call", lambda *args: None)
+    AttentionInterface.register(attention.ATTN_NAME, ignoring)
+    try:
+        got = _run_ids(BatchedPagedEngine(lm, max_running=2, block_size=4, n_blocks=64), prompts, 10)
+    finally:
+        AttentionInterface.register(attention.ATTN_NAME, attention.paged_attention_forward)
+    assert got != expected
+
+
+def test_attention_the_pool_cannot_compute_is_refused_by_name():
+    from common.model import load_model
+    from phases.p3_5_paged_attention.attention import UnsupportedAttention
+
+    lm = load_model("tiny", device="cpu", dtype=torch.float32)        # a private copy: mutated below
+    lm.model.config.attention_chunk_size = 8
+    with pytest.raises(UnsupportedAttention, match="chunked attention"):
+        BatchedPagedEngine(lm, n_blocks=8)
+    lm.model.config.attention_chunk_size = None
+    lm.model.config.layer_types = ["full_attention", "linear_attention"]
+    with pytest.raises(UnsupportedAttention, match="linear_attention"):
+        BatchedPagedEngine(lm, n_blocks=8)
+    lm.model.config.layer_types = None
+    attn = lm.model.model.layers[1].self_attn
+    attn.sinks = torch.nn.Parameter(torch.zeros(lm.n_heads))
+    with pytest.raises(UnsupportedAttention, match="attention sinks"):
+        BatchedPagedEngine(lm, n_blocks=8)
+    del attn.sinks
+    attn.is_causal = False
+    with pytest.raises(UnsupportedAttention, match="bidirectional"):
+        BatchedPagedEngine(lm, n_blocks=8)
+    attn.is_causal = True
+    # A window the config declares but the attention call does not pass would be silently ignored: refused.
+    lm.model.config.sliding_window = 4
+    engine = BatchedPagedEngine(lm, block_size=4, n_blocks=8)
+    engine.add([5, 6, 7], 2)
+    with pytest.raises(UnsupportedAttention, match="declares a sliding window of 4"):
+        engine.step()

@@ -241,7 +241,7 @@ def test_kernels_run_when_triton_was_imported_before_the_interpreter_switch():
 
 def test_attn_bench_demo_quick(tmp_path):
     from common.__main__ import run_demo
-    from phases.p3_5_paged_attention.kernel_demo import plot_attn
+    from phases.p3_5_paged_attention.demo import plot_attn
     report = run_demo("attn_bench", model="tiny", device="cpu", dtype="fp32", quick=True)
     rows = report.data["rows"]
     assert len(rows) == 4 and all(r["ref_err"] < 1e-4 for r in rows)
@@ -269,3 +269,71 @@ def test_per_pass_plans_give_the_same_answers_as_planning_per_call():
     assert torch.equal(planned, unplanned) and not torch.equal(planned, b.kv_store)
     with pytest.raises(ValueError, match="slot_mapping must lie in"):
         plan_write(b.kv_store, torch.tensor([b.kv_store.shape[0] * b.kv_store.shape[4]]))
+
+
+# --- what a layer asks besides causality: a sliding window (Mistral, Gemma 2/3), a softcap (Gemma 2) ---------
+# (window, softcap): a window of one key (the query itself), windows shorter and longer than a block, a softcap
+# small enough to bend these random scores, and both at once.
+WINDOW_SOFTCAP_CASES = [(1, None), (3, None), (6, None), (None, 1.5), (5, 2.0)]
+
+
+def test_decode_visible_follows_transformers_sliding_window_mask():
+    from transformers.masking_utils import sliding_window_causal_mask_function
+    from phases.p3_5_paged_attention.reference import decode_visible
+    lens = torch.tensor([0, 1, 4, 9])
+    for window in (1, 3, 8):
+        hf = sliding_window_causal_mask_function(window)
+        # the one query of a sequence of length n sits at position n - 1
+        expected = torch.stack([hf(0, 0, torch.tensor(n - 1), torch.arange(12)) for n in lens.tolist()])
+        assert torch.equal(decode_visible(lens, 12, window), expected)
+
+
+@pytest.mark.parametrize("window, softcap", WINDOW_SOFTCAP_CASES)
+def test_window_and_softcap_on_every_path(window, softcap):
+    """Kernel, split-KV and the CPU path equal the reference; the reference equals SDPA with a window mask
+    (SDPA has no softcap), and differs from plain causal attention (the case really changes something)."""
+    q, b = make_case(4, 2, lens=[1, 4, 7, 13, 24], seed=31)
+    q = q * 4   # larger scores: a softcap of 1.5-2 bends them a lot
+    args = (q, b.kv_store, LAYER, b.block_tables, b.seq_lens)
+    kw = dict(sliding_window=window, softcap=softcap)
+    ref = paged_decode_attention_reference(*args, **kw)
+    if softcap is None:
+        k, v = gather_reference(b.kv_store, LAYER, b.block_tables, b.seq_lens)
+        close(ref, sdpa_decode_contiguous(q, k, v, b.seq_lens, sliding_window=window), torch.float32)
+        close(ref, paged_decode_attention_gather_sdpa(*args, sliding_window=window), torch.float32)
+    for out in (paged_decode_attention_triton(*args, **kw),
+                paged_decode_attention_split(*args, blocks_per_split=1, **kw),
+                paged_decode_attention_split(*args, blocks_per_split=3, **kw),
+                paged_decode_attention_gather_bmm(*args, **kw),
+                ops.paged_decode_attention(*args, **kw)):
+        close(out, ref, torch.float32)
+    assert not torch.allclose(ref, paged_decode_attention_reference(*args), atol=1e-3)
+
+
+@pytest.mark.parametrize("blocks_per_split", [None, 1, 2])
+def test_decode_kernel_never_reads_keys_before_the_window(blocks_per_split):
+    """Every slot before each sequence's window holds NaN: a kernel that loads one comes out NaN."""
+    window = 5
+    q, b = make_case(4, 2, lens=[3, 9, 22], seed=33)
+    clean = paged_decode_attention_reference(q, b.kv_store, LAYER, b.block_tables, b.seq_lens,
+                                             sliding_window=window)
+    for row, n in enumerate(b.seq_lens.tolist()):
+        for pos in range(max(n - window, 0)):
+            block = int(b.block_tables[row, pos // 4])
+            b.kv_store[block, LAYER, :, :, pos % 4] = float("nan")
+    args = (q, b.kv_store, LAYER, b.block_tables, b.seq_lens)
+    out = (paged_decode_attention_triton(*args, sliding_window=window) if blocks_per_split is None else
+           paged_decode_attention_split(*args, blocks_per_split=blocks_per_split, sliding_window=window))
+    assert torch.isfinite(out).all()
+    close(out, clean, torch.float32)
+
+
+@pytest.mark.parametrize("kw, message", [(dict(sliding_window=0), "sliding_window"),
+                                         (dict(sliding_window=2.5), "sliding_window"),
+                                         (dict(softcap=0.0), "softcap"), (dict(softcap=-1.0), "softcap")])
+def test_a_bad_window_or_softcap_is_refused(kw, message):
+    q, b = make_case(4, 2, seed=34)
+    args = (q, b.kv_store, LAYER, b.block_tables, b.seq_lens)
+    for path in (paged_decode_attention_reference, paged_decode_attention_triton, paged_decode_attention_gather_bmm):
+        with pytest.raises(ValueError, match=message):
+            path(*args, **kw)

@@ -16,6 +16,14 @@ Two layouts reach it:
   `input_ids [1, N]` (N = sum of segment lengths), each segment with its own
   positions. The linear layers run on all N tokens at once; attention runs
   per segment (causal inside a segment, never across two).
+
+Attention as the model defines it. Each layer's call also passes what the
+layer asks besides causality, and this function honours it in both layouts:
+`scaling` (Gemma 2 scales by query_pre_attn_scalar, not head_dim), a
+`sliding_window` (Mistral; Gemma 2/3 and Qwen's local layers: a query at p
+sees keys p - w + 1 .. p), and a logit `softcap` (Gemma 2). What it cannot
+honour it refuses, by name, when the engine is built (`check_attention_supported`)
+or at the first call that asks for it (`check_call`): never a silently wrong token.
 """
 
 from __future__ import annotations
@@ -30,8 +38,62 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from phases.p3_5_paged_attention.ops import gather_kv, paged_decode_attention, plan_decode, plan_write, write_kv
+from phases.p3_5_paged_attention.reference import soft_cap, visible_keys
 
 ATTN_NAME = "engine_paged_pool"
+# Layer types (config.layer_types) whose attention is causal with or without a sliding window.
+SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+class UnsupportedAttention(ValueError):
+    """The model asks its attention for something the paged pool's attention does not compute."""
+
+
+def check_attention_supported(model) -> None:
+    """Refuse, by name, a model whose attention the paged pool would compute wrongly.
+
+    Honoured (not refused): causal attention, GQA, any `scaling`, a sliding window
+    and a logit softcap. Refused: per-layer attention kinds other than full and
+    sliding (chunked, linear, ...), chunked attention (Llama 4), attention sinks
+    (gpt-oss), bidirectional attention."""
+    config = model.config
+    name = type(model).__name__
+    unknown = sorted(set(getattr(config, "layer_types", None) or ()) - set(SUPPORTED_LAYER_TYPES))
+    if unknown:
+        raise UnsupportedAttention(f"{name}: layer types {unknown} are not supported by the paged engines "
+                                   f"(only {list(SUPPORTED_LAYER_TYPES)})")
+    if getattr(config, "attention_chunk_size", None):
+        raise UnsupportedAttention(f"{name}: chunked attention (attention_chunk_size="
+                                   f"{config.attention_chunk_size}) is not supported by the paged engines")
+    for module in model.modules():
+        if getattr(module, "sinks", None) is not None:
+            raise UnsupportedAttention(f"{name}: attention sinks ({type(module).__name__}.sinks) are not "
+                                       "supported by the paged engines")
+        if getattr(module, "is_causal", True) is False:
+            raise UnsupportedAttention(f"{name}: bidirectional attention ({type(module).__name__}.is_causal=False) "
+                                       "is not supported by the paged engines")
+
+
+def declared_window(config, layer_idx: int) -> int | None:
+    """The sliding window the model's config declares for a layer (None: full attention)."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return window if layer_types[layer_idx] == "sliding_attention" else None
+    return window if getattr(config, "use_sliding_window", True) else None
+
+
+def check_call(module, sliding_window: int | None, kwargs: dict) -> None:
+    """Refuse a call that asks for what this attention does not compute, or that does not pass a
+    window its config declares (a model whose attention leaves the window to a mask we never build)."""
+    if kwargs.get("s_aux") is not None:
+        raise UnsupportedAttention(f"{type(module).__name__}: attention sinks (s_aux) are not supported "
+                                   "by the paged engines")
+    declared = declared_window(module.config, module.layer_idx)
+    if declared is not None and sliding_window is None:
+        raise UnsupportedAttention(f"{type(module).__name__} layer {module.layer_idx}: the config declares a "
+                                   f"sliding window of {declared} but the attention call passes none; the paged "
+                                   "engines honour only a window passed to the attention function")
 
 
 @dataclass
@@ -53,6 +115,11 @@ class PagedBatch:
     is_decode: bool             # True: [S, 1] layout; False: packed [1, N] prefill
     segments: list[Segment] = field(default_factory=list)  # prefill only
 
+    @property
+    def has_decode_tokens(self) -> bool:
+        """The pass carries decode tokens (phase 3.6's mixed pass may carry them beside prefill chunks)."""
+        return self.is_decode
+
     # Worked out at the first layer that needs them, reused by every other layer of the pass.
     @cached_property
     def write_plan(self):
@@ -63,56 +130,69 @@ class PagedBatch:
         return plan_decode(self.kv_store, self.block_tables, self.seq_lens)
 
 
-def _write_new_kv(batch: PagedBatch, layer_idx: int, key: torch.Tensor, value: torch.Tensor) -> None:
+def write_new_kv(batch: PagedBatch, layer_idx: int, key: torch.Tensor, value: torch.Tensor) -> None:
     # key/value [B, H_kv, T, D] -> one row per new token [N, H_kv, D], in slot_mapping order
     k = key.transpose(1, 2).reshape(-1, key.shape[1], key.shape[3])
     v = value.transpose(1, 2).reshape(-1, value.shape[1], value.shape[3])
     write_kv(batch.kv_store, layer_idx, k, v, batch.slot_mapping, plan=batch.write_plan)
 
 
-def _prefill_segment(module, q, k_new, v_new, seg: Segment, batch: PagedBatch, scaling: float) -> torch.Tensor:
+def _prefill_segment(module, q, k_new, v_new, seg: Segment, batch: PagedBatch, scaling: float,
+                     sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """Causal attention of one segment's queries [1, H, T, D]; returns [1, T, H, D]."""
-    if seg.context_len == 0:
-        # Nothing earlier in the pool: attend over the fresh K/V with HF's own SDPA
-        # path, so a fresh prompt is computed exactly as `model.generate` does.
+    total = seg.context_len + seg.length                             # = seq_lens[row], known on the host
+    window_binds = sliding_window is not None and total > sliding_window
+    if seg.context_len == 0 and softcap is None and not window_binds:
+        # Nothing earlier in the pool, plain causal: attend over the fresh K/V with HF's
+        # own SDPA path, so a fresh prompt is computed exactly as `model.generate` does.
         out, _ = sdpa_attention_forward(module, q, k_new, v_new, None, scaling=scaling, is_causal=True)
         return out
-    # A prefix is already in the pool (prefix cache hit, or recomputation after
-    # preemption): read the whole context (prefix + this segment) back from the pool.
-    row = slice(seg.row, seg.row + 1)
-    total = seg.context_len + seg.length                             # = seq_lens[row], known on the host
-    # Passing the length spares the gather from reading it out of seq_lens: on a GPU that read
-    # would wait for the stream, once per layer per segment.
-    k_all, v_all = gather_kv(batch.kv_store, module.layer_idx, batch.block_tables[row], batch.seq_lens[row],
-                             max_len=total)                          # [1, H_kv, total, D]
-    # query i sits at absolute position context_len + i and sees keys 0..context_len + i
-    q_pos = torch.arange(seg.context_len, total, device=q.device)[:, None]
-    k_pos = torch.arange(total, device=q.device)[None, :]
-    mask = (k_pos <= q_pos)[None, None]                              # [1, 1, T, total]
+    if seg.context_len == 0:
+        k_all, v_all = k_new, v_new                                  # [1, H_kv, T, D]
+    else:
+        # A prefix is already in the pool (prefix cache hit, recomputation after preemption):
+        # read the whole context (prefix + this segment) back from the pool.
+        row = slice(seg.row, seg.row + 1)
+        # Passing the length spares the gather from reading it out of seq_lens: on a GPU that read
+        # would wait for the stream, once per layer per segment.
+        k_all, v_all = gather_kv(batch.kv_store, module.layer_idx, batch.block_tables[row], batch.seq_lens[row],
+                                 max_len=total)                      # [1, H_kv, total, D]
+    # query i sits at absolute position context_len + i and sees keys 0..context_len + i (the last w, windowed)
+    mask = visible_keys(torch.arange(seg.context_len, total, device=q.device),
+                        torch.arange(total, device=q.device), sliding_window)[None, None]   # [1, 1, T, total]
     groups = q.shape[1] // k_all.shape[1]
-    out = F.scaled_dot_product_attention(q, k_all.repeat_interleave(groups, 1), v_all.repeat_interleave(groups, 1),
-                                         attn_mask=mask, scale=scaling)
+    k_all, v_all = k_all.repeat_interleave(groups, 1), v_all.repeat_interleave(groups, 1)
+    if softcap is None:
+        out = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, scale=scaling)
+    else:
+        # SDPA has no softcap: written out, in fp32 like the references.
+        scores = soft_cap(q.float() @ k_all.float().transpose(-1, -2) * scaling, softcap)
+        out = (scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v_all.float()).to(q.dtype)
     return out.transpose(1, 2)
 
 
 def paged_attention_forward(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0,
-                            paged: PagedBatch | None = None, **kwargs):
-    """The AttentionInterface entry point. Returns (attn_output [B, T, H, D], None)."""
+                            paged: PagedBatch | None = None, sliding_window: int | None = None,
+                            softcap: float | None = None, **kwargs):
+    """The AttentionInterface entry point. Returns (attn_output [B, T, H, D], None).
+    sliding_window, softcap: what this layer's attention call passes (None: plain causal, no cap)."""
     if paged is None:
         raise RuntimeError(f"attention '{ATTN_NAME}' needs model(..., paged=PagedBatch); "
                            "run the model through BatchedPagedEngine")
+    check_call(module, sliding_window, kwargs)
     layer = module.layer_idx
-    _write_new_kv(paged, layer, key, value)
+    write_new_kv(paged, layer, key, value)
     if paged.is_decode:
         # query [S, H, 1, D] -> [S, H, D]; every sequence at its own length, one call
         out = paged_decode_attention(query[:, :, 0, :], paged.kv_store, layer, paged.block_tables,
-                                     paged.seq_lens, scaling, plan=paged.decode_plan)
+                                     paged.seq_lens, scaling, plan=paged.decode_plan,
+                                     sliding_window=sliding_window, softcap=softcap)
         return out.unsqueeze(1), None                                 # [S, 1, H, D]
     outs = []
     for seg in paged.segments:
         span = slice(seg.start, seg.start + seg.length)
         outs.append(_prefill_segment(module, query[:, :, span], key[:, :, span], value[:, :, span],
-                                     seg, paged, scaling))
+                                     seg, paged, scaling, sliding_window, softcap))
     return torch.cat(outs, dim=1), None                               # [1, N, H, D]
 
 
@@ -120,16 +200,16 @@ AttentionInterface.register(ATTN_NAME, paged_attention_forward)
 
 
 @contextmanager
-def use_paged_attention(model):
-    """Switch `model` to the paged attention for the duration of a forward pass.
+def use_paged_attention(model, name: str = ATTN_NAME):
+    """Switch `model` to the paged attention registered as `name` for the duration of a forward pass.
 
     Switched per call, not once, because other engines in the same process (the
     benchmarks compare them) run the same model with SDPA and padding masks."""
     previous = model.config._attn_implementation
-    if previous != ATTN_NAME:
-        model.set_attn_implementation(ATTN_NAME)
+    if previous != name:
+        model.set_attn_implementation(name)
     try:
         yield
     finally:
-        if previous != ATTN_NAME:
+        if previous != name:
             model.set_attn_implementation(previous)

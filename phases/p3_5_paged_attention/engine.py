@@ -24,7 +24,14 @@ There is no per-slot trace any more (phase 2's picture of slots over time);
 
 Later phases subclass this engine and refine its hooks rather than edit it:
 `new_kv` (a prefix cache maps cached blocks in), `_append_slots` (where
-copy-on-write goes), `_prefill_from` (where a prefill starts), `free_kv`.
+copy-on-write goes), `_prefill_from` (where a prefill starts), `free_kv`,
+`_fits_prefill_pass` (what one step's pass can take) and `_forward_passes`
+(the passes of a step, under the attention named `attention_name`).
+
+A model whose attention the pool's attention cannot compute as the model
+defines it (attention sinks, chunked or bidirectional attention) is refused
+here, at construction, by name (attention.py: sliding windows, softcaps and
+any scaling are honoured).
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
 from phases.p3_2_block_table.block_table import BlockTable
 from phases.p3_3_paged_cache.scheduler import PagedScheduler
-from phases.p3_5_paged_attention.attention import PagedBatch, Segment, use_paged_attention
+from phases.p3_5_paged_attention.attention import (ATTN_NAME, PagedBatch, Segment, check_attention_supported,
+                                                   use_paged_attention)
 
 DEFAULT_MAX_RUNNING = 64
 DEFAULT_MAX_PREFILL_TOKENS = 4096  # prompt tokens packed into one prefill pass at most
@@ -44,9 +52,12 @@ DEFAULT_MAX_PREFILL_TOKENS = 4096  # prompt tokens packed into one prefill pass 
 class BatchedPagedEngine(PagedScheduler):
     """Continuous batching over the paged pool: one packed prefill pass and one decode pass per step."""
 
+    attention_name = ATTN_NAME   # the AttentionInterface entry the model runs under inside `step`
+
     def __init__(self, lm, max_running: int = DEFAULT_MAX_RUNNING, block_size: int = DEFAULT_BLOCK_SIZE,
                  n_blocks: int | None = None, allocator: BlockAllocator | None = None,
                  max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS):
+        check_attention_supported(lm.model)   # before any memory is taken for the pool
         super().__init__(lm, max_running, block_size, n_blocks, allocator)
         self.max_prefill_tokens = max_prefill_tokens
         self.n_forward_passes = 0
@@ -63,11 +74,14 @@ class BatchedPagedEngine(PagedScheduler):
 
     # --- admission: phase 3.3's rule, plus room in this step's prefill pass ---------------------
     def can_admit(self, seq: Sequence) -> bool:
-        """Phase 3.3's rule, and the prompts admitted this step fit in one prefill pass (the first always does)."""
+        """Phase 3.3's rule, and `seq` fits in this step's forward pass."""
+        return self._fits_prefill_pass(seq) and super().can_admit(seq)
+
+    def _fits_prefill_pass(self, seq: Sequence) -> bool:
+        """The prompts admitted this step fit in one prefill pass of at most max_prefill_tokens (the first
+        always does)."""
         pending = sum(len(s.all_ids) for s in self.running if s.status is Status.PREFILLING)
-        if pending and pending + len(seq.all_ids) > self.max_prefill_tokens:
-            return False
-        return super().can_admit(seq)
+        return not pending or pending + len(seq.all_ids) <= self.max_prefill_tokens
 
     def abort(self, seq: Sequence) -> None:
         """Drop a request wherever it is (a client went away); a running one gives its blocks back now."""
@@ -94,18 +108,23 @@ class BatchedPagedEngine(PagedScheduler):
     def step(self) -> list[StepOutput]:
         """Admit, ONE prefill pass for the newly admitted, ONE decode pass for the rest, retire the finished."""
         self._fill_free_slots()
-        prefilling = [s for s in self.running if s.status is Status.PREFILLING]
-        decoding = [s for s in self.running if s.status is Status.DECODING]
-        outputs: list[StepOutput] = []
-        with use_paged_attention(self.lm.model):
-            if prefilling:
-                outputs += self._prefill(prefilling)
-            if decoding:
-                outputs += self._decode(decoding)
+        with use_paged_attention(self.lm.model, self.attention_name):
+            outputs = self._forward_passes()
         for out in outputs:
             if out.finished:
                 self._retire(out.seq)
         self.n_steps += 1
+        return outputs
+
+    def _forward_passes(self) -> list[StepOutput]:
+        """The forward passes of one step: the newly admitted in one packed prefill, then everyone else's decode."""
+        prefilling = [s for s in self.running if s.status is Status.PREFILLING]
+        decoding = [s for s in self.running if s.status is Status.DECODING]
+        outputs: list[StepOutput] = []
+        if prefilling:
+            outputs += self._prefill(prefilling)
+        if decoding:
+            outputs += self._decode(decoding)
         return outputs
 
     # --- hooks for later phases ----------------------------------------------------------

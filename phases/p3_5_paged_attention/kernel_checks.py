@@ -1,6 +1,7 @@
 """Input checks for the decode-attention and K/V-store entry points (kernels and references alike).
 
-Built on phase 3.4's pool/table checks; adds the query and the new K/V.
+Built on phase 3.4's pool/table checks; adds the query, the new K/V, and what a
+layer may ask of its attention besides causality (a sliding window, a softcap).
 Shape checks always run; value checks (slots inside the pool) only on CPU,
 where reading a tensor's contents does not stall a GPU stream.
 """
@@ -15,17 +16,32 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 PADDING_SLOT = -1  # a slot_mapping entry that stores nothing (a padding token)
 
 
+def check_window_and_softcap(sliding_window: int | None, softcap: float | None) -> None:
+    """What a layer passes besides causality: a sliding window w (a query at p sees keys p - w + 1 .. p,
+    transformers' definition) and Gemma 2's logit softcap c (scores become c * tanh(scores / c))."""
+    if sliding_window is not None and (isinstance(sliding_window, bool) or int(sliding_window) != sliding_window
+                                       or sliding_window < 1):
+        raise ValueError(f"sliding_window must be None or an int >= 1 (keys p - w + 1 .. p), got {sliding_window!r}")
+    if softcap is not None and not float(softcap) > 0:
+        raise ValueError(f"softcap must be None or > 0 (scores become c * tanh(scores / c)), got {softcap!r}")
+
+
 def check_decode_inputs(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int,
                         block_tables: torch.Tensor, seq_lens: torch.Tensor, values: bool = True) -> None:
     """q [B, n_heads, head_dim] against the pool [.., n_kv_heads, block_size, head_dim] and the tables.
     values=False: shapes only (the tables' contents were checked once for the whole pass)."""
     check_paged_inputs(kv_store, layer_idx, block_tables, seq_lens, values)
-    n_kv_heads, head_dim = kv_store.shape[3], kv_store.shape[5]
     if q.dim() != 3:
         raise ValueError(f"q must be [batch, n_heads, head_dim] (one decode token per sequence), "
                          f"got shape {tuple(q.shape)}")
     if q.shape[0] != block_tables.shape[0]:
         raise ValueError(f"q has batch {q.shape[0]} but block_tables has {block_tables.shape[0]} rows")
+    check_query_heads(q, kv_store)
+
+
+def check_query_heads(q: torch.Tensor, kv_store: torch.Tensor) -> None:
+    """q [.., n_heads, head_dim] (3-D) against the pool: head_dim, GQA grouping, dtype and device."""
+    n_kv_heads, head_dim = kv_store.shape[3], kv_store.shape[5]
     if q.shape[2] != head_dim:
         raise ValueError(f"q head_dim {q.shape[2]} does not match the pool's head_dim {head_dim}")
     if q.shape[1] % n_kv_heads != 0:

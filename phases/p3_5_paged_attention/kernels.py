@@ -26,6 +26,11 @@ Each program walks its KV blocks in logical order:
                         l = l * e^(m - m_new) + rowsum e^(s - m_new)
     out = acc / l                                (fp32 throughout, cast to q's dtype on store)
 
+A layer with a sliding window w (Mistral; Gemma 2's local layers) sees only
+the last w keys: the loop starts at the block holding position seq_len - w
+(earlier blocks are never loaded) and masks the slots before it. A layer with a
+logit softcap c (Gemma 2) bends every score to c * tanh(s / c) before the max.
+
 With n_splits = 1 a program covers the whole context and writes the final
 output. With n_splits > 1 (split-KV, "flash-decoding") program s covers only
 blocks [s * blocks_per_split, (s + 1) * blocks_per_split) and writes its
@@ -48,13 +53,17 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from phases.p3_4_gather_kernel.checks import next_power_of_two, require_power_of_two  # noqa: E402
-from phases.p3_5_paged_attention.kernel_checks import check_decode_inputs, check_write_inputs  # noqa: E402
+from phases.p3_5_paged_attention.kernel_checks import (check_decode_inputs, check_window_and_softcap,  # noqa: E402
+                                                       check_write_inputs)
+
+NO_WINDOW = 0      # the kernel's `window` argument when the layer has none (never read then)
+NO_SOFTCAP = 1.0   # its `softcap` argument when the layer has none (never read then)
 
 
 @triton.jit
 def _paged_decode_kernel(
     q_ptr, kv_ptr, tables_ptr, lens_ptr, out_ptr, lse_ptr,
-    layer_idx, scale, blocks_per_split,
+    layer_idx, scale, blocks_per_split, window, softcap,
     s_q_seq, s_q_head, s_q_dim,
     s_blk, s_layer, s_kv, s_head, s_tok, s_dim,
     s_tab_seq, s_tab_blk,
@@ -62,6 +71,7 @@ def _paged_decode_kernel(
     s_lse_seq, s_lse_head, s_lse_split,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, WRITE_LSE: tl.constexpr,
+    USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1).to(tl.int64)
@@ -71,6 +81,10 @@ def _paged_decode_kernel(
     n_blocks = tl.cdiv(seq_len, BLOCK_SIZE)
     first = split * blocks_per_split
     last = tl.minimum(first + blocks_per_split, n_blocks)
+    lo = 0                                             # first key position this layer lets the query see
+    if USE_WINDOW:
+        lo = tl.maximum(seq_len - window, 0)           # the query sits at seq_len - 1: keys seq_len - w ..
+        first = tl.maximum(first, lo // BLOCK_SIZE)    # blocks wholly before the window are never loaded
 
     g = tl.arange(0, GROUP_PAD)                        # query head inside the group (padded)
     dims = tl.arange(0, HEAD_DIM)
@@ -89,11 +103,14 @@ def _paged_decode_kernel(
     for j in range(first, last):
         phys = tl.load(tables_ptr + seq * s_tab_seq + j * s_tab_blk).to(tl.int64)
         tile = head_base + phys * s_blk + offs[:, None] * s_tok + dims[None, :] * s_dim   # [BS, D]
-        valid = j * BLOCK_SIZE + offs < seq_len                                          # [BS]
+        pos = j * BLOCK_SIZE + offs                                                      # [BS]
+        valid = (pos < seq_len) & (pos >= lo)
         k = tl.load(tile, mask=valid[:, None], other=0.0).to(tl.float32)
         v = tl.load(tile + s_kv, mask=valid[:, None], other=0.0).to(tl.float32)
 
         s = tl.sum(q[:, None, :] * k[None, :, :], axis=2)                                 # [G, BS]
+        if USE_SOFTCAP:
+            s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)                     # c * tanh(s / c)
         s = tl.where(valid[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))     # finite: every visited block has a valid slot
         alpha = tl.exp(m_i - m_new)                    # rescales what was summed under the old max
@@ -112,7 +129,8 @@ def _paged_decode_kernel(
         tl.store(lse_ptr + seq * s_lse_seq + heads * s_lse_head + split * s_lse_split, lse, mask=g_ok)
 
 
-def _launch(q, kv_store, layer_idx, block_tables, seq_lens, scale, out, lse, blocks_per_split, n_splits):
+def _launch(q, kv_store, layer_idx, block_tables, seq_lens, scale, out, lse, blocks_per_split, n_splits,
+            sliding_window=None, softcap=None):
     batch, n_heads, head_dim = q.shape
     n_kv_heads, block_size = kv_store.shape[3], kv_store.shape[4]
     group = n_heads // n_kv_heads
@@ -120,10 +138,11 @@ def _launch(q, kv_store, layer_idx, block_tables, seq_lens, scale, out, lse, blo
     lse_strides = lse.stride() if lse is not None else (0, 0, 0)
     _paged_decode_kernel[(batch, n_kv_heads, n_splits)](
         q, kv_store, block_tables, seq_lens, out, lse_arg,
-        layer_idx, float(scale), blocks_per_split,
+        layer_idx, float(scale), blocks_per_split, int(sliding_window or NO_WINDOW), float(softcap or NO_SOFTCAP),
         *q.stride(), *kv_store.stride(), *block_tables.stride(), *out.stride(), *lse_strides,
         GROUP=group, GROUP_PAD=next_power_of_two(group),
         BLOCK_SIZE=block_size, HEAD_DIM=head_dim, WRITE_LSE=lse is not None,
+        USE_WINDOW=sliding_window is not None, USE_SOFTCAP=softcap is not None,
     )
 
 
@@ -134,16 +153,19 @@ def _check_kernel_shapes(kv_store: torch.Tensor) -> None:
 
 def paged_decode_attention_triton(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int,
                                   block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                                  scale: float | None = None) -> torch.Tensor:
+                                  scale: float | None = None, sliding_window: int | None = None,
+                                  softcap: float | None = None) -> torch.Tensor:
     """One launch for the batch: q [B, n_heads, head_dim] -> [B, n_heads, head_dim] in q's dtype."""
     check_decode_inputs(q, kv_store, layer_idx, block_tables, seq_lens)
+    check_window_and_softcap(sliding_window, softcap)
     _check_kernel_shapes(kv_store)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     batch, n_heads, head_dim = q.shape
     out = torch.empty(batch, n_heads, 1, head_dim, dtype=q.dtype, device=q.device)  # split axis of size 1
     if batch:
         _launch(q, kv_store, layer_idx, block_tables, seq_lens, scale, out, None,
-                blocks_per_split=max(block_tables.shape[1], 1), n_splits=1)
+                blocks_per_split=max(block_tables.shape[1], 1), n_splits=1,
+                sliding_window=sliding_window, softcap=softcap)
     return out[:, :, 0]
 
 
@@ -162,9 +184,12 @@ def merge_splits(partial: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
 
 def paged_decode_attention_split(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int,
                                  block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                                 scale: float | None = None, blocks_per_split: int = 8) -> torch.Tensor:
-    """Split-KV variant: program (b, g, s) covers `blocks_per_split` KV blocks; partials merged after."""
+                                 scale: float | None = None, blocks_per_split: int = 8,
+                                 sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+    """Split-KV variant: program (b, g, s) covers `blocks_per_split` KV blocks; partials merged after.
+    A split that lies wholly before the window has nothing to read and weighs 0 in the merge."""
     check_decode_inputs(q, kv_store, layer_idx, block_tables, seq_lens)
+    check_window_and_softcap(sliding_window, softcap)
     _check_kernel_shapes(kv_store)
     if blocks_per_split < 1:
         raise ValueError(f"blocks_per_split must be >= 1, got {blocks_per_split}")
@@ -174,7 +199,8 @@ def paged_decode_attention_split(q: torch.Tensor, kv_store: torch.Tensor, layer_
     partial = torch.empty(batch, n_heads, n_splits, head_dim, dtype=torch.float32, device=q.device)
     lse = torch.empty(batch, n_heads, n_splits, dtype=torch.float32, device=q.device)
     if batch:
-        _launch(q, kv_store, layer_idx, block_tables, seq_lens, scale, partial, lse, blocks_per_split, n_splits)
+        _launch(q, kv_store, layer_idx, block_tables, seq_lens, scale, partial, lse, blocks_per_split, n_splits,
+                sliding_window, softcap)
     return merge_splits(partial, lse).to(q.dtype)
 
 

@@ -1,6 +1,7 @@
 """The paged-attention operations the engine calls, each routed to a Triton kernel or its reference.
 
-    paged_decode_attention(q, kv_store, layer_idx, block_tables, seq_lens, scale, plan=None) -> [B, n_heads, head_dim]
+    paged_decode_attention(q, kv_store, layer_idx, block_tables, seq_lens, scale, plan=None,
+                           sliding_window=None, softcap=None) -> [B, n_heads, head_dim]
     write_kv(kv_store, layer_idx, k, v, slot_mapping, plan=None)                  (in place)
     plan_decode(kv_store, block_tables, seq_lens) / plan_write(kv_store, slot_mapping)
         what the CPU paths can work out once per forward pass (plans.py); None on a GPU
@@ -41,7 +42,8 @@ ATTENTION_FEATURE = "paged attention"
 def paged_decode_attention(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int,
                            block_tables: torch.Tensor, seq_lens: torch.Tensor,
                            scale: float | None = None, blocks_per_split: int | None = None,
-                           plan: plans.DecodePlan | None = None) -> torch.Tensor:
+                           plan: plans.DecodePlan | None = None, sliding_window: int | None = None,
+                           softcap: float | None = None) -> torch.Tensor:
     """Decode attention for a batch, K/V read from the pool in place.
 
     q            [B, n_heads, head_dim]  one new token per sequence (its K/V already written)
@@ -52,16 +54,20 @@ def paged_decode_attention(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: i
     blocks_per_split  None: one program per (sequence, KV head) covers the whole context.
                       n: split-KV, each program covers n blocks (GPU, long context at small batch).
     plan         `plan_decode(...)` of these tables, made once per forward pass (CPU path; None: made here)
+    sliding_window  None, or w: the query (at position seq_len - 1) sees only the last w keys
+    softcap      None, or c: scores become c * tanh(scores / c) after scaling (Gemma 2)
     Returns [B, n_heads, head_dim] in q's dtype.
     """
     if use_kernels(q.device):
         from phases.p3_5_paged_attention import kernels  # imports triton only on this path
         if blocks_per_split is None:
-            return kernels.paged_decode_attention_triton(q, kv_store, layer_idx, block_tables, seq_lens, scale)
+            return kernels.paged_decode_attention_triton(q, kv_store, layer_idx, block_tables, seq_lens, scale,
+                                                         sliding_window, softcap)
         return kernels.paged_decode_attention_split(q, kv_store, layer_idx, block_tables, seq_lens, scale,
-                                                    blocks_per_split)
+                                                    blocks_per_split, sliding_window, softcap)
     announce_reference_once(ATTENTION_FEATURE)
-    return paged_decode_attention_gather_bmm(q, kv_store, layer_idx, block_tables, seq_lens, scale, plan=plan)
+    return paged_decode_attention_gather_bmm(q, kv_store, layer_idx, block_tables, seq_lens, scale, plan=plan,
+                                             sliding_window=sliding_window, softcap=softcap)
 
 
 def write_kv(kv_store: torch.Tensor, layer_idx: int, k: torch.Tensor, v: torch.Tensor,

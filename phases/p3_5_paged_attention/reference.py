@@ -10,6 +10,12 @@
   (gather per KV head with index_select, grouped batched matmuls); the CPU
   path of `ops.paged_decode_attention`.
 - `write_kv_reference`: store new K/V into the pool by slot with one index_put.
+
+What a layer may ask besides causality, honoured by every path that can express it:
+- a sliding window w (Mistral, Gemma 2/3's local layers): a query at position p
+  sees keys p - w + 1 .. p (`visible_keys`; transformers' own definition);
+- a logit softcap c (Gemma 2): scores become c * tanh(scores / c) after the scale
+  (`soft_cap`). SDPA has no softcap, so the SDPA oracles take a window only.
 """
 
 from __future__ import annotations
@@ -18,15 +24,41 @@ import torch
 import torch.nn.functional as F
 
 from phases.p3_4_gather_kernel.reference import K_INDEX, V_INDEX, gather_reference, max_length
-from phases.p3_5_paged_attention.kernel_checks import check_decode_inputs, check_write_inputs
+from phases.p3_5_paged_attention.kernel_checks import (check_decode_inputs, check_window_and_softcap,
+                                                       check_write_inputs)
 from phases.p3_5_paged_attention.plans import DecodePlan, WritePlan, plan_decode, plan_write
+
+
+def visible_keys(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int | None = None) -> torch.Tensor:
+    """q_pos [T], k_pos [L] absolute positions -> [T, L] bool: which keys each query attends.
+
+    Causal, plus transformers' sliding window: a query at p sees keys p - w + 1 .. p
+    (masking_utils.sliding_window_overlay: kv_idx > q_idx - sliding_window)."""
+    visible = k_pos[None, :] <= q_pos[:, None]
+    if sliding_window is not None:
+        visible &= k_pos[None, :] > q_pos[:, None] - sliding_window
+    return visible
+
+
+def soft_cap(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """Gemma 2's attention logit softcapping: c * tanh(scores / c), applied after the scale."""
+    return scores if softcap is None else softcap * torch.tanh(scores / softcap)
+
+
+def decode_visible(seq_lens: torch.Tensor, length: int, sliding_window: int | None = None) -> torch.Tensor:
+    """[B, length] bool: the keys the one new query of each sequence sees. It sits at position
+    seq_lens[b] - 1, so that is every slot before seq_lens[b], and with a window only the last w of them.
+    A sequence of length 0 sees nothing."""
+    return visible_keys(seq_lens.to(torch.int64) - 1, torch.arange(length, device=seq_lens.device), sliding_window)
 
 
 def paged_decode_attention_reference(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int,
                                      block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                                     scale: float | None = None, max_len: int | None = None) -> torch.Tensor:
+                                     scale: float | None = None, max_len: int | None = None,
+                                     sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """q [B, n_heads, head_dim] -> [B, n_heads, head_dim] (q's dtype); a sequence of length 0 gets zeros."""
     check_decode_inputs(q, kv_store, layer_idx, block_tables, seq_lens)
+    check_window_and_softcap(sliding_window, softcap)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     group = q.shape[1] // kv_store.shape[3]
     max_len = max_length(seq_lens, max_len)
@@ -34,8 +66,8 @@ def paged_decode_attention_reference(q: torch.Tensor, kv_store: torch.Tensor, la
     # GQA: query head h reads KV head h // group, so repeat each KV head `group` times.
     k = k.float().repeat_interleave(group, dim=1)                                    # [B, H, L, D]
     v = v.float().repeat_interleave(group, dim=1)
-    scores = torch.einsum("bhd,bhld->bhl", q.float(), k) * scale                     # [B, H, L]
-    valid = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None]     # [B, L]
+    scores = soft_cap(torch.einsum("bhd,bhld->bhl", q.float(), k) * scale, softcap)  # [B, H, L]
+    valid = decode_visible(seq_lens.to(q.device), max_len, sliding_window)          # [B, L]
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     probs = torch.nan_to_num(probs, nan=0.0)  # a fully masked row (length 0) softmaxes to NaN
@@ -44,18 +76,20 @@ def paged_decode_attention_reference(q: torch.Tensor, kv_store: torch.Tensor, la
 
 
 def sdpa_decode_contiguous(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor,
-                           scale: float | None = None) -> torch.Tensor:
+                           scale: float | None = None, sliding_window: int | None = None) -> torch.Tensor:
     """SDPA for one query token per sequence over contiguous, padded K/V.
 
     q [B, n_heads, head_dim]; k, v [B, n_kv_heads, max_len, head_dim]; positions at or
-    past seq_lens[b] are masked out. Runs in the inputs' dtype, as a model would.
+    past seq_lens[b] are masked out (and, with a window w, those before seq_lens[b] - w).
+    Runs in the inputs' dtype, as a model would.
     Returns [B, n_heads, head_dim]; a sequence of length 0 gets zeros.
     """
     batch, n_heads, _ = q.shape
     n_kv_heads, max_len = k.shape[1], k.shape[2]
     if n_heads % n_kv_heads:
         raise ValueError(f"n_heads {n_heads} must be a multiple of n_kv_heads {n_kv_heads}")
-    mask = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None].to(q.device)  # [B, L]
+    check_window_and_softcap(sliding_window, None)
+    mask = decode_visible(seq_lens.to(q.device), max_len, sliding_window)                     # [B, L]
     out = F.scaled_dot_product_attention(q[:, :, None, :], k.to(q.dtype), v.to(q.dtype),
                                          attn_mask=mask[:, None, None, :], scale=scale,
                                          enable_gqa=n_heads != n_kv_heads)              # [B, H, 1, D]
@@ -65,17 +99,19 @@ def sdpa_decode_contiguous(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, se
 
 def paged_decode_attention_gather_sdpa(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int,
                                        block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                                       scale: float | None = None, max_len: int | None = None) -> torch.Tensor:
-    """`paged_decode_attention_reference`'s contract, computed as gather + SDPA (the CPU fast path)."""
+                                       scale: float | None = None, max_len: int | None = None,
+                                       sliding_window: int | None = None) -> torch.Tensor:
+    """`paged_decode_attention_reference`'s contract, computed as gather + SDPA (no softcap: SDPA has none)."""
     check_decode_inputs(q, kv_store, layer_idx, block_tables, seq_lens)
     k, v = gather_reference(kv_store, layer_idx, block_tables, seq_lens, max_len)  # [B, H_kv, L, D]
-    return sdpa_decode_contiguous(q, k, v, seq_lens, scale)
+    return sdpa_decode_contiguous(q, k, v, seq_lens, scale, sliding_window)
 
 
 def paged_decode_attention_gather_bmm(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int,
                                       block_tables: torch.Tensor, seq_lens: torch.Tensor,
                                       scale: float | None = None, max_len: int | None = None,
-                                      plan: DecodePlan | None = None) -> torch.Tensor:
+                                      plan: DecodePlan | None = None, sliding_window: int | None = None,
+                                      softcap: float | None = None) -> torch.Tensor:
     """The reference's contract, computed the fast way for a CPU: gather per KV head, then batched matmuls.
 
     Two things cost time on a CPU at decode (measured at 64 sequences x 144
@@ -93,9 +129,12 @@ def paged_decode_attention_gather_bmm(q: torch.Tensor, kv_store: torch.Tensor, l
     them probability exactly 0, and the pool holds only finite values (it
     starts zeroed), so 0 x stale value = 0 and no tail needs zeroing.
     `plan`: the blocks to read and the mask, made once per forward pass
-    (plans.py); without one it is made here.
+    (plans.py); without one it is made here. A sliding window narrows the plan's
+    mask in this layer only (Gemma 2 alternates windowed and full layers); a
+    softcap bends the fp32 scores before the mask.
     """
     check_decode_inputs(q, kv_store, layer_idx, block_tables, seq_lens, values=False)  # the plan checks values
+    check_window_and_softcap(sliding_window, softcap)
     if plan is None:
         plan = plan_decode(kv_store, block_tables, seq_lens, max_len)
     batch, n_heads, head_dim = q.shape
@@ -115,8 +154,11 @@ def paged_decode_attention_gather_bmm(q: torch.Tensor, kv_store: torch.Tensor, l
     k = k.view(n_kv_heads, batch, length, head_dim).to(q.dtype)                  # [H_kv, B, L, D]
     v = v.view(n_kv_heads, batch, length, head_dim).to(q.dtype)
     qg = q.reshape(batch, n_kv_heads, n_heads // n_kv_heads, head_dim).transpose(0, 1)  # [H_kv, B, G, D]
-    scores = (qg @ k.transpose(-1, -2)).float() * scale                          # [H_kv, B, G, L] fp32
-    scores = scores.masked_fill(~plan.valid[None, :, None, :], float("-inf"))
+    scores = soft_cap((qg @ k.transpose(-1, -2)).float() * scale, softcap)       # [H_kv, B, G, L] fp32
+    valid = plan.valid                                                           # [B, L]
+    if sliding_window is not None:
+        valid = valid & decode_visible(seq_lens.to(valid.device), length, sliding_window)
+    scores = scores.masked_fill(~valid[None, :, None, :], float("-inf"))
     probs = scores.softmax(-1).nan_to_num(0.0).to(q.dtype)                      # length 0 -> zeros
     return (probs @ v).transpose(0, 1).reshape(batch, n_heads, head_dim)        # [B, H, D]
 

@@ -1,6 +1,6 @@
 """Input checks for the varlen paged prefill attention (the kernel, the references and the CPU path alike).
 
-Built on phase 3.4's pool/table checks and phase 3.5's dtype list. A kernel
+Built on phase 3.4's pool/table checks and phase 3.5's dtype list and window/softcap check. A kernel
 handed a wrong shape reads the wrong memory instead of raising, so every entry
 point checks first and names the argument. Shape checks and checks against the
 plan's host-side lengths are free. Checks of tensor *contents* (block ids
@@ -13,8 +13,10 @@ from __future__ import annotations
 import torch
 
 from phases.p3_4_gather_kernel.checks import INDEX_DTYPES, check_pool, check_tables
-from phases.p3_5_paged_attention.kernel_checks import FLOAT_DTYPES
+from phases.p3_5_paged_attention.kernel_checks import FLOAT_DTYPES, check_query_heads, check_window_and_softcap
 from phases.p3_6_varlen_prefill.plan import PrefillPlan
+
+__all__ = ["check_prefill_inputs", "check_block_ids", "check_window_and_softcap"]
 
 
 def _check_index(name: str, t: torch.Tensor, n: int, kv_store: torch.Tensor) -> None:
@@ -24,14 +26,6 @@ def _check_index(name: str, t: torch.Tensor, n: int, kv_store: torch.Tensor) -> 
         raise ValueError(f"{name} must be int32 or int64, got {t.dtype}")
     if t.device != kv_store.device:
         raise ValueError(f"{name} is on {t.device} but kv_store is on {kv_store.device}")
-
-
-def check_window_and_softcap(sliding_window: int | None, softcap: float | None) -> None:
-    if sliding_window is not None and (isinstance(sliding_window, bool) or int(sliding_window) != sliding_window
-                                       or sliding_window < 1):
-        raise ValueError(f"sliding_window must be None or an int >= 1 (keys p - w + 1 .. p), got {sliding_window!r}")
-    if softcap is not None and not float(softcap) > 0:
-        raise ValueError(f"softcap must be None or > 0 (scores become c * tanh(scores / c)), got {softcap!r}")
 
 
 def check_prefill_inputs(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int, block_tables: torch.Tensor,
@@ -50,14 +44,7 @@ def check_prefill_inputs(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int
     if q.dim() != 3:
         raise ValueError(f"q must be [n_tokens, n_heads, head_dim] (segments packed along dim 0), "
                          f"got shape {tuple(q.shape)}")
-    if q.shape[2] != head_dim:
-        raise ValueError(f"q head_dim {q.shape[2]} does not match the pool's head_dim {head_dim}")
-    if q.shape[1] % n_kv_heads != 0:
-        raise ValueError(f"n_heads {q.shape[1]} must be a multiple of n_kv_heads {n_kv_heads} (GQA)")
-    if q.dtype not in FLOAT_DTYPES or kv_store.dtype not in FLOAT_DTYPES:
-        raise ValueError(f"q and kv_store must be fp32/fp16/bf16, got {q.dtype} and {kv_store.dtype}")
-    if q.device != kv_store.device:
-        raise ValueError(f"q is on {q.device} but kv_store is on {kv_store.device}")
+    check_query_heads(q, kv_store)
     if block_tables.dim() != 2:
         raise ValueError(f"block_tables must be [n_segments, max_blocks], got shape {tuple(block_tables.shape)}")
     if block_tables.dtype not in INDEX_DTYPES or block_tables.device != kv_store.device:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from phases.p3_4_gather_kernel.batch import blocks_needed
+from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p3_4_gather_kernel.reference import K_INDEX, V_INDEX
 
 
@@ -53,7 +53,7 @@ def random_prefill_pack(seg_lens: list[int], context_lens: list[int], block_size
         raise ValueError("spare_blocks must be >= 1: padded table entries point at a spare block")
     gen = torch.Generator().manual_seed(seed)
     totals = [c + n for c, n in zip(context_lens, seg_lens)]
-    per_seq = [blocks_needed(t, block_size) for t in totals]
+    per_seq = [blocks_for(t, block_size) for t in totals]
     n_blocks = sum(per_seq) + spare_blocks
     max_total, max_blocks = max(totals, default=0), max(per_seq, default=0) or 1
 

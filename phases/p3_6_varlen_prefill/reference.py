@@ -17,6 +17,9 @@ keys its layer lets it see, all of them that sequence's tokens in the pool:
   one indexing copy of every block the pack reads, then one SDPA per segment
   in q's dtype (GQA inside SDPA, no repeated K/V); `is_causal` where no mask
   is needed, so a fresh prompt takes SDPA's causal kernel as phase 3.5's loop did.
+
+The mask and the cap are phase 3.5's (`visible_keys`, `soft_cap`): its decode
+path and its per-segment prefill loop use the same two.
 """
 
 from __future__ import annotations
@@ -24,25 +27,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p3_4_gather_kernel.reference import K_INDEX, V_INDEX, gather_reference
+from phases.p3_5_paged_attention.reference import soft_cap, visible_keys  # noqa: F401  (re-exported)
 from phases.p3_6_varlen_prefill.checks import check_block_ids, check_prefill_inputs, check_window_and_softcap
 from phases.p3_6_varlen_prefill.plan import PrefillPlan, plan_prefill
-
-
-def visible_keys(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int | None = None) -> torch.Tensor:
-    """q_pos [T], k_pos [L] absolute positions -> [T, L] bool: which keys each query attends.
-
-    Causal, plus transformers' sliding window: a query at p sees keys p - w + 1 .. p
-    (masking_utils.sliding_window_overlay: kv_idx > q_idx - sliding_window)."""
-    visible = k_pos[None, :] <= q_pos[:, None]
-    if sliding_window is not None:
-        visible &= k_pos[None, :] > q_pos[:, None] - sliding_window
-    return visible
-
-
-def soft_cap(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
-    """Gemma 2's attention logit softcapping: c * tanh(scores / c), applied after the scale."""
-    return scores if softcap is None else softcap * torch.tanh(scores / softcap)
 
 
 def _segment_positions(plan: PrefillPlan, s: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,7 +119,7 @@ def _blocks_read(plan: PrefillPlan, block_tables: torch.Tensor, block_size: int,
     order: [n_read] int64; and where each segment's run starts in that list. Table entries past a
     segment's length are padding, never taken. Positions are worked out on the host (the plan's
     lengths), then one indexing op takes them all."""
-    n_blocks = [-(-total // block_size) if read else 0 for total, read in zip(plan.total_lens, from_pool)]
+    n_blocks = [blocks_for(total, block_size) if read else 0 for total, read in zip(plan.total_lens, from_pool)]
     first = [sum(n_blocks[:s]) for s in range(len(n_blocks))]
     row = block_tables.shape[1]
     flat = torch.tensor([s * row + j for s, n in enumerate(n_blocks) for j in range(n)], dtype=torch.int64,

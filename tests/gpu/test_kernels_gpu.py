@@ -28,14 +28,10 @@ from phases.p3_4_gather_kernel.reference import gather_reference
 from phases.p3_5_paged_attention.reference import (paged_decode_attention_reference, sdpa_decode_contiguous,
                                                    write_kv_reference)
 from tests.gpu.conftest import tier_runs_on_cuda
+from tests.gpu.grid import BLOCK_SIZES, DTYPES, GQA_GROUPS, HEAD_DIMS, N_KV_HEADS
 
 pytestmark = pytest.mark.gpu
 
-BLOCK_SIZES = [8, 16, 32, 64]
-GQA_GROUPS = [1, 2, 4, 8]
-HEAD_DIMS = [64, 128]
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-N_KV_HEADS = 2           # query heads = N_KV_HEADS x group (2 to 16)
 WRITE_N_KV_HEADS = 3     # not a power of two: the store kernel pads the head axis and masks it
 N_LAYERS = 2
 LAYER = 1                # not layer 0, so a kernel that ignores the layer stride reads the wrong K/V

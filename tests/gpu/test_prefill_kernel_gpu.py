@@ -30,14 +30,10 @@ from phases.p3_6_varlen_prefill.pack import random_prefill_pack
 from phases.p3_6_varlen_prefill.plan import plan_prefill
 from phases.p3_6_varlen_prefill.reference import paged_prefill_attention_reference, sdpa_prefill_contiguous
 from tests.gpu.conftest import tier_runs_on_cuda
+from tests.gpu.grid import BLOCK_SIZES, DTYPES, GQA_GROUPS, HEAD_DIMS, N_KV_HEADS
 
 pytestmark = pytest.mark.gpu
 
-BLOCK_SIZES = [8, 16, 32, 64]
-GQA_GROUPS = [1, 2, 4, 8]
-HEAD_DIMS = [64, 128]
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-N_KV_HEADS = 2           # query heads = N_KV_HEADS x group (2 to 16)
 GEMMA2_HEAD_DIM = 256
 GEMMA2_SOFTCAP = 50.0    # Gemma 2's attn_logit_softcapping
 WINDOW_CASES = [(64, None), (None, GEMMA2_SOFTCAP), (100, GEMMA2_SOFTCAP)]   # (sliding_window, softcap)
