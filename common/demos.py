@@ -37,9 +37,10 @@ DEMO_MODULES: dict[str, str] = {
     "block_size_study": "phases.p3_2_block_table.demo",
     "snapshot": "phases.p3_3_paged_cache.demo",
     "gather_bench": "phases.p3_4_gather_kernel.demo",
-    "attn_bench": "phases.p3_5_paged_attention.kernel_demo",
+    "attn_bench": "phases.p3_5_paged_attention.demo",
     "tput": "phases.p3_5_paged_attention.demo",
     "workload_bench": "phases.p3_5_paged_attention.demo",
+    "prefill_bench": "phases.p3_6_varlen_prefill.demo",
     "cow_demo": "phases.p4_1_copy_on_write.demo",
     "share_demo": "phases.p4_2_beam_search.demo",
     "prefix_demo": "phases.p4_3_prefix_caching.demo",
@@ -50,7 +51,8 @@ DEMO_MODULES: dict[str, str] = {
 
 REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements.txt"
 # Import names whose PyPI distribution has another name (or comes with another package).
-DISTRIBUTION_OF = {"starlette": "fastapi", "pydantic": "fastapi", "yaml": "pyyaml", "PIL": "pillow"}
+DISTRIBUTION_OF = {"starlette": "fastapi", "pydantic": "fastapi", "yaml": "pyyaml", "PIL": "pillow",
+                   "prometheus_client": "prometheus-client"}
 
 
 @dataclass

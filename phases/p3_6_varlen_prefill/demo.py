@@ -1,0 +1,181 @@
+"""`prefill_bench`: prefill before and after this phase, and what chunked prefill does to streams already running.
+
+Four sections (`--sections`), each its own table; the harness is common/prefill_bench.py, this file hands
+it phase 3.5's and this phase's attention and engines:
+
+attention  one layer's attention over a packed prefill, the model's head shapes, median ms -> tok/s:
+             loop     phase 3.5's attention: one SDPA call per segment; after a cached prefix,
+                      a gather of the whole context and a masked SDPA (`paged_attention_forward`)
+             varlen   this phase's: ONE call for the pack (`varlen_attention_forward`): on a GPU the
+                      Triton kernel reads K/V in place from the pool, on a CPU the PyTorch path
+             bound    no paging at all: the same K/V already contiguous. On CUDA torch's flash varlen
+                      (`torch.nn.attention.varlen.varlen_attn`, one call for the pack; bf16/fp16 only),
+                      elsewhere SDPA per segment (causal kernel when fresh, a mask after a prefix)
+           Loop and varlen include writing the pack's new K/V into the pool, as in the engine.
+engine     the whole model's prefill pass of the same packs through each engine (phase 3.5's
+           `BatchedPagedEngine`, this phase's `ChunkedPrefillEngine` with a budget that takes the
+           pack in one pass): prompt tokens computed per second. "with prefix": every prompt
+           starts with the same cached prefix, mapped in from blocks the engine holds (`HeldPrefix`),
+           so only the rest is computed.
+latency    `n_streams` sequences are decoding when a `long_prompt`-token prompt arrives. The
+           inter-token latency (ITL) of the streams from then on, p50 / p99 / max, and the long
+           prompt's TTFT: phase 3.5 (the prompt in one prefill pass, then the decode pass), this
+           engine with whole prompts (`chunked_prefill=False`: one pass, prompt and decode tokens
+           together) and with chunks of `max_num_batched_tokens` tokens (common/stream_latency.py).
+workload   workload_bench's equal and mixed work (common/workload.py) through `batched` (3.5) and
+           `chunked` (3.6), same requests, one run: is any engine slower than before?
+
+Packs are written NxL (N segments of L tokens) or NxA-B (N segments of A..B tokens, seeded).
+The GPU defaults are the issue's: 1 x 4096, 16 x 256, 256 x 16-128, prefixes of 0 and 1024 tokens;
+a CPU run takes about a minute (fewer tokens through the whole model, fp32: CPU_DEFAULT_DTYPE there).
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate
+from types import SimpleNamespace
+
+import torch
+
+from common.demos import RunConfig, demo
+from common.harness import EngineRun, EngineRunner, pool_problems, submit, workload_pool_blocks
+from common.prefill_bench import (AttentionPack, Contender, pack_lengths, plot_prefill,  # noqa: F401 (tests)
+                                  prefill_options, run_prefill_bench)
+from common.report import Report
+from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
+from phases.p3_4_gather_kernel.dispatch import use_kernels
+from phases.p3_5_paged_attention.attention import PagedBatch, Segment, paged_attention_forward
+from phases.p3_5_paged_attention.demo import BATCHED
+from phases.p3_5_paged_attention.engine import BatchedPagedEngine
+from phases.p3_6_varlen_prefill.attention import MixedBatch, varlen_attention_forward
+from phases.p3_6_varlen_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillEngine
+from phases.p3_6_varlen_prefill.pack import random_prefill_pack
+from phases.p3_6_varlen_prefill.plan import plan_prefill
+
+LAYER = 1   # the layer the attention table runs (of a 2-layer pool)
+
+
+# --- attention: phase 3.5's per-segment loop and this phase's varlen call, on one pack -----------------
+def attention_pack(lm, seg_lens: list[int], prefix: int, block_size: int) -> AttentionPack:
+    """A packed prefill in a scattered pool, with what one layer of the model hands each attention function."""
+    group = lm.n_heads // lm.n_kv_heads
+    context = [prefix] * len(seg_lens)
+    p = random_prefill_pack(seg_lens, context, block_size, lm.n_kv_heads, group, lm.head_dim, dtype=lm.dtype,
+                            device=lm.device, layer_idx=LAYER, fill=0.0, seed=len(seg_lens) + prefix)
+    scale = lm.head_dim ** -0.5
+    # What a layer of the model hands the attention function: query [1, H, N, D], key/value [1, H_kv, N, D].
+    query, key, value = p.q.transpose(0, 1)[None], p.new_k.transpose(0, 1)[None], p.new_v.transpose(0, 1)[None]
+    module = SimpleNamespace(layer_idx=LAYER, config=SimpleNamespace(), num_key_value_groups=group, is_causal=True)
+    cu = list(accumulate(seg_lens, initial=0))                        # [S + 1] packed row of each segment
+    tables = p.block_tables.tolist()                                   # [S][max_blocks] block ids
+    slots = [tables[s][pos // block_size] * block_size + pos % block_size    # [N] pool slot of each new token
+             for s, (n, c) in enumerate(zip(seg_lens, context)) for pos in range(c, c + n)]
+    shared = dict(kv_store=p.kv_store, block_tables=p.block_tables, is_decode=False,
+                  slot_mapping=torch.tensor(slots, device=lm.device),
+                  seq_lens=torch.tensor([c + n for c, n in zip(context, seg_lens)], dtype=torch.int32,
+                                        device=lm.device),
+                  segments=[Segment(start, n, c, s) for s, (start, n, c) in enumerate(zip(cu, seg_lens, context))])
+    loop_batch = PagedBatch(**shared)
+    varlen_batch = MixedBatch(**shared, n_decode=0, cu_seqlens_q=p.cu_seqlens_q, context_lens=p.context_lens,
+                              prefill_plan=plan_prefill(cu, context, device=lm.device))
+    varlen = ("the Triton kernel" if use_kernels(lm.device)
+              else "the CPU path: SDPA per segment over one copy of the blocks read")
+    return AttentionPack(
+        loop=lambda: paged_attention_forward(module, query, key, value, scaling=scale, paged=loop_batch)[0],
+        varlen=lambda: varlen_attention_forward(module, query, key, value, scaling=scale, paged=varlen_batch)[0],
+        q=p.q, k=p.k, v=p.v, scale=scale,
+        about="loop: phase 3.5's paged_attention_forward (SDPA per segment; after a prefix, gather + masked SDPA "
+              "per segment). varlen: this phase's varlen_attention_forward, one call for the pack "
+              f"({varlen}).")
+
+
+# --- engine: the whole prefill pass, a held prefix on both engines ---------------------------------------
+class HeldPrefix:
+    """Mixin: a stand-in for phase 4.3's prefix cache that works on phase 3.5's engine and this one. The
+    engine holds the full blocks of one computed prefix; a new prompt that starts with it maps them in
+    (one more reference each), so its prefill starts past them (`_prefill_from` = n_filled)."""
+    held_ids: list[int] = []
+    held_blocks: list[int] = []
+
+    def hold_prefix(self, seq) -> None:
+        """Keep `seq`'s full prompt blocks (its prefill has run) after it is gone."""
+        n = len(seq.prompt_ids) // self.block_size
+        self.held_blocks = list(seq.kv.block_ids[:n])
+        self.held_ids = seq.prompt_ids[:n * self.block_size]
+        for block in self.held_blocks:
+            self.allocator.incref(block)
+
+    def drop_prefix(self) -> None:
+        for block in self.held_blocks:
+            self.allocator.free(block)
+        self.held_blocks, self.held_ids = [], []
+
+    def new_kv(self, seq):
+        table = super().new_kv(seq)
+        n = len(self.held_ids)
+        if n and len(seq.prompt_ids) > n and seq.prompt_ids[:n] == self.held_ids:
+            for block in self.held_blocks:
+                self.allocator.incref(block)
+            table.block_ids += self.held_blocks
+            table.n_filled = n
+        return table
+
+
+class LoopEngine(HeldPrefix, BatchedPagedEngine):
+    pass
+
+
+class VarlenEngine(HeldPrefix, ChunkedPrefillEngine):
+    pass
+
+
+PREFILL_ENGINES = [
+    Contender("p3_5", "BatchedPagedEngine (attention per segment per layer)",
+              lambda lm, budget, **pool: LoopEngine(lm, max_prefill_tokens=budget, **pool)),
+    Contender("p3_6", "ChunkedPrefillEngine with a budget that takes the whole pack in one pass (varlen "
+              "attention, one call per layer)",
+              lambda lm, budget, **pool: VarlenEngine(lm, max_num_batched_tokens=budget, **pool)),
+]
+
+
+# --- latency: a long prompt next to running streams -------------------------------------------------------
+def latency_engines(cfg: RunConfig) -> dict:
+    """Phase 3.5, then this engine with whole prompts, then with chunks of `cfg.budget` tokens."""
+    return {
+        "p3_5 (whole prompt, its own prefill pass)":
+            lambda lm, **pool: BatchedPagedEngine(lm, max_prefill_tokens=cfg.long_prompt, **pool),
+        "p3_6, whole prompts (chunked_prefill=False)":
+            lambda lm, **pool: ChunkedPrefillEngine(lm, max_num_batched_tokens=cfg.budget, chunked_prefill=False,
+                                                    **pool),
+        f"p3_6, chunks (max_num_batched_tokens={cfg.budget})":
+            lambda lm, **pool: ChunkedPrefillEngine(lm, max_num_batched_tokens=cfg.budget, **pool),
+    }
+
+
+# --- workload: this phase's engine as common/harness.py runs engines ---------------------------------------
+def run_chunked(lm, requests, max_running: int, block_size: int = DEFAULT_BLOCK_SIZE,
+                max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> EngineRun:
+    n_blocks = workload_pool_blocks(lm, requests, block_size)
+    engine = ChunkedPrefillEngine(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks,
+                                  max_num_batched_tokens=max_num_batched_tokens)
+    submit(engine, lm, requests)
+    finished = engine.run()
+    assert not pool_problems(engine.allocator), "blocks leaked"
+    settings = dict(max_running=max_running, block_size=block_size, pool_blocks=n_blocks,
+                    max_num_batched_tokens=max_num_batched_tokens,
+                    attention="Triton kernels" if use_kernels(lm.device) else "PyTorch paths (no GPU)")
+    return EngineRun.from_sequences(finished, engine.peak_blocks_used * engine.allocator.bytes_per_block,
+                                    note=f"{engine.n_forward_passes} forward passes in {engine.n_steps} steps, "
+                                         f"{engine.n_mixed_passes} mixed", settings=settings)
+
+
+CHUNKED = EngineRunner("chunked", "ChunkedPrefillEngine (p3_6): one mixed pass per step, varlen prefill attention, "
+                       "chunked prefill", run_chunked)
+
+
+@demo("prefill_bench", phase="p3_6", plot=plot_prefill, options=prefill_options(DEFAULT_BLOCK_SIZE),
+      help="prefill tok/s per packed batch: 3.5's per-segment loop vs the varlen kernel vs contiguous SDPA/flash; "
+           "streams' ITL while a long prompt arrives, with and without chunked prefill")
+def prefill_bench(cfg: RunConfig) -> Report:
+    return run_prefill_bench(cfg, attention=attention_pack, prefill_engines=PREFILL_ENGINES,
+                             latency_engines=latency_engines, runners=[BATCHED, CHUNKED])
