@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from phases.p3_1_block_allocator.allocator import AllocatorError, OutOfBlocks
-from phases.p3_5_paged_attention.engine import BatchedPagedEngine
+from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
 from phases.p4_3_prefix_caching import block_hash
 from phases.p4_3_prefix_caching.block_hash import ROOT_HASH, chain_hashes
 from phases.p4_3_prefix_caching.engine import PrefixCachingEngine
@@ -159,7 +159,7 @@ def test_caching_on_equals_caching_off_tiny_many_shared_prefixes(tiny32):
     systems = [_random_ids(n, seed=10 + n) for n in (9, 14)]
     prompts = [systems[i % 2] + _random_ids(1 + i, seed=20 + i) for i in range(10)]
     outputs = []
-    for cls in (BatchedPagedEngine, PrefixCachingEngine):
+    for cls in (ChunkedPrefillEngine, PrefixCachingEngine):
         engine = cls(tiny32, max_running=3, block_size=BS, n_blocks=48)
         seqs = [engine.add(p, 7, ignore_eos=True) for p in prompts]
         engine.run()
@@ -180,7 +180,7 @@ def test_packaged_model_shared_system_prompt(smol32):
     ids = [smol32.tokenizer(format_prompt(smol32.tokenizer, q, system=system), add_special_tokens=False)["input_ids"]
            for q in questions]
     outputs = []
-    for cls in (BatchedPagedEngine, PrefixCachingEngine):
+    for cls in (ChunkedPrefillEngine, PrefixCachingEngine):
         engine = cls(smol32, max_running=3, block_size=16, n_blocks=64)
         seqs = [engine.add(ids[0], 12)]
         engine.step()                                  # the first prefill puts the system prompt in the cache
@@ -196,7 +196,7 @@ def test_packaged_model_shared_system_prompt(smol32):
 def test_admission_counts_only_the_blocks_a_request_really_takes(tiny32):
     prefix = _random_ids(3 * BS, seed=5)
     admitted_at = {}
-    for cls in (BatchedPagedEngine, PrefixCachingEngine):
+    for cls in (ChunkedPrefillEngine, PrefixCachingEngine):
         engine = cls(tiny32, max_running=4, block_size=BS, n_blocks=8)
         engine.add(prefix + [7], 5, ignore_eos=True)  # worst case 13 + 4 tokens: 5 blocks
         engine.step()                                      # A holds 4 blocks, may claim 1 more
@@ -206,7 +206,7 @@ def test_admission_counts_only_the_blocks_a_request_really_takes(tiny32):
         engine.run()
         assert engine.allocator.n_free == engine.allocator.n_blocks
     # B's worst case is 5 blocks and only 3 are allocatable; 3 of its 5 are A's, in use: it needs 2
-    assert admitted_at == {BatchedPagedEngine: False, PrefixCachingEngine: True}
+    assert admitted_at == {ChunkedPrefillEngine: False, PrefixCachingEngine: True}
 
 
 def test_a_hash_collision_is_a_miss_with_correct_output(tiny32, monkeypatch):
@@ -237,7 +237,7 @@ _request = st.tuples(st.sampled_from([0, 1, None]),                       # shar
        n_blocks=st.integers(9, 12))
 def test_random_streams_keep_refcounts_right_and_outputs_unchanged(tiny32, requests, max_running, n_blocks):
     prompts = [(_PREFIXES[p] if p is not None else []) + suffix for p, suffix, _, _ in requests]
-    reference = BatchedPagedEngine(tiny32, max_running=len(prompts), block_size=2, n_blocks=64)
+    reference = ChunkedPrefillEngine(tiny32, max_running=len(prompts), block_size=2, n_blocks=64)
     expected = [reference.add(p, n, ignore_eos=True)
                 for p, (_, _, n, _) in zip(prompts, requests)]
     reference.run()
@@ -354,7 +354,8 @@ def test_a_failed_forward_pass_publishes_nothing(tiny32, monkeypatch):
 # --- the demo -------------------------------------------------------------------------------------
 def test_prefix_demo_quick_runs_both_modes_and_plots(tmp_path):
     from common.__main__ import run_demo
-    from phases.p4_3_prefix_caching.demo import plot_prefix, shared_prefix_len, system_prompt
+    from common.prompts import shared_prefix_len, translation_system_prompt
+    from phases.p4_3_prefix_caching.demo import plot_prefix
 
     report = run_demo("prefix_demo", model="tiny", device="cpu", dtype="fp32", quick=True)
     runs = report.data["runs"]
@@ -365,9 +366,9 @@ def test_prefix_demo_quick_runs_both_modes_and_plots(tmp_path):
     assert report.tables[-1].rows[0][-1] == "4/4"       # fp32: identical outputs with and without the cache
     plot_prefix(report, tmp_path / "prefix.png")
     assert (tmp_path / "prefix.png").stat().st_size > 0
-    assert system_prompt(5).count("English:") == 5
+    assert translation_system_prompt(5).count("English:") == 5
     with pytest.raises(ValueError, match="shots"):
-        system_prompt(99)
+        translation_system_prompt(99)
     assert shared_prefix_len([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
 
 

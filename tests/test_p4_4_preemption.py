@@ -6,7 +6,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from common.harness import drive, outputs_of
 from common.sampling import SamplingParams
+from common.workload import TracedRequest, burst, stress_trace
 from phases.p2_2_scheduler.sequence import Status
 from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks
 from phases.p3_2_block_table.block_table import BlockTable
@@ -16,7 +18,6 @@ from phases.p4_1_copy_on_write.engine import SharingEngine, worst_case_blocks
 from phases.p4_4_preemption.checks import Audited, check_finished
 from phases.p4_4_preemption.engine import PreemptingEngine
 from phases.p4_4_preemption.swap import SwapSpace
-from phases.p4_4_preemption.trace import TracedRequest, burst, drive, outputs_of, stress_trace
 from tests.oracles import hf_greedy
 
 MODES = ["recompute", "swap"]
@@ -49,6 +50,11 @@ def _unlimited(lm, trace, block_size, prefix_caching=False):
     groups = drive(engine, trace)
     assert engine.stats.n_preemptions == 0
     return outputs_of(groups)
+
+
+def chunked(budget: int | None) -> dict:
+    """Engine kwargs for a per-step token budget (phase 3.6's chunked prefill); None: the default budget."""
+    return {} if budget is None else dict(max_num_batched_tokens=budget)
 
 
 def _fits_alone(trace, block_size):
@@ -101,15 +107,16 @@ def test_seeded_samples_reproduce_with_and_without_preemption(tiny32, mode):
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10 ** 6), n_requests=st.integers(2, 8), block_size=st.sampled_from([1, 2, 4]),
        slack=st.integers(0, 4), mode=st.sampled_from(MODES), max_running=st.sampled_from([3, 4, 64]),
-       cpu_blocks=st.one_of(st.none(), st.integers(1, 4)), prefix_caching=st.booleans())
+       cpu_blocks=st.one_of(st.none(), st.integers(1, 4)), prefix_caching=st.booleans(),
+       budget=st.sampled_from([None, 1, 3, 5, 8]))
 def test_random_workloads_keep_every_promise(tiny32, seed, n_requests, block_size, slack, mode, max_running,
-                                             cpu_blocks, prefix_caching):
+                                             cpu_blocks, prefix_caching, budget):
     trace = stress_trace(tiny32.vocab_size, n_requests, (1, 10), (1, 12), burst_size=(1, 4), burst_gap=(0, 2),
                          p_samples=0.25, p_beam=0.2, max_n=3, seed=seed)
     # the smallest pools every request fits in alone; a tiny CPU pool forces swaps to fall back to recomputation
     engine = Engine(tiny32, preemption_mode=mode, block_size=block_size, max_running=max_running,
                     n_blocks=_fits_alone(trace, block_size) + slack, cpu_blocks=cpu_blocks,
-                    prefix_caching=prefix_caching)
+                    prefix_caching=prefix_caching, **chunked(budget))
     groups = drive(engine, trace)
     # every request done, each sequence finished once, no leak in either pool, FCFS admission and
     # swap-in, the latest-arrived group preempted, never part of a group (Audited)

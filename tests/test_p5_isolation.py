@@ -151,13 +151,13 @@ def test_top_k_minus_one_means_no_cut(srv, tiny32):
 
 # --- 2. isolation: a failing pass fails its culprit alone ---------------------------------------------
 class PoisonedEngine(ServingEngine):
-    """Every forward pass of kind `poisoned_kind` that holds a request with max_tokens == POISON_MAX_TOKENS
-    raises, after its slots were claimed: a request-specific failure no validation can see."""
+    """Every forward pass that holds a request with max_tokens == POISON_MAX_TOKENS in the role `poisoned_kind`
+    (prefilling a chunk, or decoding) raises, after its slots were claimed: a request-specific failure no
+    validation can see."""
     poisoned_kind = PREFILL_PASS
 
     def _forward(self, *args, **kwargs):
-        kind, seqs = self.in_pass
-        if kind == self.poisoned_kind and any(s.max_new_tokens == POISON_MAX_TOKENS for s in seqs):
+        if any(g.max_new_tokens == POISON_MAX_TOKENS and role == self.poisoned_kind for g, role in self.in_pass.items()):
             raise RuntimeError("poisoned pass")
         return super()._forward(*args, **kwargs)
 
@@ -172,10 +172,11 @@ def run_to_end(engine) -> tuple[list[StepFailed], int]:
     return failures
 
 
-@pytest.mark.parametrize("kind", [PREFILL_PASS, DECODE_PASS])
-def test_the_culprit_of_a_failing_pass_is_found_and_fails_alone(tiny32, kind):
+@pytest.mark.parametrize("kind,budget", [(PREFILL_PASS, None), (DECODE_PASS, None), (PREFILL_PASS, 7), (DECODE_PASS, 7)])
+def test_the_culprit_of_a_failing_pass_is_found_and_fails_alone(tiny32, kind, budget):
     """Six requests, one poisoned, samples and seeds among them: the engine narrows its passes until the
-    poisoned one fails alone; every other output equals an undisturbed run, token for token."""
+    poisoned one fails alone; every other output equals an undisturbed run, token for token. With a budget of 7
+    tokens the prompts (20-25 tokens) are prefilled in chunks beside decode tokens."""
     def add_all(engine, poison_index):
         groups = []
         for i in range(6):
@@ -184,10 +185,11 @@ def test_the_culprit_of_a_failing_pass_is_found_and_fails_alone(tiny32, kind):
                                            sampling, ignore_eos=True, n=2 if i == 4 else 1))
         return groups
 
-    reference = ServingEngine(tiny32, max_running=8, block_size=4, n_blocks=256)
+    chunks = {} if budget is None else dict(max_num_batched_tokens=budget)
+    reference = ServingEngine(tiny32, max_running=8, block_size=4, n_blocks=256, **chunks)
     expected = add_all(reference, poison_index=None)
     assert not run_to_end(reference)
-    engine = PoisonedEngine(tiny32, max_running=8, block_size=4, n_blocks=256)
+    engine = PoisonedEngine(tiny32, max_running=8, block_size=4, n_blocks=256, **chunks)
     engine.poisoned_kind = kind
     groups = add_all(engine, poison_index=3)
     failures = run_to_end(engine)

@@ -1,7 +1,8 @@
 """A request's life: `Status` and `Sequence`, and `StepOutput`, shared by every scheduler from here on.
 
 A sequence moves WAITING -> PREFILLING -> DECODING -> DONE, exactly once each,
-unless phase 4.4 preempts it: DECODING -> PREEMPTED, then back to PREFILLING
+unless phase 4.4 preempts it: DECODING (or, with chunked prefill, PREFILLING)
+-> PREEMPTED, then back to PREFILLING
 (recomputation: its prompt and outputs are prefilled again) or straight to
 DECODING (swapping: its blocks are copied back in), possibly several times.
 `kv` is whatever KV state the engine keeps for it: a `DynamicCache` in phase
@@ -32,7 +33,8 @@ class Status(Enum):
 # The only moves a sequence may make. Anything else is a scheduler bug.
 ALLOWED_MOVES = {
     Status.WAITING: {Status.PREFILLING},
-    Status.PREFILLING: {Status.DECODING, Status.DONE},
+    # phase 4.4 on 3.6's chunked prefill: a sequence part-way through its prefill can be preempted too
+    Status.PREFILLING: {Status.DECODING, Status.DONE, Status.PREEMPTED},
     Status.DECODING: {Status.DONE, Status.PREEMPTED},
     # phase 4.4: recomputation prefills prompt + outputs again; a swap-in resumes decoding
     Status.PREEMPTED: {Status.PREFILLING, Status.DECODING},

@@ -1,11 +1,12 @@
 """`SharingEngine`: parallel sampling, n samples of one prompt decoding over ONE copy of its KV blocks.
 
 A request may now ask for `n` samples of the same prompt (`add_group(..., n=k)`;
-`add()` is a request of one, and still returns its one Sequence). Phase 3.5
-would prefill the prompt n times and store its K/V n times. Here:
+`add()` is a request of one, and still returns its one Sequence). Phase 3.6's
+engine would prefill the prompt n times and store its K/V n times. Here:
 
-  1. the prompt is prefilled ONCE, as one sequence (the group's sample 0);
-  2. right after that prefill pass, the group forks: samples 1..n-1 get block
+  1. the prompt is prefilled ONCE, as one sequence (the group's sample 0),
+     in one pass or in chunks over several (phase 3.6);
+  2. right after the pass of its last chunk, the group forks: samples 1..n-1 get block
      tables that list the parent's blocks (refcount n each, nothing copied) and
      every sample draws its first token from the same prefill logits, each
      with its own generator (seed + sample index, so a fixed seed reproduces);
@@ -39,7 +40,7 @@ from common.sampling import GREEDY, SamplingParams, make_generator
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p3_3_paged_cache.scheduler import worst_case_tokens
-from phases.p3_5_paged_attention.engine import BatchedPagedEngine
+from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
 from phases.p4_1_copy_on_write.block_ops import CopyQueue, append_slots_cow, blocks_held, fork
 
 
@@ -86,14 +87,13 @@ def worst_case_blocks(request, n: int, block_size: int) -> int:
     return shared + n * (blocks_for(worst_case_tokens(request), block_size) - shared)
 
 
-class SharingEngine(BatchedPagedEngine):
+class SharingEngine(ChunkedPrefillEngine):
     def __init__(self, lm, **engine_kwargs):
         super().__init__(lm, **engine_kwargs)
         self.copies = CopyQueue()                    # copy-on-write copies waiting for the next forward pass
         self.groups: list[SequenceGroup] = []        # every request added, in order
         self._group_of: dict[int, SequenceGroup] = {}  # seq_id -> its request
         self._next_request_id = 0
-        self._slots_promised = 0                     # members of admitted groups not forked yet
         # (distinct blocks held, blocks the same tables would hold unshared) at every decode pass
         self.usage: list[tuple[int, int]] = []
 
@@ -115,6 +115,7 @@ class SharingEngine(BatchedPagedEngine):
         if n > self.max_running:
             raise ValueError(f"a group of {n} sequences cannot run under max_running={self.max_running}")
         seq = self._new_sequence(prompt, max_new_tokens, sampling, ignore_eos, arrival)  # checked, not queued
+        sampling.validate(n_samples=n)  # sample i seeds with seed + i: the fork must never meet a seed torch refuses
         need = worst_case_blocks(seq, n, self.block_size)
         if need > self.allocator.n_blocks:
             raise ValueError(f"{n} sequences of {len(seq.prompt_ids)} prompt + {max_new_tokens} new tokens need "
@@ -139,7 +140,7 @@ class SharingEngine(BatchedPagedEngine):
 
     # --- admission: a group needs n slots, its shared blocks count once -----------------
     def can_admit(self, seq: Sequence) -> bool:
-        """A slot for every sequence the group will run as, then phase 3.5's rule."""
+        """A slot for every sequence the group will run as, then phase 3.6's rule."""
         return self.group_of(seq).n <= self.n_free_slots - self._slots_promised and super().can_admit(seq)
 
     def blocks_to_admit(self, seq: Sequence) -> int:
@@ -158,12 +159,12 @@ class SharingEngine(BatchedPagedEngine):
             promised += max(0, worst_case_blocks(group, width, self.block_size) - held)
         return promised
 
-    def _admit(self) -> Sequence:
-        seq = super()._admit()
-        group = self.group_of(seq)
-        if not group.forked:
-            self._slots_promised += group.n - 1   # its other samples take their slots at the fork
-        return seq
+    @property
+    def _slots_promised(self) -> int:
+        """Slots the running groups not forked yet will take at their fork (a group's prefill may take
+        several steps, and it can be preempted or rolled back before it forks)."""
+        groups = {self.group_of(s) for s in self.running}
+        return sum(g.n - len(g.seqs) for g in groups if not g.forked)
 
     # --- copy-on-write ---------------------------------------------------------------
     def _append_slots(self, seq: Sequence, n: int) -> list[int]:
@@ -174,7 +175,7 @@ class SharingEngine(BatchedPagedEngine):
         # Every copy decided while claiming this pass's slots runs now, in one
         # indexed copy, before any layer writes its new K/V into the pool.
         self.copies.flush(self.allocator.kv_store)
-        if batch.is_decode:
+        if batch.has_decode_tokens:
             self.usage.append(self.block_usage())
         return super()._forward(input_ids, position_ids, batch, logits_to_keep)
 
@@ -201,18 +202,45 @@ class SharingEngine(BatchedPagedEngine):
         return super()._emit(members, logits)
 
     def _fork_group(self, group: SequenceGroup) -> list[Sequence]:
-        """Samples 1..n-1 of a freshly prefilled group, sharing every block of sample 0."""
+        """Samples 1..n-1 of a freshly prefilled group, sharing every block of sample 0.
+
+        All or nothing: if a sample or its table cannot be made, the samples made so far are taken back
+        (`_unfork`) and the error goes on; the group is its parent alone again, and no block leaks."""
         parent = group.seqs[0]
-        children = [self._new_member(group, parent, i) for i in range(1, group.n)]
-        self._fork_kv(children, [parent] * len(children))
-        self._slots_promised -= len(children)
+        try:
+            children = [self._new_member(group, parent, i) for i in range(1, group.n)]
+            self._fork_kv(children, [parent] * len(children))
+        except Exception:
+            self._unfork(group)
+            raise
         return children
+
+    def _unfork(self, group: SequenceGroup) -> None:
+        """Take back every member but the parent (sample 0): slot, table, generator and records."""
+        for child in group.seqs[1:]:
+            if child.kv is not None:
+                child.kv.release(self.allocator)
+                child.kv = None
+            if child in self.slots:
+                self._vacate(child)
+            self._generators.pop(child.seq_id, None)
+            self._group_of.pop(child.seq_id, None)
+            self.sequences.remove(child)
+        del group.seqs[1:]
 
     def _fork_kv(self, seqs: list[Sequence], parents: list[Sequence]) -> None:
         """seqs[i] continues parents[i]: its table becomes a fork of the parent's (one more owner per block,
         nothing copied), its old table, if any, is released. Every fork is taken before any old table is
-        released, so a block held by both generations never touches the free list."""
-        tables = [fork(p.kv, self.allocator) for p in parents]
+        released, so a block held by both generations never touches the free list; if one fork fails, the
+        forks taken so far are released and nothing has changed."""
+        tables: list = []
+        try:
+            for p in parents:
+                tables.append(fork(p.kv, self.allocator))
+        except Exception:
+            for table in tables:
+                table.release(self.allocator)
+            raise
         for seq, table in zip(seqs, tables):
             if seq.kv is not None:
                 seq.kv.release(self.allocator)

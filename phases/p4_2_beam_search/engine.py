@@ -23,6 +23,12 @@ pruned and re-forked every step, with at most one block copy per beam per step.
 
 When the search stops (HF's rule, see beam.py) the slots' tables are released
 and slot i holds the i-th best finished hypothesis: `group.best` is slot 0.
+
+A search step needs every live beam's logits at once. Decode passes always
+carry all of them, but beams recomputed after a preemption (phase 4.4) are
+prefilled in chunks (phase 3.6), and their last chunks may land in different
+passes: a beam whose prefill ended early holds its logits row
+(`BeamGroup.held`) until its siblings' rows arrive, then the group steps.
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ class BeamGroup(SequenceGroup):
     def __init__(self, *args, search: BeamSearch, **kwargs):
         super().__init__(*args, **kwargs)
         self.search = search
+        self.held: dict[Sequence, torch.Tensor] = {}   # beam -> its logits row [V], waiting for its siblings'
 
     @property
     def hypotheses(self) -> list[Hypothesis]:
@@ -79,8 +86,21 @@ class BeamSearchEngine(SharingEngine):
         if other_rows:
             outputs += super()._emit([seqs[r] for r in other_rows], logits[other_rows])
         for group, rows in beam_rows.items():
-            outputs += self._beam_step(group, [seqs[r] for r in rows], logits[rows])
+            if not group.forked:      # the prompt's first prefill: one row, the search opens its beams
+                outputs += self._beam_step(group, [seqs[rows[0]]], logits[rows])
+                continue
+            group.held.update({seqs[r]: logits[r] for r in rows})
+            if all(s in group.held for s in group.live):      # every live beam's row is here: one search step
+                beams, rows_v = zip(*group.held.items())
+                group.held.clear()
+                outputs += self._beam_step(group, list(beams), torch.stack(rows_v))
         return outputs
+
+    def free_kv(self, seq: Sequence) -> None:
+        group = self._group_of.get(seq.seq_id)
+        if isinstance(group, BeamGroup):
+            group.held.pop(seq, None)   # preempted (or aborted) after its prefill ended: its row is stale
+        super().free_kv(seq)
 
     def _beam_step(self, group: BeamGroup, beams: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
         # The search expects its live beams in its own order (best first): slot order.
@@ -91,7 +111,6 @@ class BeamSearchEngine(SharingEngine):
         if not group.forked:  # the prompt was just prefilled: open slots 1..k-1 (their tables come below)
             for i in range(1, group.n):
                 self._new_member(group, beams[0], i)
-            self._slots_promised -= group.n - 1
         for slot in group.seqs:
             if slot.status is Status.PREFILLING:
                 slot.move(Status.DECODING)

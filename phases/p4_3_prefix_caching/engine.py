@@ -10,9 +10,9 @@ done in the engine's hooks:
   cached-free block it revives still counts: it leaves the evictable pool.
 - `new_kv(seq)`: look the prompt up, block by block, and map the hits into
   the new BlockTable (`acquire` = one more reference each), with `n_filled`
-  set past them. Phase 3.5's `_prefill` then feeds only the remaining prompt
+  set past them. Phase 3.6's chunks then feed only the remaining prompt
   tokens at their true positions (`_prefill_from`), and attention reads the
-  prefix from the pool. At most (len(prompt) - 1) // block_size blocks are
+  prefix from the pool, in place. At most (len(prompt) - 1) // block_size blocks are
   matched: the last prompt token is always computed, because its logits give
   the first new token.
 - `_emit(seqs, logits)`: the forward pass that wrote the sequences' new K/V
@@ -20,6 +20,9 @@ done in the engine's hooks:
   published in the table under its chained hash, before any token is sampled
   or any sample forks. A pass that fails never gets here and publishes
   nothing: a block whose K/V were never written is never found.
+- `_chunk_written(seq)`: a prefill chunk that does not end its prompt
+  publishes the blocks it filled the same way, so a long prompt's first
+  chunks can be hit before its last one has run.
 - `_fork_kv(seqs, parents)`: a forked sample, or a beam re-forked from
   another beam (phase 4.1, 4.2), takes over its parent's chain of hashes
   along with its parent's blocks.
@@ -157,6 +160,10 @@ class PrefixCachingEngine(BeamSearchEngine):
             for seq in seqs:
                 self._register_full_blocks(seq)
         return super()._emit(seqs, logits)
+
+    def _chunk_written(self, seq: Sequence) -> None:
+        if self.prefix_caching:
+            self._register_full_blocks(seq)
 
     def _fork_kv(self, seqs: list[Sequence], parents: list[Sequence]) -> None:
         if not self.prefix_caching:

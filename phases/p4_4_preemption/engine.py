@@ -16,9 +16,10 @@ admission   first-come-first-served and optimistic: the head of the waiting
             whole. Nobody overtakes the head. While any group is swapped out,
             no new request is admitted (it would take the room the swapped
             group waits for).
-preemption  before each decode pass the engine counts the blocks every running
+preemption  before each step the engine counts the blocks every running
             sequence needs for its next token (a new block when its last one is
-            full, a copy when it writes into a shared block). If the pool can't
+            full, a copy when it writes into a shared block), and a sequence
+            part-way through its prefill for the rest of it. If the pool can't
             cover them, the LATEST-ARRIVED running group is preempted, all of
             it (its samples or beams share blocks: gang-scheduled), and again
             until the rest fit. The earliest request is never preempted for a
@@ -26,8 +27,10 @@ preemption  before each decode pass the engine counts the blocks every running
 recovery    `preemption_mode="recompute"`: the group's blocks are dropped and
             its sequences go back to the FRONT of the waiting queue (arrival
             order, ahead of every new request); when admitted again each
-            prefills prompt + generated tokens in one pass (see "Recomputation"
-            below). `preemption_mode="swap"` (swap.py): the group's blocks are
+            prefills prompt + generated tokens (see "Recomputation" below).
+            A group still part-way through its prefill (phase 3.6's chunks)
+            is always recomputed, in either mode: it has no decode state to
+            save, and its full blocks stay in the prefix cache. `preemption_mode="swap"` (swap.py): the group's blocks are
             copied to a CPU pool (shared blocks once) and freed; the earliest
             swapped group is copied back into fresh blocks as soon as it fits
             beside the running ones' next tokens and the reserve, and resumes
@@ -45,9 +48,9 @@ preempting every later group always makes room, and nothing is ever lost.
 Recomputation. A preempted sequence's K/V at every position can be rebuilt in
 one prefill pass, because all its tokens are known: the prompt and the outputs
 so far ("the tokens generated at decoding can be concatenated with the
-original user prompt as a new prompt", §4.5). Phase 3.5's packed prefill
+original user prompt as a new prompt", §4.5). Phase 3.6's chunked prefill
 already feeds `seq.all_ids` from wherever the table ends, so a recomputed
-sequence rides in the same pass as new prompts; the last position's logits
+sequence rides in the same passes as new prompts; the last position's logits
 give its NEXT token, so nothing it generated is sampled or streamed again.
 The last output's K/V had never been computed (its decode pass is the one that
 was preempted), so a re-prefill of p + o tokens redoes p + o - 1 tokens' worth
@@ -55,12 +58,14 @@ of earlier work (`stats.tokens_recomputed`). Its blocks stay in the prefix
 cache (cached-free) until the pool needs them, so the re-prefill maps every
 full block still cached and computes only the rest (vLLM v1's cheap
 recomputation): the cache looks up prompt + outputs (`_cacheable_ids`).
-A group of samples (or beams) is recomputed together, in one pass. Its first
-member in the queue, the lead, prefills its whole sequence; every other member
-forks the lead's FULL prompt blocks (written by the lead in this same pass:
-every layer writes all new K/V before any segment attends) and prefills only
-its own tail. So the prompt is computed and stored once, as after the group's
-first prefill. Beams also shared part of their generated history; that part is
+A group of samples (or beams) is recomputed together. Its first member in the
+queue, the lead, prefills its whole sequence; as soon as the lead's chunks have
+claimed its FULL prompt blocks, every other member forks them (`_claim_chunk`)
+and prefills only its own tail. Chunks go in admission order, so a member's
+first chunk runs in the same pass as the lead's last one or later: the blocks
+it forked are written by then (every layer writes all new K/V before any
+segment attends). So the prompt is computed and stored once, as after the
+group's first prefill. Beams also shared part of their generated history; that part is
 recomputed per beam (admission counted unshared tails, so it fits).
 """
 
@@ -151,13 +156,17 @@ class PreemptingEngine(PrefixCachingEngine):
             groups[self.group_of(s)].append(s)
         return dict(sorted(groups.items(), key=lambda item: item[0].request_id))
 
-    @staticmethod
-    def _decode_blocks(seqs: list[Sequence], allocator: BlockAllocator) -> int:
-        """Blocks the next decode pass takes for `seqs`, exactly as `append_slots_cow` will take them."""
+    def _decode_blocks(self, seqs: list[Sequence], allocator: BlockAllocator) -> int:
+        """Blocks the next decode pass takes for `seqs`, exactly as `append_slots_cow` will take them; for a
+        sequence part-way through its prefill, the blocks the rest of it takes (less the prompt blocks a
+        recomputed member will fork from its lead)."""
         need, writers = 0, Counter()
         for s in seqs:
             table = s.kv
-            if table.n_filled == table.capacity:
+            if s.status is Status.PREFILLING:
+                forked = len(s.prompt_ids) // self.block_size if self._lead(s) not in (None, s) else 0
+                need += max(0, blocks_for(len(s.all_ids), self.block_size) - max(table.n_blocks, forked))
+            elif table.n_filled == table.capacity:
                 need += 1                                       # the last block is full: a new one
             else:
                 writers[table.block_ids[table.n_filled // table.block_size]] += 1
@@ -193,16 +202,17 @@ class PreemptingEngine(PrefixCachingEngine):
         """Take every running member of `group` off the pool: to the CPU pool, or dropped for recomputation."""
         self.stats.n_preemptions += 1
         self.preempted_ids.append(group.request_id)
+        decoding = all(s.status is Status.DECODING for s in members)
         for s in members:
             s.move(Status.PREEMPTED)
             self._vacate(s)
         tables = [s.kv for s in members]
-        if self.swap_space is not None and self.swap_space.can_swap_out(tables):
+        if self.swap_space is not None and decoding and self.swap_space.can_swap_out(tables):
             self.swap_space.swap_out(tables)
             i = bisect_left([g.request_id for g in self.swapped], group.request_id)
             self.swapped.insert(i, group)
             return
-        if self.swap_space is not None:
+        if self.swap_space is not None and decoding:
             self.stats.n_swap_fallbacks += 1
         for s in members:
             self.free_kv(s)   # the blocks go (cached ones stay findable); the generator stays for the resume
@@ -247,7 +257,6 @@ class PreemptingEngine(PrefixCachingEngine):
         if self._preempted_now:
             return
         budget = self.allocator.n_free - self.blocks_promised()
-        prefill_tokens = 0
         while self.waiting:
             group = self.group_of(self.waiting[0])
             if self.swapped and group.request_id > self.swapped[0].request_id:
@@ -259,14 +268,15 @@ class PreemptingEngine(PrefixCachingEngine):
             need = sum(self.blocks_to_admit(s) for s in members)
             reserve = self.watermark_blocks if self.running else 0  # alone in the pool: no reserve needed
             tokens = sum(len(s.all_ids) for s in members)
-            if need + reserve > budget or (prefill_tokens and prefill_tokens + tokens > self.max_prefill_tokens):
+            if need + reserve > budget or not self._fits_prefill_tokens(tokens):
                 break  # FCFS: nobody overtakes the head of the queue
+            if any(s.output_ids for s in members):
+                self.stats.n_recomputed += 1
             for _ in members:   # a group's members wait side by side at the head (they were preempted together)
                 seq = self._admit()
                 assert self.group_of(seq) is group, "a preempted group's members went back to the queue together"
                 seq.kv = self.new_kv(seq)
             budget -= need
-            prefill_tokens += tokens
             self.admitted_ids.append(group.request_id)
 
     # --- recovery: recompute --------------------------------------------------------------------
@@ -287,29 +297,30 @@ class PreemptingEngine(PrefixCachingEngine):
         queue = self.waiting if seq.status is Status.PREEMPTED else self.running
         return next(s for s in queue if self.group_of(s) is group and self._recomputing(s))
 
-    def _prefill_from(self, seq: Sequence) -> int:
-        lead = self._lead(seq)
-        if lead is None:
-            return super()._prefill_from(seq)    # a new request
-        if lead is seq:
-            self.stats.n_recomputed += 1
-        else:
-            self._fork_prompt(lead, seq)
-        start = super()._prefill_from(seq)       # past a cached prefix, or the prompt forked from the lead
-        # every token fed had been computed before, except the last output (its decode never ran)
-        self.stats.tokens_recomputed += len(seq.all_ids) - start - 1
-        return start
+    def _claim_chunk(self, chunk) -> list[int]:
+        """Claim the chunk's slots; once a recomputing lead has claimed every slot of its full prompt blocks
+        (so nobody writes them again, and no copy-on-write ever splits them), the group's other members fork them."""
+        slots = super()._claim_chunk(chunk)
+        lead = chunk.seq
+        full_prompt = len(lead.prompt_ids) // self.block_size * self.block_size
+        if self._recomputing(lead) and self._lead(lead) is lead and lead.kv.n_filled >= full_prompt:
+            group = self.group_of(lead)
+            for seq in self.running:
+                if seq is not lead and self.group_of(seq) is group and self._recomputing(seq):
+                    self._fork_prompt(lead, seq)
+        return slots
 
-    def _prefill(self, seqs: list[Sequence]) -> list[StepOutput]:
-        """Phase 3.5's packed prefill; the time of a pass with recomputed sequences is booked by their share."""
-        if not any(self._recomputing(s) for s in seqs):
-            return super()._prefill(seqs)
+    def _mixed_pass(self, chunks, decoding) -> list[StepOutput]:
+        """Phase 3.6's pass; the tokens of recomputed sequences in it are counted and its time booked by their share.
+        Every token fed had been computed before, except a recomputed sequence's last output (its decode never ran)."""
+        recomputed = sum(c.length - c.last for c in chunks if self._recomputing(c.seq))
+        if not recomputed:
+            return super()._mixed_pass(chunks, decoding)
         dev = self.lm.device
-        recomputed, fed = self.stats.tokens_recomputed, self.n_prefill_tokens
         start_s = now(dev)
-        outputs = super()._prefill(seqs)
-        recomputed, fed = self.stats.tokens_recomputed - recomputed, self.n_prefill_tokens - fed
-        self.stats.recompute_s += (now(dev) - start_s) * recomputed / fed
+        outputs = super()._mixed_pass(chunks, decoding)
+        self.stats.tokens_recomputed += recomputed
+        self.stats.recompute_s += (now(dev) - start_s) * recomputed / sum(c.length for c in chunks)
         return outputs
 
     def _fork_prompt(self, lead: Sequence, seq: Sequence) -> None:

@@ -7,9 +7,10 @@ and could leave blocks claimed by nobody. Validation (`SamplingParams`,
 `add()`) stops every known cause before a request is queued; this is the
 second line, for what is left:
 
-1. Outputs already made are kept. A step runs up to two forward passes
-   (prefill, then decode); tokens the first pass made are real, so the
-   engine hands them over with the failure (`StepFailed.outputs`).
+1. Outputs already made are kept. A step runs one forward pass (phase 3.6:
+   decode tokens and prefill chunks together), or several while isolating;
+   tokens an earlier pass made are real, so the engine hands them over with
+   the failure (`StepFailed.outputs`).
 2. The failing pass names the suspects: the groups (requests) in it. One
    suspect is the culprit: it alone fails (`StepFailed.failed`). Several
    are rolled back to where recomputation can take them up (below) and the
@@ -18,8 +19,9 @@ second line, for what is left:
    chunk that fails again halves the width, until the culprit fails alone in
    a chunk of one. Each failure either halves the width or fails a request,
    so the search ends, after at most log2(suspects) + 1 failed passes.
-3. The isolation ends once every suspect has come through a pass of the
-   kind that failed (prefill or decode), or has finished. While isolating, the step's token budget is shared by its
+3. The isolation ends once every suspect has come through a pass in the
+   role it had in the pass that failed (prefilling a chunk, or decoding),
+   or has finished. While isolating, the step's token budget is shared by its
    narrower passes, in arrival order.
 
 Rolling a group back uses what phase 4.4 built for preemption: its blocks go
@@ -51,6 +53,7 @@ from phases.p4_1_copy_on_write.engine import SequenceGroup
 from phases.p4_2_beam_search.engine import BeamGroup
 from phases.p4_4_preemption.engine import PreemptingEngine
 
+# a group's role in a forward pass: prefilling a chunk, or decoding (one pass may hold both)
 PREFILL_PASS, DECODE_PASS = "prefill", "decode"
 
 
@@ -70,12 +73,12 @@ class IsolatingEngine(PreemptingEngine):
     def __init__(self, lm, **engine_kwargs):
         super().__init__(lm, **engine_kwargs)
         self.isolation_width: int | None = None   # while isolating: groups per forward pass at most
-        self.suspects: dict[SequenceGroup, str | None] = {}  # group -> the kind of pass it must come through
+        self.suspects: dict[SequenceGroup, str | None] = {}  # group -> the role it must come through a pass in
         self.n_step_failures = 0
         self.n_groups_failed = 0
         self.n_groups_retried = 0
         self._made: list[StepOutput] = []          # outputs of the step in flight, pass by pass
-        self.in_pass: tuple[str, list[Sequence]] | None = None  # (kind, sequences) of the pass running now
+        self.in_pass: dict[SequenceGroup, str] | None = None  # the groups in the pass running now, each's role
 
     # --- the step, and what a failure leaves --------------------------------------------
     def step(self) -> list[StepOutput]:
@@ -90,12 +93,12 @@ class IsolatingEngine(PreemptingEngine):
     def _recover(self, error: Exception) -> StepFailed:
         """Put the engine back together after `error`; return the StepFailed that says what became of whom."""
         self.n_step_failures += 1
-        kind, in_pass = self.in_pass or (None, self.running)
+        in_pass = self.in_pass or dict.fromkeys(self._groups(self.running))   # no pass running: anyone, any role
         self.copies.discard()              # copies for the failed pass: their blocks go back below
         for seq in list(self.running):     # finished in a pass that succeeded: retire, as the step would have
             if seq.status is Status.DONE:
                 self._retire(seq)
-        involved = self._groups(s for s in in_pass if s.status is not Status.DONE)
+        involved = sorted((g for g in in_pass if not g.done), key=lambda g: g.request_id)
         if not involved:
             raise error                    # nothing to blame: the caller fails everything
         if len(involved) == 1:
@@ -112,7 +115,7 @@ class IsolatingEngine(PreemptingEngine):
         if len(retried) > 1 or (retried and self.isolation_width is not None):
             width = math.ceil(len(involved) / 2)
             self.isolation_width = width if self.isolation_width is None else min(self.isolation_width, width)
-            self.suspects.update({g: kind for g in retried})
+            self.suspects.update({g: in_pass[g] for g in retried})
         else:
             self._end_isolation()          # the culprit is found (or the only suspect is retried): a new round
         return StepFailed(error, list(self._made), failed, retried)
@@ -131,8 +134,6 @@ class IsolatingEngine(PreemptingEngine):
         else:  # it made nothing yet: un-admit it, as if it had never been admitted
             if group.forked:
                 self._unfork(group)
-            else:
-                self._slots_promised -= group.n - 1    # promised at admission for samples it never forked
             parent = group.seqs[0]
             self._take_back(parent, Status.WAITING)
             self._generators[parent.seq_id] = make_generator(group.sampling, self.lm.device)
@@ -152,37 +153,46 @@ class IsolatingEngine(PreemptingEngine):
 
     def _fail(self, group: SequenceGroup) -> None:
         """Abort the culprit: every block and slot back, every member DONE with finish_reason "error"."""
-        if not group.forked and group.seqs[0] in self.running:
-            self._slots_promised -= group.n - 1
         live = [s for s in group.seqs if s.status is not Status.DONE]
         self.abort_group(group)
         for s in live:
             s.finish_reason = "error"
 
-    # --- narrower passes while isolating ------------------------------------------------
-    def _prefill(self, seqs: list[Sequence]) -> list[StepOutput]:
-        return self._in_chunks(PREFILL_PASS, super()._prefill, seqs)
+    # --- the passes of a step: one, or narrower ones while isolating ---------------------------
+    def _forward_passes(self) -> list[StepOutput]:
+        """Phase 3.6's one pass; while isolating, one pass per `isolation_width` groups (in arrival order,
+        a group's members together: a recomputed group's lead goes first), sharing the step's token budget."""
+        if not self.isolating:
+            return super()._forward_passes()
+        running = self.running
+        groups = self._groups(running)
+        outputs, budget = [], self.max_num_batched_tokens
+        for i in range(0, len(groups), self.isolation_width):
+            narrow = set(groups[i:i + self.isolation_width])
+            members = [s for s in running if self.group_of(s) in narrow]
+            decoding = [s for s in members if s.status is Status.DECODING]
+            chunks = self._schedule_chunks(budget - len(decoding), among=members)
+            budget -= len(decoding) + sum(c.length for c in chunks)
+            if chunks:
+                outputs += self._mixed_pass(chunks, decoding)
+            elif decoding:
+                outputs += self._decode(decoding)
+        return outputs
+
+    def _mixed_pass(self, chunks, decoding: list[Sequence]) -> list[StepOutput]:
+        return self._watched(decoding + [c.seq for c in chunks], super()._mixed_pass, chunks, decoding)
 
     def _decode(self, seqs: list[Sequence]) -> list[StepOutput]:
-        return self._in_chunks(DECODE_PASS, super()._decode, seqs)
+        return self._watched(seqs, super()._decode, seqs)
 
-    def _in_chunks(self, kind: str, run_pass, seqs: list[Sequence]) -> list[StepOutput]:
-        """One pass for `seqs`, or, while isolating, one per chunk of at most `isolation_width` groups
-        (a group's members stay together and in order: a recomputed group's lead goes first)."""
-        if self.isolation_width is None:
-            chunks = [seqs]
-        else:
-            members: dict[SequenceGroup, list[Sequence]] = {}
-            for s in seqs:
-                members.setdefault(self.group_of(s), []).append(s)
-            groups = list(members.values())
-            chunks = [sum(groups[i:i + self.isolation_width], []) for i in range(0, len(groups), self.isolation_width)]
-        outputs = []
-        for chunk in chunks:
-            self.in_pass = (kind, chunk)
-            outputs += run_pass(chunk)
-            self.in_pass = None
-            self._cleared(kind, chunk)
+    def _watched(self, seqs: list[Sequence], run_pass, *args) -> list[StepOutput]:
+        """Run one forward pass, noting who is in it and in what role (the suspects, should it raise)."""
+        roles = {g: DECODE_PASS for g in self._groups(seqs)}
+        roles.update({self.group_of(s): PREFILL_PASS for s in seqs if s.status is Status.PREFILLING})
+        self.in_pass = roles
+        outputs = run_pass(*args)
+        self.in_pass = None
+        self._cleared(roles)
         return outputs
 
     def _emit(self, seqs: list[Sequence], logits) -> list[StepOutput]:
@@ -190,12 +200,13 @@ class IsolatingEngine(PreemptingEngine):
         self._made += outputs   # kept, should a later pass of this step fail
         return outputs
 
-    def _cleared(self, kind: str, seqs: list[Sequence]) -> None:
-        """Suspects in a pass that succeeded are cleared if it was the kind that failed; none left: isolation ends."""
+    def _cleared(self, roles: dict[SequenceGroup, str]) -> None:
+        """Suspects in a pass that succeeded are cleared if they were in the role they failed in; none left:
+        isolation ends."""
         if not self.isolating:
             return
-        for group in self._groups(seqs):
-            if group in self.suspects and self.suspects[group] in (None, kind):
+        for group, role in roles.items():
+            if group in self.suspects and self.suspects[group] in (None, role):
                 del self.suspects[group]
         for group in [g for g in self.suspects if g.done]:
             del self.suspects[group]

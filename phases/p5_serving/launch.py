@@ -16,6 +16,7 @@ import uvicorn
 
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_5_paged_attention.engine import DEFAULT_MAX_RUNNING
+from phases.p3_6_varlen_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from phases.p4_4_preemption.engine import PREEMPTION_MODES
 from phases.p5_serving.async_engine import DEFAULT_MAX_WAITING
 
@@ -83,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="requests waiting for a slot at most; more get HTTP 503")
     p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="tokens per KV block")
     p.add_argument("--n-blocks", type=int, default=None, help="KV pool size in blocks (default: sized from memory)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+                   help=f"tokens in one step's forward pass at most: decode tokens, then prefill chunks "
+                        f"(default {DEFAULT_MAX_NUM_BATCHED_TOKENS}; smaller keeps streams smooth while long prompts arrive)")
     p.add_argument("--no-prefix-caching", action="store_true",
                    help="turn the prefix cache off (on by default: requests sharing a prompt prefix reuse its KV)")
     p.add_argument("--preemption-mode", choices=PREEMPTION_MODES, default="recompute",
@@ -100,11 +104,12 @@ def main(argv: list[str] | None = None) -> int:
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     app = create_app(lm, max_running=args.max_running, max_waiting=args.max_waiting,
                      block_size=args.block_size, n_blocks=args.n_blocks, prefix_caching=not args.no_prefix_caching,
-                     preemption_mode=args.preemption_mode)
+                     preemption_mode=args.preemption_mode, max_num_batched_tokens=args.max_num_batched_tokens)
     pool = app.state.engine.engine.allocator
     print(f"serving '{lm.name}' ({lm.device}, {str(lm.dtype).removeprefix('torch.')}) on "
           f"http://{args.host}:{args.port}/v1  - KV pool {pool.n_blocks} blocks x {pool.block_size} tokens, "
           f"max_running {args.max_running}, max_waiting {args.max_waiting}, "
+          f"max_num_batched_tokens {args.max_num_batched_tokens}, "
           f"prefix caching {'off' if args.no_prefix_caching else 'on'}, preemption by {args.preemption_mode}",
           flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,

@@ -36,6 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_5_paged_attention.engine import DEFAULT_MAX_RUNNING
+from phases.p3_6_varlen_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from phases.p5_serving import protocol as P
 from phases.p5_serving.async_engine import DEFAULT_MAX_WAITING, AsyncEngine, EngineFailed, QueueFull
 from phases.p5_serving.formats import ChatFormat, CompletionFormat
@@ -262,13 +263,16 @@ async def lifespan(app: FastAPI):
 def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DEFAULT_MAX_WAITING,
                block_size: int = DEFAULT_BLOCK_SIZE, n_blocks: int | None = None, engine=None,
                model_name: str | None = None, prefix_caching: bool = True,
-               preemption_mode: str = "recompute") -> FastAPI:
+               preemption_mode: str = "recompute",
+               max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> FastAPI:
     """The app for one loaded model.
 
     The engine is the last of the line (samples.py) unless one is given: prefix caching on unless
-    `prefix_caching=False`, preemption by recomputation unless `preemption_mode="swap"`."""
+    `prefix_caching=False`, preemption by recomputation unless `preemption_mode="swap"`, long prompts
+    prefilled in chunks of at most `max_num_batched_tokens` tokens per step (decode tokens included)."""
     engine = engine or SAMPLES.engine_class(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks,
-                                            prefix_caching=prefix_caching, preemption_mode=preemption_mode)
+                                            prefix_caching=prefix_caching, preemption_mode=preemption_mode,
+                                            max_num_batched_tokens=max_num_batched_tokens)
     aengine = AsyncEngine(engine, max_waiting=max_waiting)
     app = FastAPI(title="inference-engine-phases: OpenAI-compatible server", lifespan=lifespan)
     app.state.server = ServerState(lm, aengine, model_name or lm.name, int(time.time()), metrics_registry(aengine))
