@@ -97,3 +97,35 @@ def test_a_recomputed_group_forks_its_prompt_from_the_lead_across_chunks(tiny32,
     assert first.output_ids == hf_greedy(tiny32, first.prompt_ids, 24, ignore_eos=True)
     assert samples.outputs == [hf_greedy(tiny32, samples.prompt_ids, 10, ignore_eos=True)] * 2
     assert beams.best == hf_beam(tiny32, beams.prompt_ids, 2, 10)
+
+
+# --- every later engine on a model whose attention is not plain causal ----------------------------------------
+@pytest.fixture(scope="module")
+def window_models():
+    from common.model import load_model
+    return {name: load_model(name, device="cpu", dtype=torch.float32) for name in ("tiny-sliding", "tiny-softcap")}
+
+
+@pytest.mark.parametrize("name", ["tiny-sliding", "tiny-softcap"])
+def test_window_and_softcap_models_equal_hf_in_every_later_engine(window_models, name):
+    """Past the window (7 tokens), with samples, a prefix-cache hit, chunks of 5, and, in the last engines, a pool
+    small enough to preempt: every engine from 4.1 to the server's gives HF generate's tokens."""
+    from common.model import TINY_WINDOW
+    from phases.p4_1_copy_on_write.engine import SharingEngine
+    from phases.p5_serving.samples import ServingEngine
+    lm = window_models[name]
+    shared = random_ids(3 * BS, seed=9)
+    prompts = [shared + random_ids(n, seed=10 + n) for n in (2, TINY_WINDOW, 11)]
+    expected = [hf_greedy(lm, p, MAX_NEW, ignore_eos=True) for p in prompts]
+    for cls, kwargs in [(SharingEngine, {}), (PrefixCachingEngine, {}),
+                        (PreemptingEngine, dict(n_blocks=10, watermark_blocks=0)),
+                        (ServingEngine, dict(n_blocks=10, watermark_blocks=0))]:
+        engine = cls(lm, max_running=4, block_size=BS, max_num_batched_tokens=5, **{"n_blocks": 64, **kwargs})
+        first = engine.add_group(prompts[0], MAX_NEW, GREEDY, ignore_eos=True, n=2)
+        engine.step()
+        later = [engine.add(p, MAX_NEW, ignore_eos=True) for p in prompts[1:]]
+        run_checked(engine)
+        assert first.outputs == [expected[0]] * 2, cls.__name__
+        assert [s.output_ids for s in later] == expected[1:], cls.__name__
+        if cls is PreemptingEngine:
+            assert engine.stats.n_preemptions >= 1 and engine.cache_stats.blocks_hit >= 1
