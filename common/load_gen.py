@@ -11,7 +11,9 @@ user would see:
 Every request has its own timeout and the whole run a deadline: whatever is
 still open then is cancelled and counted as failed, so a run always ends.
 A request that fails is recorded with its HTTP status (`RequestResult.status`),
-so a run can tell a server error (5xx) from a refusal.
+so a run can tell a server error (5xx) from a refusal. `load_at_rates` warms
+a server up and then offers the same requests at each of several rates;
+`scrape_metrics` reads a server's Prometheus /metrics.
 
 It speaks plain HTTP to any OpenAI-compatible server (phase 5's, vLLM's), so
 it lives here with the other measurement code. Also a command for any running
@@ -39,6 +41,9 @@ REQUEST_TIMEOUT_S = 120.0   # one request, first byte to [DONE]
 RUN_SLACK_S = 120.0         # the run's deadline: last arrival + this
 SSE_DATA = "data: "
 SSE_DONE = "[DONE]"
+WARMUP_REQUESTS = 2         # `load_at_rates` sends these first: first passes pay for lazy init and allocator growth
+WARMUP_MAX_TOKENS = 4
+SCRAPE_TIMEOUT_S = 10
 
 
 @dataclass
@@ -163,6 +168,33 @@ def summarize(results: list[RequestResult], wall_s: float) -> dict:
         "e2e_p50_ms": percentile([r.latency_s * ms for r in ok], 50),
         "errors": sorted({r.error for r in results if r.error})[:5],
     }
+
+
+def load_at_rates(base_url: str, payloads: list[dict], rates: list[float], seed: int,
+                  description: str) -> list[tuple[float, dict, list[RequestResult]]]:
+    """Warm the server up, then send `payloads` at each rate (Poisson arrivals, the same `seed` at every
+    rate) under a progress bar: [(rate, summary, results)]."""
+    from rich.progress import Progress
+
+    warm = chat_payloads(payloads[0]["model"], WARMUP_REQUESTS, WARMUP_MAX_TOKENS)  # no shared prefix in them
+    asyncio.run(run_load(base_url, warm, [0.0] * WARMUP_REQUESTS))
+    rows = []
+    with Progress(transient=True) as progress:
+        task = progress.add_task(description, total=len(payloads) * len(rates))
+        for rate in rates:
+            progress.update(task, description=f"{description}: {rate:g} req/s")
+            results, wall = asyncio.run(run_load(base_url, payloads, poisson_arrivals(len(payloads), rate, seed),
+                                                 on_done=lambda _: progress.advance(task)))
+            rows.append((rate, summarize(results, wall), results))
+    return rows
+
+
+def scrape_metrics(url: str) -> dict[str, float]:
+    """A server's /metrics under `url` (its root, not /v1), sample name -> value: what a Prometheus scrape sees."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url.rstrip("/") + "/metrics", timeout=SCRAPE_TIMEOUT_S, trust_env=False).text
+    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 def main(argv: list[str] | None = None) -> int:

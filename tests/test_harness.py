@@ -22,7 +22,8 @@ from common.workload import Request
 
 HARNESS_MODULES = ["common.harness", "common.tput", "common.workload_bench", "common.kernel_bench",
                    "common.hf_peers", "common.roofline", "common.progress", "common.plots", "common.prefill_bench",
-                   "common.prefill_attention", "common.stream_latency"]
+                   "common.prefill_attention", "common.stream_latency", "common.preempt_bench",
+                   "common.recovery_bench", "common.stress_bench", "common.serve_bench"]
 
 
 def test_the_harness_imports_no_phase():

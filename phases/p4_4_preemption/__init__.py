@@ -4,13 +4,15 @@ Files:
 - swap.py    `SwapSpace`: a CPU block pool of the same block shape, and one indexed copy per direction
 - engine.py  `PreemptingEngine(PrefixCachingEngine)`, the last engine of the line (samples, beams, prefix
              caching, preemption): FCFS admission of whole groups with a watermark, preemption of the
-             latest group, recovery by `preemption_mode="recompute"` (prompt + outputs re-prefilled in one
-             pass, still-cached blocks mapped back in) or `"swap"`
+             latest group (a group part-way through its prefill too), recovery by
+             `preemption_mode="recompute"` (prompt + outputs re-prefilled in chunks, still-cached blocks
+             mapped back in) or `"swap"`
 - checks.py  `Audited` (FCFS, latest-first, whole groups, checked as the engine runs) and `check_finished`
              (no request lost, no block leaked)
 - demo.py    `preempt_demo` (recompute vs swap, block sizes 8..128, and the recovery micro-benchmark of
-             the paper's Fig. 19a) and `stress_demo` (a seeded bursty trace, every invariant checked); the
-             traces are common/workload.py's, driven by common/harness.py's `drive`
+             the paper's Fig. 19a) and `stress_demo` (a seeded bursty trace, every invariant checked): this
+             phase's engines handed to the harness in common/ (preempt_bench.py, recovery_bench.py,
+             stress_bench.py; traces from workload.py, driven by harness.py's `drive`)
 - README.md  the rules, the engine line, the measured tables
 """
 

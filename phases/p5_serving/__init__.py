@@ -11,8 +11,10 @@ Files, in reading order:
 - protocol.py      the OpenAI request/response bodies (pydantic), error bodies
 - formats.py       completion vs chat answers and stream chunks
 - server.py        `create_app(lm)` and its module-level routes
-- launch.py        `python -m common serve` (--no-prefix-caching, --preemption-mode recompute|swap), and
+- launch.py        `python -m common serve` (--no-prefix-caching, --preemption-mode recompute|swap,
+                   --max-num-batched-tokens), and
                    `BackgroundServer` (uvicorn in a thread) for tests and the benchmark
-- demo.py          `bench_serve`: latency and throughput against the request rate (common/load_gen.py sends
-                   the load); --workload fewshot (prefix caching on vs off) and undersized (preemption)
+- demo.py          `bench_serve`: latency and throughput against the request rate; --workload fewshot
+                   (prefix caching on vs off) and undersized (preemption); this phase's server handed to
+                   the harness in common/ (serve_bench.py; load_gen.py sends the load)
 """
