@@ -157,7 +157,7 @@ class PoisonedEngine(ServingEngine):
     poisoned_kind = PREFILL_PASS
 
     def _forward(self, *args, **kwargs):
-        if any(g.max_new_tokens == POISON_MAX_TOKENS and role == self.poisoned_kind for g, role in self.in_pass.items()):
+        if any(g.max_new_tokens == POISON_MAX_TOKENS and self.poisoned_kind in roles for g, roles in self.in_pass.items()):
             raise RuntimeError("poisoned pass")
         return super()._forward(*args, **kwargs)
 

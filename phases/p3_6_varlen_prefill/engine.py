@@ -119,7 +119,8 @@ class ChunkedPrefillEngine(BatchedPagedEngine):
         left = self.budget_left()
         if self.chunked_prefill:
             return left > 0
-        prefilling = any(s.status is Status.PREFILLING for s in self.running)
+        # (a sequence whose prefill is done may still be PREFILLING: a beam waiting for its siblings, phase 4.2)
+        prefilling = any(s.status is Status.PREFILLING and s.kv.n_filled < len(s.all_ids) for s in self.running)
         return not prefilling or n_tokens <= left
 
     def _admit(self) -> Sequence:

@@ -117,6 +117,7 @@ class PreemptingEngine(PrefixCachingEngine):
         self.preempted_ids: deque[int] = deque(maxlen=DECISION_LOG_LENGTH)
         self.admitted_ids: deque[int] = deque(maxlen=DECISION_LOG_LENGTH)
         self._preempted_now = False              # a preemption in this step: admit nothing new
+        self._computed: dict[int, int] = {}      # seq_id -> tokens whose K/V it had when dropped for recompute
 
     # --- requests -------------------------------------------------------------------
     @property
@@ -129,6 +130,7 @@ class PreemptingEngine(PrefixCachingEngine):
         return [s for g in self.swapped for s in self._preempted(g)]
 
     def _withdraw(self, seq: Sequence) -> bool:
+        self._computed.pop(seq.seq_id, None)
         group = self._group_of.get(seq.seq_id)
         if seq.status is not Status.PREEMPTED or group not in self.swapped:
             return super()._withdraw(seq)
@@ -215,6 +217,7 @@ class PreemptingEngine(PrefixCachingEngine):
         if self.swap_space is not None and decoding:
             self.stats.n_swap_fallbacks += 1
         for s in members:
+            self._computed[s.seq_id] = max(self._computed.get(s.seq_id, 0), s.kv.n_filled)
             self.free_kv(s)   # the blocks go (cached ones stay findable); the generator stays for the resume
         # Back to the waiting queue at its arrival position: every new request arrived later, so
         # in practice that is the front, behind only earlier preempted groups.
@@ -236,7 +239,8 @@ class PreemptingEngine(PrefixCachingEngine):
             reserve = self.blocks_promised() + self._decode_blocks(members, self.swap_space.cpu)
             if self.running:
                 reserve += self.watermark_blocks
-            if len(members) > self.n_free_slots or not self.swap_space.can_swap_in(tables, reserve):
+            if len(members) > self.n_free_slots - self._slots_promised \
+                    or not self.swap_space.can_swap_in(tables, reserve):
                 return
             self.swap_space.swap_in(tables)
             self.swapped.popleft()
@@ -270,7 +274,7 @@ class PreemptingEngine(PrefixCachingEngine):
             tokens = sum(len(s.all_ids) for s in members)
             if need + reserve > budget or not self._fits_prefill_tokens(tokens):
                 break  # FCFS: nobody overtakes the head of the queue
-            if any(s.output_ids for s in members):
+            if any(s.output_ids or s.seq_id in self._computed for s in members):
                 self.stats.n_recomputed += 1
             for _ in members:   # a group's members wait side by side at the head (they were preempted together)
                 seq = self._admit()
@@ -310,17 +314,26 @@ class PreemptingEngine(PrefixCachingEngine):
                     self._fork_prompt(lead, seq)
         return slots
 
+    def _computed_before(self, seq: Sequence) -> int:
+        """Tokens of `seq` whose K/V had been computed before it was dropped: every token but the last output for
+        a sequence with outputs (that decode never ran), what the pool held for one preempted mid-prefill."""
+        return max(self._computed.get(seq.seq_id, 0), len(seq.all_ids) - 1 if self._recomputing(seq) else 0)
+
     def _mixed_pass(self, chunks, decoding) -> list[StepOutput]:
-        """Phase 3.6's pass; the tokens of recomputed sequences in it are counted and its time booked by their share.
-        Every token fed had been computed before, except a recomputed sequence's last output (its decode never ran)."""
-        recomputed = sum(c.length - c.last for c in chunks if self._recomputing(c.seq))
+        """Phase 3.6's pass; the tokens in it that had been computed before are counted, and the pass's time
+        booked by their share."""
+        recomputed = sum(max(0, min(c.end, self._computed_before(c.seq)) - c.start) for c in chunks)
         if not recomputed:
-            return super()._mixed_pass(chunks, decoding)
-        dev = self.lm.device
-        start_s = now(dev)
-        outputs = super()._mixed_pass(chunks, decoding)
-        self.stats.tokens_recomputed += recomputed
-        self.stats.recompute_s += (now(dev) - start_s) * recomputed / sum(c.length for c in chunks)
+            outputs = super()._mixed_pass(chunks, decoding)
+        else:
+            dev = self.lm.device
+            start_s = now(dev)
+            outputs = super()._mixed_pass(chunks, decoding)
+            self.stats.tokens_recomputed += recomputed
+            self.stats.recompute_s += (now(dev) - start_s) * recomputed / sum(c.length for c in chunks)
+        for c in chunks:
+            if c.last:
+                self._computed.pop(c.seq.seq_id, None)
         return outputs
 
     def _fork_prompt(self, lead: Sequence, seq: Sequence) -> None:

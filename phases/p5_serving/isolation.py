@@ -20,8 +20,9 @@ second line, for what is left:
    a chunk of one. Each failure either halves the width or fails a request,
    so the search ends, after at most log2(suspects) + 1 failed passes.
 3. The isolation ends once every suspect has come through a pass in the
-   role it had in the pass that failed (prefilling a chunk, or decoding),
-   or has finished. While isolating, the step's token budget is shared by its
+   roles it had in the pass that failed (prefilling a chunk, decoding, or
+   both: a recomputed group's members can do both in one pass), or has
+   finished. While isolating, the step's token budget is shared by its
    narrower passes, in arrival order.
 
 Rolling a group back uses what phase 4.4 built for preemption: its blocks go
@@ -53,7 +54,7 @@ from phases.p4_1_copy_on_write.engine import SequenceGroup
 from phases.p4_2_beam_search.engine import BeamGroup
 from phases.p4_4_preemption.engine import PreemptingEngine
 
-# a group's role in a forward pass: prefilling a chunk, or decoding (one pass may hold both)
+# a group's roles in a forward pass: prefilling a chunk, decoding, or both (a recomputed group's members)
 PREFILL_PASS, DECODE_PASS = "prefill", "decode"
 
 
@@ -73,12 +74,12 @@ class IsolatingEngine(PreemptingEngine):
     def __init__(self, lm, **engine_kwargs):
         super().__init__(lm, **engine_kwargs)
         self.isolation_width: int | None = None   # while isolating: groups per forward pass at most
-        self.suspects: dict[SequenceGroup, str | None] = {}  # group -> the role it must come through a pass in
+        self.suspects: dict[SequenceGroup, frozenset[str] | None] = {}  # group -> roles to come through a pass in
         self.n_step_failures = 0
         self.n_groups_failed = 0
         self.n_groups_retried = 0
         self._made: list[StepOutput] = []          # outputs of the step in flight, pass by pass
-        self.in_pass: dict[SequenceGroup, str] | None = None  # the groups in the pass running now, each's role
+        self.in_pass: dict[SequenceGroup, frozenset[str]] | None = None  # groups in the pass running now, their roles
 
     # --- the step, and what a failure leaves --------------------------------------------
     def step(self) -> list[StepOutput]:
@@ -187,8 +188,10 @@ class IsolatingEngine(PreemptingEngine):
 
     def _watched(self, seqs: list[Sequence], run_pass, *args) -> list[StepOutput]:
         """Run one forward pass, noting who is in it and in what role (the suspects, should it raise)."""
-        roles = {g: DECODE_PASS for g in self._groups(seqs)}
-        roles.update({self.group_of(s): PREFILL_PASS for s in seqs if s.status is Status.PREFILLING})
+        roles: dict[SequenceGroup, set[str]] = {}
+        for s in seqs:
+            roles.setdefault(self.group_of(s), set()).add(PREFILL_PASS if s.status is Status.PREFILLING else DECODE_PASS)
+        roles = {g: frozenset(r) for g, r in roles.items()}
         self.in_pass = roles
         outputs = run_pass(*args)
         self.in_pass = None
@@ -200,13 +203,13 @@ class IsolatingEngine(PreemptingEngine):
         self._made += outputs   # kept, should a later pass of this step fail
         return outputs
 
-    def _cleared(self, roles: dict[SequenceGroup, str]) -> None:
-        """Suspects in a pass that succeeded are cleared if they were in the role they failed in; none left:
+    def _cleared(self, roles: dict[SequenceGroup, frozenset[str]]) -> None:
+        """Suspects in a pass that succeeded are cleared if they were in every role they failed in; none left:
         isolation ends."""
         if not self.isolating:
             return
-        for group, role in roles.items():
-            if group in self.suspects and self.suspects[group] in (None, role):
+        for group, now_in in roles.items():
+            if group in self.suspects and (self.suspects[group] is None or self.suspects[group] <= now_in):
                 del self.suspects[group]
         for group in [g for g in self.suspects if g.done]:
             del self.suspects[group]
