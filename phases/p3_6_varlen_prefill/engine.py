@@ -143,8 +143,8 @@ class ChunkedPrefillEngine(BatchedPagedEngine):
         in flight before a newcomer); each chunk's slots are claimed as it is scheduled. `among`: only these
         sequences' prefills (default: every running one)."""
         chunks: list[Chunk] = []
-        running = set(map(id, self.running if among is None else among))
-        prefilling = [s for s in self._prefilling.values() if s.status is Status.PREFILLING and id(s) in running]
+        allowed = set(self.running if among is None else among)
+        prefilling = [s for s in self._prefilling.values() if s.status is Status.PREFILLING and s in allowed]
         for seq in prefilling:
             if budget <= 0 and (self.chunked_prefill or chunks):
                 break
