@@ -1,0 +1,199 @@
+"""Paged decode attention, tuned: tiles of several blocks, tensor-core dots, and a split count fixed per launch.
+
+Phase 3.5's kernel reads one block (16 tokens) per loop trip and scores it with
+an elementwise multiply and a sum, in fp32. On an H100 it reached about 30% of
+HBM bandwidth at batch 64-256: each trip loads 2 x 4 KB and then waits for
+them, so few bytes are ever in flight. This kernel changes three things and
+keeps the maths (one program per (sequence, KV head, split), every query head
+of the GQA group served from one load of K/V, online softmax in fp32):
+
+1. A key tile is TILE_BLOCKS pool blocks (TILE = TILE_BLOCKS * block_size
+   keys), each key finding its own block through the table, so one trip loads
+   TILE x head_dim of K and of V, and `num_stages` trips are in flight at once.
+2. Scores and the weighted sum are `tl.dot`s on tensor cores: the group's query
+   heads are padded to QUERY_ROWS = 16 rows (the smallest `tl.dot` operand).
+   The padding rows cost tensor-core work, which decode has to spare (it waits
+   on memory); they are never stored. K and V stay in their dtype (bf16 reads
+   half the bytes of fp32), the accumulators are fp32; fp32 pools use
+   `input_precision="ieee"` (no TF32 rounding) so fp32 runs still compare
+   token for token with HF.
+3. The split count is the grid's third axis, n_splits, and each sequence's
+   visible blocks are divided evenly among them inside the kernel. A CUDA graph
+   replays one grid, whatever the lengths are that step, so the split cannot
+   depend on the context length the way phase 3.5's `blocks_per_split` did;
+   `split_rule.py` picks n_splits from the batch, the KV heads and the SM count.
+   With n_splits > 1 each program writes a partial output and its log-sum-exp,
+   merged by phase 3.5's `merge_splits`.
+
+    for j0 in my blocks, TILE_BLOCKS at a time:
+        j      [TILE]        logical block of each key;  phys = block_tables[b, j]
+        K, V   [TILE, D]     kv_store[phys, layer, 0/1, g, pos % block_size]
+        s      [ROWS, TILE]  tl.dot(q, K^T) * scale -> softcap -> -inf past the length / before the window
+        m' = max(m, rowmax s); a = e^(m - m'); l = l * a + rowsum e^(s - m'); acc = acc * a + e^(s - m') @ V
+
+A sequence of length 0 (a padding row of a bucket) has no blocks: its programs
+write zeros (and lse -inf), and read nothing. The launch settings (TILE_BLOCKS,
+num_warps, num_stages) are `LaunchConfig`; DEFAULT_CONFIG is what `tune` in
+demo.py measured best on an H100 (see the README).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from phases.p3_4_gather_kernel.interpreter import use_interpreter_without_gpu
+
+# Without a GPU the kernel runs in Triton's CPU interpreter; the switch must be on before `@triton.jit`.
+INTERPRETING = use_interpreter_without_gpu()
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from phases.p3_4_gather_kernel.checks import require_power_of_two  # noqa: E402
+from phases.p3_5_paged_attention.kernel_checks import check_decode_inputs, check_window_and_softcap  # noqa: E402
+from phases.p3_5_paged_attention.kernels import NO_SOFTCAP, NO_WINDOW, merge_splits  # noqa: E402
+
+MIN_DOT = 16   # the smallest M, N and K `tl.dot` takes on a GPU: query rows and key tiles are padded up to it
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """How one launch is cut: blocks per key tile, warps per program, loop trips in flight."""
+    tile_blocks: int = 4
+    num_warps: int = 2
+    num_stages: int = 3
+
+    def tile_blocks_for(self, block_size: int) -> int:
+        """At least MIN_DOT keys per tile (a pool of 8-token blocks reads 2 per trip at the least)."""
+        return max(self.tile_blocks, -(-MIN_DOT // block_size))
+
+
+# Measured best on an H100 for Qwen3-0.6B's shape in bf16 at batch 32-256 (demo.py `tune`; README).
+DEFAULT_CONFIG = LaunchConfig(tile_blocks=4, num_warps=2, num_stages=3)
+
+
+@triton.jit
+def _tiled_decode_kernel(
+    q_ptr, kv_ptr, tables_ptr, lens_ptr, out_ptr, lse_ptr,
+    layer_idx, scale, window, softcap,
+    s_q_seq, s_q_head, s_q_dim,
+    s_blk, s_layer, s_kv, s_head, s_tok, s_dim,
+    s_tab_seq, s_tab_blk,
+    s_out_seq, s_out_head, s_out_split, s_out_dim,
+    s_lse_seq, s_lse_head, s_lse_split,
+    GROUP: tl.constexpr, QUERY_ROWS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, TILE_BLOCKS: tl.constexpr,
+    WRITE_LSE: tl.constexpr, USE_WINDOW: tl.constexpr, USE_SOFTCAP: tl.constexpr,
+    UPCAST: tl.constexpr, IEEE: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1).to(tl.int64)
+    split = tl.program_id(2)
+    n_splits = tl.num_programs(2)
+
+    seq_len = tl.load(lens_ptr + seq)
+    n_blocks = tl.cdiv(seq_len, BLOCK_SIZE)
+    lo = 0                                              # first key position the query sees
+    if USE_WINDOW:
+        lo = tl.maximum(seq_len - window, 0)
+    visible = lo // BLOCK_SIZE                          # first block holding a visible key
+    per_split = tl.cdiv(n_blocks - visible, n_splits)   # this sequence's blocks, shared out evenly
+    first = visible + split * per_split
+    last = tl.minimum(first + per_split, n_blocks)
+
+    TILE: tl.constexpr = TILE_BLOCKS * BLOCK_SIZE
+    rows = tl.arange(0, QUERY_ROWS)                     # query heads of the group, padded to QUERY_ROWS
+    dims = tl.arange(0, HEAD_DIM)
+    keys = tl.arange(0, TILE)
+    key_block = keys // BLOCK_SIZE                      # which block of the tile each key is in
+    key_slot = keys % BLOCK_SIZE                        # and where inside it
+    heads = kv_head * GROUP + rows
+    row_ok = rows < GROUP
+    q = tl.load(q_ptr + seq * s_q_seq + heads[:, None] * s_q_head + dims[None, :] * s_q_dim,
+                mask=row_ok[:, None], other=0.0)                                   # [ROWS, D]
+    if UPCAST:
+        q = q.to(tl.float32)            # the interpreter's bf16 arithmetic is wrong: compute in fp32 there
+
+    m_i = tl.full([QUERY_ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([QUERY_ROWS], tl.float32)
+    acc = tl.zeros([QUERY_ROWS, HEAD_DIM], tl.float32)
+    head_base = kv_ptr + layer_idx * s_layer + kv_head * s_head
+    for j0 in range(first, last, TILE_BLOCKS):
+        j = j0 + key_block                                                          # [TILE]
+        in_range = j < last
+        phys = tl.load(tables_ptr + seq * s_tab_seq + j * s_tab_blk, mask=in_range, other=0).to(tl.int64)
+        pos = j * BLOCK_SIZE + key_slot
+        valid = in_range & (pos < seq_len) & (pos >= lo)
+        addr = head_base + phys[:, None] * s_blk + key_slot[:, None] * s_tok + dims[None, :] * s_dim
+        k = tl.load(addr, mask=valid[:, None], other=0.0)                           # [TILE, D]
+        v = tl.load(addr + s_kv, mask=valid[:, None], other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        if IEEE:
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            s = tl.dot(q, tl.trans(k))
+        s = s * scale                                                               # [ROWS, TILE] fp32
+        if USE_SOFTCAP:
+            s = softcap * (2.0 * tl.sigmoid(2.0 * s / softcap) - 1.0)              # c * tanh(s / c)
+        s = tl.where(valid[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))      # finite: a tile's first block holds a visible key
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    has_any = l_i > 0                                   # an empty range (length 0, a split past the end)
+    out = acc / tl.where(has_any, l_i, 1.0)[:, None]
+    dst = out_ptr + seq * s_out_seq + heads[:, None] * s_out_head + split * s_out_split + dims[None, :] * s_out_dim
+    tl.store(dst, out, mask=row_ok[:, None])
+    if WRITE_LSE:
+        lse = tl.where(has_any, m_i + tl.log(tl.where(has_any, l_i, 1.0)), float("-inf"))
+        tl.store(lse_ptr + seq * s_lse_seq + heads * s_lse_head + split * s_lse_split, lse, mask=row_ok)
+
+
+def tiled_decode_attention(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int, block_tables: torch.Tensor,
+                           seq_lens: torch.Tensor, scale: float | None = None, n_splits: int = 1,
+                           sliding_window: int | None = None, softcap: float | None = None,
+                           config: LaunchConfig = DEFAULT_CONFIG, check_values: bool = True) -> torch.Tensor:
+    """q [B, n_heads, head_dim] -> [B, n_heads, head_dim] in q's dtype; phase 3.5's arguments, and
+    n_splits: programs per (sequence, KV head), each over an even share of its blocks (split_rule.py).
+    check_values=False: shapes only (the values were checked for the pass, or are being captured)."""
+    check_decode_inputs(q, kv_store, layer_idx, block_tables, seq_lens, values=check_values)
+    check_window_and_softcap(sliding_window, softcap)
+    require_power_of_two("block_size", kv_store.shape[4])
+    require_power_of_two("head_dim", kv_store.shape[5])
+    if isinstance(n_splits, bool) or not isinstance(n_splits, int) or n_splits < 1:
+        raise ValueError(f"n_splits must be an int >= 1, got {n_splits!r}")
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    batch, n_heads, head_dim = q.shape
+    n_kv_heads, block_size = kv_store.shape[3], kv_store.shape[4]
+    group = n_heads // n_kv_heads
+    if n_splits == 1:
+        out = torch.empty(batch, n_heads, 1, head_dim, dtype=q.dtype, device=q.device)
+        lse = None
+    else:
+        out = torch.empty(batch, n_heads, n_splits, head_dim, dtype=torch.float32, device=q.device)
+        lse = torch.empty(batch, n_heads, n_splits, dtype=torch.float32, device=q.device)
+    if batch:
+        _tiled_decode_kernel[(batch, n_kv_heads, n_splits)](
+            q, kv_store, block_tables, seq_lens, out, lse if lse is not None else out,
+            layer_idx, float(scale), int(sliding_window or NO_WINDOW), float(softcap or NO_SOFTCAP),
+            *q.stride(), *kv_store.stride(), *block_tables.stride(), *out.stride(),
+            *(lse.stride() if lse is not None else (0, 0, 0)),
+            GROUP=group, QUERY_ROWS=max(MIN_DOT, triton.next_power_of_2(group)),
+            BLOCK_SIZE=block_size, HEAD_DIM=head_dim, TILE_BLOCKS=config.tile_blocks_for(block_size),
+            WRITE_LSE=lse is not None, USE_WINDOW=sliding_window is not None, USE_SOFTCAP=softcap is not None,
+            UPCAST=INTERPRETING, IEEE=kv_store.dtype == torch.float32 or INTERPRETING,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )
+    if lse is None:
+        return out[:, :, 0]
+    return merge_splits(out, lse).to(q.dtype)

@@ -1,0 +1,156 @@
+"""The decode kernel's launch settings, measured: every LaunchConfig and split count on one GPU.
+
+For each (batch, context) cell, one layer's decode attention over a pool of the
+model's shape (mixed lengths in [context / 2, context], blocks scattered) is
+timed with CUDA events for: SDPA on contiguous K/V (what a non-paged engine
+reads), phase 3.5's kernel, and phase 3.7's kernel under every LaunchConfig in
+the grid and every split count in SPLIT_CHOICES. Bandwidth is the K/V bytes the
+sequences hold (what any exact attention must read once) over the time.
+
+`best_config(rows)` is the config with the lowest total time over the cells the
+issue asks about (batch >= 32); the winner is written into decode_kernel.py's
+DEFAULT_CONFIG by hand, with the table in the README. Runs on CUDA only: on a
+CPU the kernel runs in Triton's interpreter and timing it means nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import asdict
+
+import torch
+
+from common.kernel_bench import lengths_for, median_ms
+from phases.p3_1_block_allocator.allocator import blocks_for
+from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton
+from phases.p3_5_paged_attention.reference import sdpa_decode_contiguous
+from phases.p3_7_cuda_graphs.decode_kernel import LaunchConfig, tiled_decode_attention
+
+TILE_CHOICES = (1, 2, 4, 8)
+WARP_CHOICES = (2, 4, 8)
+STAGE_CHOICES = (1, 2, 3, 4)
+SPLIT_CHOICES = (1, 2, 4, 8)
+POOL_LAYERS = 2          # the layer read is not the first in its block (the pool interleaves layers per block)
+LAYER = 1
+
+
+def config_grid() -> list[LaunchConfig]:
+    return [LaunchConfig(t, w, s) for t, w, s in itertools.product(TILE_CHOICES, WARP_CHOICES, STAGE_CHOICES)]
+
+
+def decode_case(batch: int, context: int, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int,
+                dtype: torch.dtype, device: str, seed: int = 0):
+    """A pool made on the device (random K/V, shuffled blocks), q, and the same K/V contiguous for SDPA."""
+    lens = lengths_for(context, batch, seed)
+    per_seq = [blocks_for(n, block_size) for n in lens]
+    width = max(per_seq)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    n_blocks = sum(per_seq) + 1
+    pool = torch.randn(n_blocks, POOL_LAYERS, 2, n_kv_heads, block_size, head_dim, device=device, dtype=dtype,
+                       generator=gen)
+    order = torch.randperm(n_blocks, device=device, generator=gen)
+    tables = torch.zeros(batch, width, dtype=torch.int32, device=device)
+    used = 0
+    for b, n in enumerate(per_seq):
+        tables[b, :n] = order[used:used + n].to(torch.int32)
+        used += n
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    q = torch.randn(batch, n_heads, head_dim, device=device, dtype=dtype, generator=gen)
+    # Contiguous K/V [B, n_kv_heads, width * block_size, head_dim] from the same blocks.
+    blocks = pool[tables.long(), LAYER]                      # [B, width, 2, H_kv, bs, D]
+    k = blocks[:, :, 0].permute(0, 2, 1, 3, 4).reshape(batch, n_kv_heads, width * block_size, head_dim)
+    v = blocks[:, :, 1].permute(0, 2, 1, 3, 4).reshape(batch, n_kv_heads, width * block_size, head_dim)
+    kv_bytes = sum(lens) * n_kv_heads * head_dim * 2 * pool.element_size()
+    return q, pool, tables, seq_lens, k.contiguous(), v.contiguous(), kv_bytes
+
+
+def tune(batches: list[int], contexts: list[int], n_heads: int, n_kv_heads: int, head_dim: int,
+         block_size: int = 16, dtype: torch.dtype = torch.bfloat16, device: str = "cuda",
+         configs: list[LaunchConfig] | None = None, splits=SPLIT_CHOICES, warmup: int = 3, iters: int = 20,
+         progress=None) -> list[dict]:
+    """One row per (batch, context, kernel, config, splits): ms, GB/s and max |out - SDPA|."""
+    configs = configs or config_grid()
+    rows = []
+    for batch, context in itertools.product(batches, contexts):
+        q, pool, tables, lens, k, v, kv_bytes = decode_case(batch, context, n_heads, n_kv_heads, head_dim,
+                                                            block_size, dtype, device)
+        scale = head_dim ** -0.5
+        sdpa_out = sdpa_decode_contiguous(q, k, v, lens, scale)
+
+        def row(kernel, fn, config=None, n_splits=1):
+            err = float((fn().float() - sdpa_out.float()).abs().max())
+            ms = median_ms(fn, device, warmup, iters)
+            rows.append(dict(batch=batch, context=context, kernel=kernel, splits=n_splits, ms=ms,
+                             gb_per_s=kv_bytes / ms / 1e6, err=err, kv_bytes=kv_bytes,
+                             **(asdict(config) if config else {})))
+
+        row("sdpa_contiguous", lambda: sdpa_decode_contiguous(q, k, v, lens, scale))
+        row("p3_5", lambda: paged_decode_attention_triton(q, pool, LAYER, tables, lens, scale))
+        for config, n_splits in itertools.product(configs, splits):
+            row("p3_7", lambda: tiled_decode_attention(q, pool, LAYER, tables, lens, scale, n_splits=n_splits,
+                                                       config=config, check_values=False), config, n_splits)
+        if progress:
+            progress(batch, context, rows)
+        del pool, k, v
+        torch.cuda.empty_cache()
+    return rows
+
+
+def best_config(rows: list[dict], min_batch: int = 32) -> dict:
+    """(tile_blocks, num_warps, num_stages) with the least total ms over cells with batch >= min_batch,
+    each config at its best split count per cell."""
+    totals: dict[tuple, float] = {}
+    cells: dict[tuple, dict[tuple, float]] = {}
+    for r in rows:
+        if r["kernel"] != "p3_7" or r["batch"] < min_batch:
+            continue
+        key = (r["tile_blocks"], r["num_warps"], r["num_stages"])
+        cell = (r["batch"], r["context"])
+        cells.setdefault(key, {})
+        cells[key][cell] = min(cells[key].get(cell, float("inf")), r["ms"])
+    for key, per_cell in cells.items():
+        totals[key] = sum(per_cell.values())
+    best = min(totals, key=totals.get)
+    return dict(tile_blocks=best[0], num_warps=best[1], num_stages=best[2], total_ms=totals[best])
+
+
+# --- `python -m phases.p3_7_cuda_graphs.tuning --out DIR`: the sweep behind DEFAULT_CONFIG and split_rule.py ---
+GRID_BATCHES, GRID_CONTEXTS = [32, 64, 128, 256], [512, 1024, 2048]
+SPLIT_BATCHES, SPLIT_CONTEXTS = [1, 4, 16, 32, 64, 128, 256], [512, 2048, 8192]
+QWEN3_0_6B = dict(n_heads=16, n_kv_heads=8, head_dim=128)   # the shape the GPU runs use (dummy:qwen3-0.6b)
+
+
+def main() -> None:
+    import argparse
+    import json
+    from pathlib import Path
+
+    p = argparse.ArgumentParser(description="time every decode-kernel launch config and split count (CUDA)")
+    p.add_argument("--out", default="results", help="folder for decode-tune_<gpu>.json")
+    args = p.parse_args()
+    shape = dict(QWEN3_0_6B, block_size=16, dtype=torch.bfloat16)
+    name = torch.cuda.get_device_name(0)
+
+    def say(batch, context, rows):
+        cell = [r for r in rows if r["batch"] == batch and r["context"] == context and r["kernel"] == "p3_7"]
+        best = min(cell, key=lambda r: r["ms"])
+        print(f"batch {batch} context {context}: best {best['ms']:.4f} ms ({best['gb_per_s']:.0f} GB/s) "
+              f"tile {best['tile_blocks']} warps {best['num_warps']} stages {best['num_stages']} x{best['splits']}",
+              flush=True)
+
+    grid = tune(GRID_BATCHES, GRID_CONTEXTS, splits=(1, 2), progress=say, **shape)
+    best = best_config(grid)
+    chosen = LaunchConfig(best["tile_blocks"], best["num_warps"], best["num_stages"])
+    one_block = LaunchConfig(1, 4, 1)        # a one-block tile, as phase 3.5 reads, for comparison
+    splits = tune(SPLIT_BATCHES, SPLIT_CONTEXTS, configs=[chosen, one_block], splits=SPLIT_CHOICES + (16,),
+                  progress=say,
+                  **shape)
+    slug = name.lower().replace(" ", "-")
+    path = Path(args.out) / f"decode-tune_{slug}_qwen3-0.6b-shape.json"
+    path.write_text(json.dumps(dict(device=name, shape={k: str(v) for k, v in shape.items()}, grid=grid,
+                                    best=best, splits=splits)))
+    print(f"best {best}\nsaved {path}")
+
+
+if __name__ == "__main__":
+    main()

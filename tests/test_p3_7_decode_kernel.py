@@ -1,0 +1,69 @@
+"""Phase 3.7's tuned decode kernel (under the CPU interpreter) equals phase 3.5's fp32 reference.
+
+Every launch setting the tuner tries is a different kernel: tiles of 1, 2 and 4
+blocks, several splits (more splits than a sequence has blocks included), GQA
+groups that are and are not powers of two, windows and softcaps, and padding rows
+of length 0 (a CUDA-graph bucket's spare rows) that must come out as zeros.
+"""
+
+import pytest
+import torch
+
+from phases.p3_4_gather_kernel.batch import random_paged_batch
+from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
+from phases.p3_7_cuda_graphs.decode_kernel import LaunchConfig, tiled_decode_attention
+from tests.test_p3_5_kernels import HEAD_DIM, LAYER, N_KV_HEADS, TOL, close
+
+
+def case(block_size, group, lens, dtype=torch.float32, seed=0):
+    batch = random_paged_batch(lens, block_size, N_KV_HEADS, HEAD_DIM, dtype=dtype, seed=seed)
+    q = torch.randn(len(lens), N_KV_HEADS * group, HEAD_DIM, generator=torch.Generator().manual_seed(seed + 1))
+    return q.to(dtype), batch
+
+
+@pytest.mark.parametrize("tile_blocks", [1, 2, 4])
+@pytest.mark.parametrize("n_splits", [1, 3])
+@pytest.mark.parametrize("group", [1, 3])
+def test_tiled_kernel_equals_reference(tile_blocks, n_splits, group):
+    block_size = 8
+    q, b = case(block_size, group, [1, 7, 17, 40], seed=tile_blocks + 10 * n_splits + group)
+    ref = paged_decode_attention_reference(q, b.kv_store, LAYER, b.block_tables, b.seq_lens, HEAD_DIM ** -0.5)
+    out = tiled_decode_attention(q, b.kv_store, LAYER, b.block_tables, b.seq_lens, n_splits=n_splits,
+                                 config=LaunchConfig(tile_blocks=tile_blocks))
+    assert out.shape == q.shape and out.dtype == q.dtype
+    close(out, ref, torch.float32)
+
+
+@pytest.mark.parametrize("window,softcap", [(5, None), (None, 2.0), (9, 3.0)])
+def test_window_and_softcap(window, softcap):
+    q, b = case(16, 2, [3, 20, 37], seed=3)
+    ref = paged_decode_attention_reference(q, b.kv_store, LAYER, b.block_tables, b.seq_lens, 0.3,
+                                           sliding_window=window, softcap=softcap)
+    for n_splits in (1, 2):
+        out = tiled_decode_attention(q, b.kv_store, LAYER, b.block_tables, b.seq_lens, 0.3, n_splits=n_splits,
+                                     sliding_window=window, softcap=softcap)
+        close(out, ref, torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_pools(dtype):
+    q, b = case(16, 2, [5, 33], dtype=dtype, seed=5)
+    ref = paged_decode_attention_reference(q.float(), b.kv_store.float(), LAYER, b.block_tables, b.seq_lens)
+    close(tiled_decode_attention(q, b.kv_store, LAYER, b.block_tables, b.seq_lens, n_splits=2), ref, dtype)
+
+
+def test_padding_rows_of_length_zero_read_nothing_and_give_zeros():
+    q, b = case(8, 2, [9, 30, 1], seed=7)
+    lens = b.seq_lens.clone()
+    lens[1] = 0                                    # a bucket's spare row: its table is stale, its length 0
+    for n_splits in (1, 4):
+        out = tiled_decode_attention(q, b.kv_store, LAYER, b.block_tables, lens, n_splits=n_splits)
+        assert torch.equal(out[1], torch.zeros_like(out[1]))
+        ref = paged_decode_attention_reference(q[[0, 2]], b.kv_store, LAYER, b.block_tables[[0, 2]], lens[[0, 2]])
+        close(out[[0, 2]], ref, torch.float32)
+
+
+def test_bad_split_count_is_refused():
+    q, b = case(8, 1, [4], seed=1)
+    with pytest.raises(ValueError, match="n_splits"):
+        tiled_decode_attention(q, b.kv_store, LAYER, b.block_tables, b.seq_lens, n_splits=0)
