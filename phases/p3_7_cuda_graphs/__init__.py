@@ -1,0 +1,23 @@
+"""Phase 3.7 adds a decode step at GPU speed to phase 3.6's engine: static buffers, batch buckets, CUDA graphs, a tuned decode kernel, sampling on the device.
+
+The kernel:
+- decode_kernel.py  Triton: paged decode attention in tiles of several blocks, scored with `tl.dot`, the
+                    split count a grid axis (so one graph replays any context); `LaunchConfig`
+- split_rule.py     how many programs share one (sequence, KV head): batch x KV heads against the SMs,
+                    capped by the context length
+- tuning.py         every launch config and split count timed on a GPU (the table behind DEFAULT_CONFIG)
+The step:
+- buffers.py        `DecodeBuffers`: the decode inputs in preallocated device tensors, one row per sequence,
+                    updated from what changed; the slot mapping computed on the device
+- attention.py      `static_attention_forward` (AttentionInterface): a decode pass over the buffers with the
+                    tuned kernel; any other pass goes to phase 3.6's attention
+- graphs.py         `capture`: one decode pass recorded as a CUDA graph, in one small function
+- sampler.py        greedy, temperature, top-k, top-p and per-request seeds for the whole batch on the device
+                    (Gumbel-max over hashed noise), one host transfer
+- engine.py         `StaticDecodeEngine(ChunkedPrefillEngine)`: decode steps padded to buckets and replayed
+                    as graphs (eager on CPU), mixed passes as in phase 3.6
+And:
+- demo.py           `graph_bench`: the decode step eager vs static vs graph per batch size, the kernel against
+                    phase 3.5's and SDPA (GB/s), and the tuning sweep
+- README.md         what this adds, how to run it, the measured tables
+"""

@@ -1,0 +1,40 @@
+"""CUDA graph capture of one decode step, in one small function.
+
+A decode forward pass of a 28-layer model is some 400 kernel launches; on a
+host with a slow CPU, launching them from Python takes several times longer
+than the GPU takes to run them (the baseline: ~41 ms eager vs ~7 ms replayed
+at 256 sequences). A CUDA graph records the launches once, with their
+arguments (the addresses of the static buffers), and replays them with one
+call. What the step changes must therefore be *values* in those buffers,
+never shapes or addresses: hence the static buffers, the buckets (one graph
+per batch size) and a split count fixed per graph.
+
+`capture(forward, pool)` runs `forward` a few times on a side stream first
+(Triton compiles its kernels, cuBLAS picks its algorithms, the caching
+allocator warms up; none of that may happen during capture), then records one
+call. The tensor that call returned is the graph's output: each replay
+overwrites it. Graphs of one engine share one memory pool (`pool`), captured
+largest bucket first, so the smaller ones reuse its memory.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+WARMUP_RUNS = 2   # before capture: compile, autotune, allocate
+
+
+def capture(forward: Callable[[], torch.Tensor], pool=None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """Record `forward()` (static inputs -> a tensor) as a CUDA graph; returns (graph, its output tensor)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_RUNS):
+            forward()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = forward()
+    return graph, out

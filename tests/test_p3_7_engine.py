@@ -1,0 +1,217 @@
+"""Phase 3.7's static decode step, eager on CPU: buckets and padding never change a token, the buffers
+send only what changed, sampling on the device keeps its promises, and what must be refused is.
+
+Oracles: HF `generate` (greedy, fp32) token for token, and phase 3.6's engine (same scheduler, the
+decode pass built from Python lists each step) on the models with windows and softcaps. Runs where
+sequences finish and join mid-stream cross bucket boundaries in both directions. The same step
+replayed as CUDA graphs is checked in the gpu tier (tests/gpu/test_engine_p3_7_gpu.py).
+"""
+
+import pytest
+import torch
+
+from common.model import load_model
+from common.sampling import SamplingParams, filter_logits
+from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
+from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
+from phases.p3_7_cuda_graphs.buffers import EMPTY_SLOT
+from phases.p3_7_cuda_graphs.engine import StaleGraphs, StaticDecodeEngine, decode_buckets
+from phases.p3_7_cuda_graphs.sampler import filter_rows, sample_rows, sampling_rows, uniform_noise
+from phases.p3_7_cuda_graphs.split_rule import MAX_SPLITS, choose_splits
+from tests.oracles import hf_greedy
+from tests.test_p3_6_engine import random_prompts
+
+BLOCK_SIZE = 4
+PROMPT_LENGTHS = (1, 3, 9, 14, 22, 30, 5)
+# Different lengths, so sequences finish one by one and the batch shrinks through the buckets;
+# max_running below the number of prompts, so newcomers join while others decode.
+NEW_TOKENS = (9, 3, 12, 6, 1, 10, 7)
+
+
+class SlotChecked(StaticDecodeEngine):
+    """Checks, every static step, that the slots computed on the device are the ones the host claimed
+    and that padding rows store nothing."""
+
+    def _static_forward(self, batch):
+        logits = super()._static_forward(batch)
+        rows = self.buffers.rows
+        host = [s.kv.block_ids[(s.kv.n_filled - 1) // self.block_size] * self.block_size
+                + (s.kv.n_filled - 1) % self.block_size for s in (r.seq for r in rows)]
+        device = self.buffers.slot_mapping[:batch.block_tables.shape[0]].tolist()
+        assert device[:len(rows)] == host
+        assert all(slot == EMPTY_SLOT for slot in device[len(rows):])
+        return logits
+
+
+def run(lm, prompts, new_tokens=NEW_TOKENS, engine_cls=SlotChecked, sampling=None, **kwargs):
+    kwargs = dict(dict(max_running=4, block_size=BLOCK_SIZE, n_blocks=128), **kwargs)
+    engine = engine_cls(lm, **kwargs)
+    seqs = [engine.add(p, n, sampling or SamplingParams(), ignore_eos=True) for p, n in zip(prompts, new_tokens)]
+    engine.run()
+    assert engine.allocator.n_free == engine.allocator.n_blocks, "blocks leaked"
+    return engine, [s.output_ids for s in seqs]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny", dtype=torch.float32)
+
+
+@pytest.mark.parametrize("buckets,budget", [(None, 4096), ([8], 4096), ([1, 3, 4], 5), ([2, 16], 7)])
+def test_greedy_equals_hf_whatever_the_buckets(tiny, buckets, budget):
+    prompts = random_prompts(PROMPT_LENGTHS, seed=1)
+    engine, outputs = run(tiny, prompts, buckets=buckets, max_num_batched_tokens=budget)
+    for p, n, out in zip(prompts, NEW_TOKENS, outputs):
+        assert out == hf_greedy(tiny, p, n, ignore_eos=True)
+    assert engine.n_static_steps > 0
+    if buckets == [8]:
+        assert engine.n_padded_rows > 0      # every step ran padding rows, and no token changed
+
+
+@pytest.mark.parametrize("model", ["tiny-sliding", "tiny-softcap"])
+def test_windows_and_softcaps_equal_phase_3_6(model):
+    lm = load_model(model, dtype=torch.float32)
+    prompts = random_prompts((3, 17, 26), seed=2)
+    new = (12, 12, 12)
+    _, static = run(lm, prompts, new, buckets=[4], max_num_batched_tokens=5)
+    _, eager = run(lm, prompts, new, engine_cls=ChunkedPrefillEngine, max_num_batched_tokens=5)
+    assert static == eager
+    for p, n, out in zip(prompts, new, static):
+        assert out == hf_greedy(lm, p, n, ignore_eos=True)
+
+
+def test_seeded_samples_do_not_depend_on_the_batch_or_its_padding(tiny):
+    """A sequence's draws are a function of its seed and position: the same whatever it shares a step with."""
+    prompts = random_prompts(PROMPT_LENGTHS, seed=3)
+    sampling = SamplingParams(temperature=0.9, top_k=50, top_p=0.9, seed=1234)
+    _, a = run(tiny, prompts, sampling=sampling, max_running=4)
+    _, b = run(tiny, prompts, sampling=sampling, max_running=2, buckets=[2])
+    _, c = run(tiny, prompts, sampling=sampling, max_running=4, buckets=[16], max_num_batched_tokens=5)
+    alone = [run(tiny, [p], (n,), sampling=sampling, max_running=1)[1][0] for p, n in zip(prompts, NEW_TOKENS)]
+    assert a == b == c == alone
+    greedy = run(tiny, prompts, max_running=4)[1]
+    assert a != greedy                          # it did sample
+
+
+def test_steady_decoding_sends_only_new_table_entries(tiny):
+    engine = StaticDecodeEngine(tiny, max_running=3, block_size=BLOCK_SIZE, n_blocks=64)
+    for p in random_prompts((5, 6, 7), seed=4):
+        engine.add(p, 20, ignore_eos=True)
+    engine.step()                                 # the prefill pass
+    engine.step()                                 # first decode step: every row is new
+    assert engine.n_static_steps == 1
+    sent, syncs = engine.buffers.n_values_sent, engine.buffers.n_syncs
+    for _ in range(BLOCK_SIZE * 2):
+        engine.step()
+    steps = engine.buffers.n_syncs - syncs
+    # No row's token, position or length was sent again (they advance on the device); only each sequence's
+    # new blocks (one entry = 3 values, two per sequence over 2 * block_size steps).
+    assert engine.buffers.n_values_sent - sent == 3 * 3 * 2
+    assert steps == BLOCK_SIZE * 2
+
+
+def test_decode_buckets_and_their_refusals(tiny):
+    assert decode_buckets(6) == [1, 2, 4, 6]
+    assert decode_buckets(1) == [1]
+    assert decode_buckets(8, [8, 2, 2]) == [2, 8]
+    with pytest.raises(ValueError, match="over the largest decode bucket"):
+        StaticDecodeEngine(tiny, max_running=8, buckets=[1, 2, 4])
+    with pytest.raises(ValueError, match="ints >= 1"):
+        decode_buckets(4, [0, 4])
+    with pytest.raises(ValueError, match="CUDA"):
+        StaticDecodeEngine(tiny, max_running=2, cuda_graphs=True)
+
+
+def test_a_model_changed_after_the_first_static_step_is_refused_and_loses_nothing():
+    lm = load_model("tiny", dtype=torch.float32)
+    engine = StaticDecodeEngine(lm, max_running=2, block_size=BLOCK_SIZE, n_blocks=64)
+    seq = engine.add(random_prompts((6,), seed=5)[0], 8, ignore_eos=True)
+    engine.step()
+    engine.step()
+    assert engine.n_static_steps == 1
+    made = list(seq.output_ids)
+    lm.model.to(torch.float64)
+    with pytest.raises(StaleGraphs, match="build a new engine"):
+        engine.step()
+    assert seq.output_ids == made                 # nothing was emitted from a stale replay
+
+
+def test_split_rule():
+    sms = 132
+    assert choose_splits(256, 8, sms, 128) == 1            # 2048 programs fill the GPU
+    assert choose_splits(1, 8, sms, 1) == 1                # one block: nothing to split
+    one = choose_splits(1, 8, sms, 4096)
+    assert one == MAX_SPLITS and one & (one - 1) == 0       # a power of two, capped
+    assert choose_splits(4, 8, sms, 256) == 2              # capped by the context: 256 blocks / 128 per split
+    assert choose_splits(16, 8, sms, 4096) == 1            # 128 programs: about one per SM already
+    assert choose_splits(4, 8, 0, 4096) == 1               # CPU
+
+
+def test_device_filters_equal_common_sampling():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 200, generator=gen)
+    top_k = torch.tensor([5, 200, 17, 200])
+    top_p = torch.tensor([1.0, 0.7, 0.5, 1.0])
+    ours = filter_rows(logits, top_k, top_p)
+    for i in range(4):
+        k = int(top_k[i]) if int(top_k[i]) < 200 else 0
+        assert torch.equal(ours[i:i + 1], filter_logits(logits[i:i + 1], k, float(top_p[i])))
+
+
+def test_device_draws_follow_the_distribution_and_the_seed():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log()[None].repeat(4000, 1)
+    params = [SamplingParams(temperature=1.0)] * 4000
+    rows = sampling_rows(params, seeds=[7] * 4000, counters=list(range(4000)), vocab=4, device="cpu")
+    ids = sample_rows(logits, rows)
+    freq = torch.bincount(ids, minlength=4).float() / 4000
+    assert torch.allclose(freq, probs, atol=0.03)
+    again = sample_rows(logits, rows)
+    assert torch.equal(ids, again)                                         # a function of (seed, counter, token)
+    u = uniform_noise(torch.tensor([1, 2]), torch.tensor([0, 0]), 1000)
+    assert 0 < float(u.min()) and float(u.max()) < 1 and not torch.equal(u[0], u[1])
+
+
+def test_the_engine_with_the_tuned_kernel_under_the_interpreter(tiny, monkeypatch):
+    """The CPU runs above use phase 3.5's CPU attention; here the step runs phase 3.7's Triton kernel."""
+    monkeypatch.setenv(FORCE_KERNELS_ENV, "1")
+    prompts = random_prompts((3, 9), seed=6)
+    _, outputs = run(tiny, prompts, (4, 4), engine_cls=StaticDecodeEngine, buckets=[4])
+    for p, out in zip(prompts, outputs):
+        assert out == hf_greedy(tiny, p, 4, ignore_eos=True)
+
+
+# --- the later engines on the static step, padded: forks, beams, preemption ----------------------------
+@pytest.mark.parametrize("mode", ["recompute", "swap"])
+def test_preempted_groups_come_back_into_padded_rows_and_equal_hf(tiny, mode):
+    """A pool too small for all three: the latest group is preempted and comes back (recomputed into new
+    blocks, or swapped back in elsewhere); its rows are refreshed, and every token equals HF's."""
+    from phases.p4_4_preemption.engine import PreemptingEngine
+    prompts = [list(range(300 + 10 * i, 306 + 10 * i)) for i in range(3)]
+    engine = PreemptingEngine(tiny, preemption_mode=mode, block_size=4, n_blocks=9, watermark_blocks=0,
+                              max_running=3, buckets=[8])
+    groups = [engine.add_group(p, 10, ignore_eos=True, n=1) for p in prompts]
+    engine.run()
+    assert engine.stats.n_preemptions >= 1 and engine.n_padded_rows > 0
+    for p, g in zip(prompts, groups):
+        assert g.seqs[0].output_ids == hf_greedy(tiny, p, 10, ignore_eos=True)
+    assert engine.allocator.n_free == engine.allocator.n_blocks
+
+
+def test_forked_samples_and_beams_are_the_same_padded_or_not(tiny):
+    """Samples fork after the prompt (copy-on-write on their first write) and beams fork and reorder every
+    step: both rewrite tables the buffers must catch. Padding every step to 16 rows changes nothing."""
+    from phases.p4_2_beam_search.engine import BeamSearchEngine
+    prompt = random_prompts((9,), seed=7)[0]
+    sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=5)
+    results = []
+    for buckets in (None, [16]):
+        engine = BeamSearchEngine(tiny, block_size=BLOCK_SIZE, n_blocks=96, max_running=8, buckets=buckets)
+        samples = engine.add_group(prompt, 8, sampling, ignore_eos=True, n=3)
+        beams = engine.add_beam_search(prompt, 8, beam_width=3)
+        engine.run()
+        assert engine.allocator.n_free == engine.allocator.n_blocks
+        results.append((samples.outputs, beams.best))
+    assert results[0] == results[1]
+    from tests.test_p4_2_beam_search import hf_beam
+    assert results[0][1] == hf_beam(tiny, prompt, 3, 8)
