@@ -10,7 +10,7 @@ from common.sampling import SamplingParams
 from common.workload import Request
 from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks
 from phases.p3_2_block_table.block_table import BlockTable
-from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
+from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
 from phases.p4_1_copy_on_write.block_ops import (CopyQueue, append_slots_cow, blocks_held, check_refcounts, fork,
                                                  needs_copy)
 from phases.p4_1_copy_on_write.engine import SharingEngine, worst_case_blocks
@@ -141,17 +141,17 @@ def test_seeded_samples_reproduce_differ_and_sample_0_is_the_plain_request(tiny3
     first, second = sample(3), sample(3)
     assert first == second
     assert len({tuple(o) for o in first}) == 3             # each sample has its own generator
-    plain = ChunkedPrefillEngine(tiny32, block_size=4, n_blocks=64)
+    plain = StaticDecodeEngine(tiny32, block_size=4, n_blocks=64)
     seq = plain.add("Name one fruit.", 8, SAMPLING, ignore_eos=True)
     plain.run()
     assert first[0] == seq.output_ids                      # sample i is seeded seed + i
 
 
-def test_plain_requests_run_exactly_as_on_phase_3_6(tiny32):
-    """add() is a group of one and returns its Sequence; with no samples the engine is phase 3.6's."""
+def test_plain_requests_run_exactly_as_on_phase_3_7(tiny32):
+    """add() is a group of one and returns its Sequence; with no samples the engine is phase 3.7's."""
     prompts = [list(range(300 + 9 * i, 305 + 11 * i)) for i in range(5)]
     runs = []
-    for cls in (ChunkedPrefillEngine, SharingEngine):
+    for cls in (StaticDecodeEngine, SharingEngine):
         engine = cls(tiny32, max_running=2, block_size=4, n_blocks=9)  # the pool makes some wait
         seqs = [engine.add(p, 6 + i, ignore_eos=True) for i, p in enumerate(prompts)]
         assert all(type(s).__name__ == "Sequence" for s in seqs)

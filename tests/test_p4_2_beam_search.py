@@ -17,9 +17,11 @@ PACKAGED_PROMPTS = ["Name one fruit.", "What is 2 + 2?"]
 
 @torch.inference_mode()
 def hf_beam(lm, prompt_ids, k, max_new_tokens, **kwargs) -> list[int]:
+    # A dummy model has no EOS (its text is noise): HF's beam search then takes its config's own (an empty
+    # list makes it fail), which random weights almost never produce in a few tokens.
     ids = torch.tensor([prompt_ids], device=lm.device)
     out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), num_beams=k, do_sample=False,
-                            max_new_tokens=max_new_tokens, eos_token_id=sorted(lm.eos_token_ids),
+                            max_new_tokens=max_new_tokens, eos_token_id=sorted(lm.eos_token_ids) or None,
                             pad_token_id=lm.pad_token_id, **kwargs)
     return out[0, len(prompt_ids):].tolist()
 

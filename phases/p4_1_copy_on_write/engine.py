@@ -1,7 +1,7 @@
 """`SharingEngine`: parallel sampling, n samples of one prompt decoding over ONE copy of its KV blocks.
 
 A request may now ask for `n` samples of the same prompt (`add_group(..., n=k)`;
-`add()` is a request of one, and still returns its one Sequence). Phase 3.6's
+`add()` is a request of one, and still returns its one Sequence). Phase 3.7's
 engine would prefill the prompt n times and store its K/V n times. Here:
 
   1. the prompt is prefilled ONCE, as one sequence (the group's sample 0),
@@ -9,7 +9,7 @@ engine would prefill the prompt n times and store its K/V n times. Here:
   2. right after the pass of its last chunk, the group forks: samples 1..n-1 get block
      tables that list the parent's blocks (refcount n each, nothing copied) and
      every sample draws its first token from the same prefill logits, each
-     with its own generator (seed + sample index, so a fixed seed reproduces);
+     with its own seed (seed + sample index, so a fixed seed reproduces);
   3. at the first decode step each sample writes its first token's K/V. If the
      prompt ended mid-block, that block is shared and partly filled: the first
      n-1 writers each copy it to a fresh block (copy-on-write) and the last
@@ -40,7 +40,7 @@ from common.sampling import GREEDY, SamplingParams, make_generator
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p3_3_paged_cache.scheduler import worst_case_tokens
-from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
+from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
 from phases.p4_1_copy_on_write.block_ops import CopyQueue, append_slots_cow, blocks_held, fork
 
 
@@ -87,7 +87,7 @@ def worst_case_blocks(request, n: int, block_size: int) -> int:
     return shared + n * (blocks_for(worst_case_tokens(request), block_size) - shared)
 
 
-class SharingEngine(ChunkedPrefillEngine):
+class SharingEngine(StaticDecodeEngine):
     def __init__(self, lm, **engine_kwargs):
         super().__init__(lm, **engine_kwargs)
         self.copies = CopyQueue()                    # copy-on-write copies waiting for the next forward pass

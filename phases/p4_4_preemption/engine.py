@@ -37,9 +37,9 @@ recovery    `preemption_mode="recompute"`: the group's blocks are dropped and
             decoding where it stopped. If the CPU pool is full, that one
             preemption falls back to recomputation (`stats.n_swap_fallbacks`).
 
-Sampling is unaffected: every sequence keeps its own torch.Generator through a
-preemption, and draws exactly one number per generated token either way, so a
-seeded request gives the same tokens with or without preemption, and greedy
+Sampling is unaffected: a sequence's i-th token is drawn from noise keyed on
+(its seed, i) (phase 3.7's sampler), whatever step a preemption delays it to, so
+a seeded request gives the same tokens with or without preemption, and greedy
 output equals an unlimited pool's. `add()` keeps phase 4.1's check: a request
 whose prompt + max_new_tokens could outgrow the whole pool on its own is
 refused up front. So any accepted group, alone in the pool, always fits:
