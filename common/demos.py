@@ -41,6 +41,8 @@ DEMO_MODULES: dict[str, str] = {
     "tput": "phases.p3_5_paged_attention.demo",
     "workload_bench": "phases.p3_5_paged_attention.demo",
     "prefill_bench": "phases.p3_6_varlen_prefill.demo",
+    "graph_bench": "phases.p3_7_cuda_graphs.demo",
+    "graph_workload": "phases.p3_7_cuda_graphs.demo",
     "cow_demo": "phases.p4_1_copy_on_write.demo",
     "share_demo": "phases.p4_2_beam_search.demo",
     "prefix_demo": "phases.p4_3_prefix_caching.demo",

@@ -70,16 +70,18 @@ def workloads(cfg: RunConfig, vocab: int) -> dict[str, list[Request]]:
 
 
 def run_workload_bench(cfg: RunConfig, engines: list[EngineRunner], focus: str, targets: Targets,
-                       profile_engine: Callable[[object, list[Request]], object]) -> Report:
+                       profile_engine: Callable[[object, list[Request]], object],
+                       name: str = "workload_bench") -> Report:
     """Every engine `cfg.engines` names, on every workload; then the targets, the roofline and a step profile.
 
     engines         every runner the demo offers, by name (`hf_cb` is added here: common's own peer)
     focus           the engine the speedup column, the roofline and the profile are about
     profile_engine  profile_engine(lm, requests) -> that engine with every request admitted and
                     prefilled, so its next `step()` is one full-batch decode step
+    name            the report's name (the demo running it)
     """
     lm = cfg.load()
-    report = cfg.new_report("workload_bench")
+    report = cfg.new_report(name)
     traces = workloads(cfg, lm.vocab_size)
     hf_cb_configs = cfg.hf_cb_configs[:1] if cfg.quick else cfg.hf_cb_configs
     by_name = {e.name: [e] for e in engines} | {HF_CB_NAME: [hf_cb_runner(c) for c in hf_cb_configs]}

@@ -100,6 +100,7 @@ class StaticDecodeEngine(ChunkedPrefillEngine):
         self.n_sms = sm_count(lm.device)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._graph_pool = None
+        self.last_graph: tuple[int, int] | None = None   # the (bucket, splits) the last static step replayed
         self._captured_with: tuple | None = None    # the model/pool the static step was first run with
         self._seeds: dict[int, int] = {}            # seq_id -> seed of a request that named none
         self._last_sampled: tuple | None = None     # (seqs, ids on the device, ids on the host) of the last _sample
@@ -147,6 +148,7 @@ class StaticDecodeEngine(ChunkedPrefillEngine):
             self.graphs[key] = capture(lambda: self._static_forward(batch), self._graph_pool)
         graph, logits = self.graphs[key]
         graph.replay()
+        self.last_graph = key
         # The graph's output is overwritten by the next replay; a caller may keep rows (a beam waiting for
         # its siblings, phase 4.2), so it gets its own copy.
         return logits.clone()

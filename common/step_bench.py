@@ -1,0 +1,68 @@
+"""Time one engine's decode step at a given batch size: wall time per step, and (for a graph) its GPU time.
+
+    decode_step_ms(make_engine, lm, batch, prompt_len, steps) -> {"ms": median wall ms per step, ...}
+
+The engine is built by `make_engine(lm, max_running)`, given `batch` requests of
+`prompt_len` random tokens (EOS ignored), stepped until every request decodes
+(the prefill passes, not timed), then `WARMUP_STEPS` decode steps (a graph engine
+captures its graphs there), then `steps` timed ones, each ended by a device
+synchronise. ms per step is the blog's ms/tok: the time of one decode step, in
+which every sequence makes one token. tok/s = batch / that time.
+
+`replay_ms(graph)` times a captured CUDA graph's replay with CUDA events: the
+GPU's own time for the step, with no host work in it. A step's wall time over
+that is the host overhead the graph did not hide.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from common.bench import sync
+
+WARMUP_STEPS = 3
+PROMPT_SEED = 0
+FIRST_TOKEN_ID = 100     # random prompt ids start here (clear of special tokens)
+
+
+def random_prompts(vocab: int, batch: int, prompt_len: int, seed: int = PROMPT_SEED) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(FIRST_TOKEN_ID, vocab, (batch, prompt_len), generator=gen).tolist()
+
+
+def decode_step_ms(make_engine: Callable, lm, batch: int, prompt_len: int, steps: int) -> dict:
+    """Median (and p90) wall ms of one decode step of `batch` sequences, after warm-up."""
+    engine = make_engine(lm, batch)
+    for ids in random_prompts(lm.vocab_size, batch, prompt_len):
+        engine.add(ids, WARMUP_STEPS + steps + 2, ignore_eos=True)
+    while engine.waiting or any(s.status.name == "PREFILLING" for s in engine.running):
+        engine.step()
+    for _ in range(WARMUP_STEPS):
+        engine.step()
+    times = []
+    for _ in range(steps):
+        sync(lm.device)
+        start = time.perf_counter()
+        engine.step()
+        sync(lm.device)
+        times.append((time.perf_counter() - start) * 1e3)
+    ms = statistics.median(times)
+    return dict(batch=batch, ms=ms, p90_ms=sorted(times)[int(0.9 * (len(times) - 1))], tok_s=batch / ms * 1e3,
+                engine=engine)
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph, iters: int = 20) -> float:
+    """Median GPU ms of one replay of `graph` (CUDA events around each replay)."""
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)

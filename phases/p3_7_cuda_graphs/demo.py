@@ -1,0 +1,258 @@
+"""Phase 3.7's demos: `graph_bench` (the decode step and its kernel) and `graph_workload` (the engine among all).
+
+graph_bench, three sections (`--sections`):
+  kernel  one layer's decode attention, the model's shape, mixed lengths in [context / 2, context]:
+          SDPA on contiguous K/V, phase 3.5's kernel and this phase's (DEFAULT_CONFIG, split count
+          from split_rule.py); median ms, GB/s of K/V read and that as a share of the GPU's HBM
+          bandwidth (nominal, and a measured device-to-device copy). CPU: the kernels only run in
+          Triton's interpreter, so they are checked on the first cell, not timed.
+  step    one decode step of `batch` sequences (prompts of `prompt_len` tokens), median wall ms
+          (the blog's ms/tok: every sequence makes one token per step): phase 3.6's decode pass
+          built from Python lists, this phase's static step run eagerly, and replayed as a CUDA
+          graph; for the graph, its replay's GPU time and wall / GPU (the host overhead left).
+          At batch 1, HF generate with the compiled static cache for comparison (GPU).
+  tune    (GPU) every LaunchConfig x split count (tuning.py): the best configs and, per cell,
+          the best split count beside the rule's choice.
+graph_workload: workload_bench's equal and mixed work through phases 3.5, 3.6 and 3.7 and the HF
+  peers, ratios against this phase's targets (common/workload_bench.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from common.demos import Option, RunConfig, demo
+from common.harness import EngineRun, EngineRunner, measure, pool_problems, submit, workload_pool_blocks
+from common.hf_peers import HF_COMPILED, HF_STATIC
+from common.kernel_bench import median_ms
+from common.report import Report
+from common.step_bench import decode_step_ms, replay_ms
+from common.workload import Request
+from common.workload_bench import run_workload_bench, workload_options
+from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, blocks_for
+from phases.p3_4_gather_kernel.dispatch import use_kernels
+from phases.p3_5_paged_attention.demo import ALL_ENGINES as P3_5_ENGINES
+from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton
+from phases.p3_5_paged_attention.reference import sdpa_decode_contiguous
+from phases.p3_6_varlen_prefill.demo import CHUNKED
+from phases.p3_6_varlen_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillEngine
+from phases.p3_7_cuda_graphs.decode_kernel import DEFAULT_CONFIG, tiled_decode_attention
+from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
+from phases.p3_7_cuda_graphs.split_rule import choose_splits, sm_count
+from phases.p3_7_cuda_graphs.tuning import LAYER, best_config, decode_case, tune
+
+# Nominal HBM bandwidth (bytes/s) by GPU name: the datasheets' figures.
+HBM_BYTES_PER_S = {"H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12, "H200": 4.8e12, "A100-SXM4-80GB": 2.04e12}
+FIRST_PROMPT_ID = 100    # HF's batch-1 prompt: ids from here (clear of special tokens)
+STEP_SLACK_TOKENS = 16   # pool room per sequence beyond its prompt and timed steps (the warm-up steps)
+COPY_BYTES = 2 << 30     # the measured-bandwidth copy: 2 GiB read and 2 GiB written
+TARGETS = {  # (workload, faster, slower) -> the ratio the issue asks for
+    ("equal", "graphs", "hf_compiled"): 1.5,
+    ("equal", "graphs", "hf_cb"): 10.0,
+    ("mixed", "graphs", "hf_compiled"): 3.0,
+}
+
+
+def nominal_hbm(device_name: str) -> float | None:
+    return next((bw for name, bw in HBM_BYTES_PER_S.items() if name in device_name), None)
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s of a device-to-device copy, counting bytes read and written (what HBM can give a kernel)."""
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src), "cuda", warmup=2, iters=5)
+    del src, dst
+    return 2 * COPY_BYTES / (ms / 1e3)
+
+
+# --- kernel --------------------------------------------------------------------------------------
+def kernel_section(cfg: RunConfig, lm, report: Report) -> None:
+    on_gpu = use_kernels(lm.device) and torch.device(lm.device).type == "cuda"
+    name = torch.cuda.get_device_name(0) if on_gpu else "cpu"
+    nominal, measured = (nominal_hbm(name), copy_bandwidth()) if on_gpu else (None, None)
+    t = report.table(f"decode attention, one layer ({lm.n_heads} query heads over {lm.n_kv_heads} KV heads, "
+                     f"head_dim {lm.head_dim}, block_size {cfg.block_size}, {str(lm.dtype).removeprefix('torch.')})",
+                     ["batch", "context", "splits", "SDPA ms", "p3_5 ms", "p3_7 ms", "p3_7 GB/s", "% of HBM",
+                      "% of copy", "p3_7/SDPA", "p3_5/SDPA", "p3_7 err"])
+    rows = []
+    for i, (batch, context) in enumerate((b, c) for b in cfg.kernel_batches for c in cfg.kernel_contexts):
+        q, pool, tables, lens, k, v, kv_bytes = decode_case(batch, context, lm.n_heads, lm.n_kv_heads, lm.head_dim,
+                                                            cfg.block_size, lm.dtype, lm.device)
+        splits = choose_splits(batch, lm.n_kv_heads, sm_count(lm.device), tables.shape[1])
+        ref = sdpa_decode_contiguous(q, k, v, lens)
+        ours = lambda: tiled_decode_attention(q, pool, LAYER, tables, lens, n_splits=splits,   # noqa: E731
+                                              check_values=False)
+        if not on_gpu:
+            err = float((ours().float() - ref.float()).abs().max()) if i == 0 else None
+            t.add_row(batch, context, splits, median_ms(lambda: sdpa_decode_contiguous(q, k, v, lens), lm.device),
+                      "-", "not timed (CPU)", "-", "-", "-", "-", "-", f"{err:.1e}" if err is not None else "-")
+            continue
+        sdpa = median_ms(lambda: sdpa_decode_contiguous(q, k, v, lens), lm.device)
+        old = median_ms(lambda: paged_decode_attention_triton(q, pool, LAYER, tables, lens), lm.device)
+        new = median_ms(ours, lm.device)
+        gbs = kv_bytes / new / 1e6
+        err = float((ours().float() - ref.float()).abs().max())
+        share = 100 * gbs * 1e9 / nominal if nominal else None
+        t.add_row(batch, context, splits, sdpa, old, new, gbs, share if share else "-", 100 * gbs * 1e9 / measured,
+                  new / sdpa, old / sdpa, f"{err:.1e}")
+        rows.append(dict(batch=batch, context=context, splits=splits, sdpa_ms=sdpa, p3_5_ms=old, p3_7_ms=new,
+                         gb_per_s=gbs, hbm_share=share, copy_share=100 * gbs * 1e9 / measured, err=err))
+    notes = ["GB/s: the K/V bytes the sequences hold over the p3_7 time."]
+    if nominal:
+        notes.append(f"% of HBM: of the datasheet's {nominal / 1e12:.2f} TB/s.")
+    if measured:
+        notes.append(f"% of copy: of a measured device-to-device copy ({measured / 1e12:.2f} TB/s, read + write).")
+    t.notes.append(" ".join(notes + [f"p3_7 launch: {DEFAULT_CONFIG}; splits: split_rule.choose_splits."]))
+    report.data["kernel"] = dict(rows=rows, nominal_hbm=nominal, copy_bandwidth=measured, config=vars(DEFAULT_CONFIG))
+
+
+# --- step ------------------------------------------------------------------------------------------
+STEP_ENGINES = {
+    "p3_6 (decode pass from lists)": lambda lm, n, blocks: ChunkedPrefillEngine(lm, max_running=n, n_blocks=blocks),
+    "p3_7 static, eager": lambda lm, n, blocks: StaticDecodeEngine(lm, max_running=n, n_blocks=blocks,
+                                                                   cuda_graphs=False),
+    "p3_7 static, CUDA graph": lambda lm, n, blocks: StaticDecodeEngine(lm, max_running=n, n_blocks=blocks),
+}
+
+
+def step_section(cfg: RunConfig, lm, report: Report) -> None:
+    on_cuda = torch.device(lm.device).type == "cuda"
+    engines = {k: f for k, f in STEP_ENGINES.items() if on_cuda or "graph" not in k}
+    t = report.table(f"one decode step, {cfg.prompt_len}-token prompts (median of {cfg.steps} steps)",
+                     ["batch", "engine", "ms/step", "tok/s", "GPU ms (graph replay)", "wall / GPU"])
+    rows = []
+    for batch in cfg.batch_sizes:
+        for name, make in engines.items():
+            blocks = batch * blocks_for(cfg.prompt_len + cfg.steps + STEP_SLACK_TOKENS, cfg.block_size)
+            r = decode_step_ms(lambda lm_, n: make(lm_, n, blocks), lm, batch, cfg.prompt_len, cfg.steps)
+            engine = r.pop("engine")
+            graph = getattr(engine, "last_graph", None)
+            gpu = replay_ms(engine.graphs[graph][0]) if graph else None
+            t.add_row(batch, name, r["ms"], r["tok_s"], gpu if gpu else "-", r["ms"] / gpu if gpu else "-")
+            rows.append(dict(r, engine=name, gpu_ms=gpu))
+            del engine
+        if batch == 1 and on_cuda:
+            one = Request(prompt_ids=list(range(FIRST_PROMPT_ID, FIRST_PROMPT_ID + cfg.prompt_len)),
+                          max_new_tokens=cfg.hf_new_tokens, ignore_eos=True)
+            hf = measure(lm, HF_COMPILED, [one], 1)
+            t.add_row(1, "HF generate, static cache, compiled", 1e3 / hf["tok_s"], hf["tok_s"], "-", "-")
+            rows.append(dict(batch=1, engine="hf_compiled", ms=1e3 / hf["tok_s"], tok_s=hf["tok_s"]))
+    t.notes.append("ms/step is the blog's ms/tok: wall time of one decode step, every sequence one token. HF compiled "
+                   f"at batch 1: wall time of generate / {cfg.hf_new_tokens} tokens (its prefill included).")
+    report.data["step"] = rows
+
+
+# --- tune ------------------------------------------------------------------------------------------
+def tune_section(cfg: RunConfig, lm, report: Report) -> None:
+    if torch.device(lm.device).type != "cuda":
+        report.table("tuning sweep", ["note"]).add_row("GPU only: the kernels run in Triton's interpreter on a CPU")
+        return
+    shape = dict(n_heads=lm.n_heads, n_kv_heads=lm.n_kv_heads, head_dim=lm.head_dim, block_size=cfg.block_size,
+                 dtype=lm.dtype)
+    rows = tune(cfg.kernel_batches, cfg.kernel_contexts, splits=(1, 2), **shape)
+    best = best_config(rows)
+    t = report.table("launch configs, total ms over the batch >= 32 cells (each at its better split count)",
+                     ["tile_blocks", "num_warps", "num_stages", "total ms"])
+    totals: dict[tuple, dict] = {}
+    for r in rows:
+        if r["kernel"] == "p3_7" and r["batch"] >= 32:
+            key = (r["tile_blocks"], r["num_warps"], r["num_stages"])
+            cell = (r["batch"], r["context"])
+            totals.setdefault(key, {})[cell] = min(totals[key].get(cell, float("inf")), r["ms"])
+    for key, per_cell in sorted(totals.items(), key=lambda kv: sum(kv[1].values()))[:10]:
+        t.add_row(*key, sum(per_cell.values()))
+    t.notes.append(f"best: {best}; decode_kernel.DEFAULT_CONFIG is {DEFAULT_CONFIG}")
+    report.data["tune"] = dict(rows=rows, best=best)
+
+
+@demo("graph_bench", phase="p3_7",
+      help="the decode step: eager vs static buffers vs CUDA graphs per batch size; the tuned decode kernel vs "
+           "phase 3.5's and SDPA (GB/s, share of HBM); the launch-config sweep",
+      options=[Option("sections", str, cpu=["kernel", "step"], gpu=["kernel", "step"], many=True,
+                      help="kernel, step and/or tune"),
+               Option("batch_sizes", int, cpu=[1, 4, 16], gpu=[1, 8, 32, 64, 128, 256], many=True,
+                      help="decode-step batch sizes"),
+               Option("prompt_len", int, cpu=32, gpu=256, help="prompt tokens per sequence in the step section"),
+               Option("steps", int, cpu=5, gpu=30, help="timed decode steps per cell"),
+               Option("hf_new_tokens", int, cpu=32, gpu=256, help="tokens HF generates at batch 1 (GPU)"),
+               Option("kernel_batches", int, cpu=[2, 8], gpu=[32, 64, 128, 256], many=True,
+                      help="kernel section batch sizes"),
+               Option("kernel_contexts", int, cpu=[64], gpu=[512, 1024, 2048], many=True,
+                      help="kernel section context lengths"),
+               Option("block_size", int, cpu=DEFAULT_BLOCK_SIZE, help="tokens per KV block")])
+def graph_bench(cfg: RunConfig) -> Report:
+    cfg.use_quick(batch_sizes=[1, 2], steps=2, prompt_len=8, kernel_batches=[2], kernel_contexts=[32],
+                  hf_new_tokens=4)
+    lm = cfg.load()
+    report = cfg.new_report("graph_bench")
+    sections = {"kernel": kernel_section, "step": step_section, "tune": tune_section}
+    unknown = set(cfg.sections) - set(sections)
+    if unknown:
+        raise ValueError(f"unknown section(s) {sorted(unknown)}; choose from {sorted(sections)}")
+    for name in cfg.sections:
+        sections[name](cfg, lm, report)
+    return report
+
+
+# --- the engine as common/harness.py runs engines ----------------------------------------------------
+# One engine per (model, pool shape), kept between runs: its graphs are captured once, when it is built (as a
+# server captures at startup, outside any request), so the harness's warm-up run captures them and the timed
+# run replays them, just as HF's compiled peer compiles in its warm-up run.
+_WARM_ENGINES: dict[tuple, StaticDecodeEngine] = {}
+
+
+def warm_graph_engine(lm, max_running: int, block_size: int, n_blocks: int) -> StaticDecodeEngine:
+    key = (id(lm.model), max_running, block_size, n_blocks)
+    if key not in _WARM_ENGINES:
+        engine = StaticDecodeEngine(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks,
+                                    max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS)
+        engine.capture_all()
+        _WARM_ENGINES.clear()                  # one at a time: each holds a KV pool
+        _WARM_ENGINES[key] = engine
+    return _WARM_ENGINES[key]
+
+
+def run_graphs(lm, requests: list[Request], max_running: int, block_size: int = DEFAULT_BLOCK_SIZE) -> EngineRun:
+    n_blocks = workload_pool_blocks(lm, requests, block_size)
+    engine = warm_graph_engine(lm, max_running, block_size, n_blocks)
+    done_before, steps_before, static_before = len(engine.finished), engine.n_steps, engine.n_static_steps
+    submit(engine, lm, requests)
+    engine.run()
+    finished = sorted(engine.finished[done_before:], key=lambda s: s.seq_id)
+    assert not pool_problems(engine.allocator), "blocks leaked"
+    settings = dict(max_running=max_running, block_size=block_size, pool_blocks=n_blocks,
+                    max_num_batched_tokens=engine.max_num_batched_tokens, cuda_graphs=engine.cuda_graphs,
+                    buckets=engine.buckets)
+    return EngineRun.from_sequences(finished, engine.peak_blocks_used * engine.allocator.bytes_per_block,
+                                    note=f"{engine.n_static_steps - static_before} static decode steps of "
+                                         f"{engine.n_steps - steps_before}, " +
+                                         (f"{len(engine.graphs)} graphs (captured when the engine was built)"
+                                          if engine.cuda_graphs else "run eagerly (no CUDA)"), settings=settings)
+
+
+GRAPHS = EngineRunner("graphs", "StaticDecodeEngine (p3_7): static buffers, bucketed batches, CUDA graphs on CUDA",
+                      run_graphs)
+ENGINES = P3_5_ENGINES + [CHUNKED, GRAPHS, HF_STATIC, HF_COMPILED]
+
+
+def prefilled_graph_engine(lm, requests: list[Request]) -> StaticDecodeEngine:
+    """Every request admitted and prefilled, its graph captured: the next step is one full-batch decode step."""
+    engine = StaticDecodeEngine(lm, max_running=len(requests),
+                                n_blocks=workload_pool_blocks(lm, requests, DEFAULT_BLOCK_SIZE))
+    for r in requests:
+        engine.add(r.prompt_ids, r.max_new_tokens, ignore_eos=True)
+    while engine.waiting or any(s.status.name == "PREFILLING" for s in engine.running):
+        engine.step()
+    engine.step()
+    return engine
+
+
+@demo("graph_workload", phase="p3_7",
+      help="workload_bench's equal and mixed work through phases 3.5-3.7 and HF's engines; this phase's targets",
+      options=workload_options(["hf_static", "batched", "chunked", "graphs"],
+                               ["hf_static", "hf_compiled", "hf_cb", "batched", "chunked", "graphs"],
+                               [e.name for e in ENGINES] + ["hf_cb"]))
+def graph_workload(cfg: RunConfig) -> Report:
+    return run_workload_bench(cfg, ENGINES, focus="graphs", targets=TARGETS, profile_engine=prefilled_graph_engine,
+                              name="graph_workload")
