@@ -215,3 +215,16 @@ def test_forked_samples_and_beams_are_the_same_padded_or_not(tiny):
     assert results[0] == results[1]
     from tests.test_p4_2_beam_search import hf_beam
     assert results[0][1] == hf_beam(tiny, prompt, 3, 8)
+
+
+# --- the demos ----------------------------------------------------------------------------------------
+def test_graph_bench_and_graph_workload_quick():
+    from common.__main__ import run_demo
+    bench = run_demo("graph_bench", model="tiny", device="cpu", dtype="fp32", quick=True)
+    engines = {r["engine"] for r in bench.data["step"]}
+    assert engines == {"p3_6 (decode pass from lists)", "p3_7 static, eager"}        # no graph on a CPU
+    assert all(r["ms"] > 0 for r in bench.data["step"])
+    work = run_demo("graph_workload", model="tiny", device="cpu", dtype="fp32", quick=True,
+                    options={"engines": ["chunked", "graphs"]})
+    notes = " ".join(n for t in work.tables for n in t.notes)
+    assert "graphs: 4/4 outputs identical to chunked's" in notes
