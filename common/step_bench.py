@@ -29,13 +29,20 @@ PROMPT_SEED = 0
 FIRST_TOKEN_ID = 100     # random prompt ids start here (clear of special tokens)
 
 
-def random_prompts(vocab: int, batch: int, prompt_len: int, seed: int = PROMPT_SEED) -> list[list[int]]:
+def random_prompts(vocab: int, batch: int, prompt_len: int | tuple[int, int],
+                   seed: int = PROMPT_SEED) -> list[list[int]]:
+    """`batch` prompts of random ids: all `prompt_len` long, or each of a length drawn from (lo, hi)."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(FIRST_TOKEN_ID, vocab, (batch, prompt_len), generator=gen).tolist()
+    if isinstance(prompt_len, tuple):
+        lengths = torch.randint(prompt_len[0], prompt_len[1] + 1, (batch,), generator=gen).tolist()
+    else:
+        lengths = [prompt_len] * batch
+    return [torch.randint(FIRST_TOKEN_ID, vocab, (n,), generator=gen).tolist() for n in lengths]
 
 
-def decode_step_ms(make_engine: Callable, lm, batch: int, prompt_len: int, steps: int) -> dict:
-    """Median (and p90) wall ms of one decode step of `batch` sequences, after warm-up."""
+def decode_step_ms(make_engine: Callable, lm, batch: int, prompt_len: int | tuple[int, int], steps: int) -> dict:
+    """Median (and p90) wall ms of one decode step of `batch` sequences, after warm-up. prompt_len: one length
+    for every prompt, or (lo, hi) for lengths drawn in that range (the same draw for every engine)."""
     engine = make_engine(lm, batch)
     for ids in random_prompts(lm.vocab_size, batch, prompt_len):
         engine.add(ids, WARMUP_STEPS + steps + 2, ignore_eos=True)

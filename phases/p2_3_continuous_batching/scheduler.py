@@ -98,9 +98,7 @@ class ContinuousScheduler(Scheduler):
         self._fill_free_slots()
         work = [None if s is None else (PREFILL if s.status is Status.PREFILLING else DECODE) for s in self.slots]
         t_start = now(dev)
-        outputs: list[StepOutput] = []
-        for seq in self.running:
-            outputs += (self._prefill if seq.status is Status.PREFILLING else self._decode)([seq])
+        outputs = self._passes(self.running)
         self._record(t_start, now(dev), work)
         for out in outputs:
             if out.finished:
@@ -108,6 +106,13 @@ class ContinuousScheduler(Scheduler):
         # A freed slot goes to the next waiting sequence in this same step: no step
         # ever runs with an empty slot while someone waits.
         self._fill_free_slots()
+        return outputs
+
+    def _passes(self, running: list[Sequence]) -> list[StepOutput]:
+        """The forward passes of one step: here one per running sequence (each its own cache)."""
+        outputs: list[StepOutput] = []
+        for seq in running:
+            outputs += (self._prefill if seq.status is Status.PREFILLING else self._decode)([seq])
         return outputs
 
     def _retire(self, seq: Sequence) -> None:

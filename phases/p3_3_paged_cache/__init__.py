@@ -13,7 +13,8 @@ Files:
 - scheduler.py    `PagedScheduler(ContinuousScheduler)`: continuous batching on one shared pool; a
                   sequence the pool cannot hold yet waits. The admission rule every later engine
                   refines: `worst_case_tokens`, `blocks_to_admit`, `blocks_promised`, `can_admit`
-- demo.py         `snapshot` (paged == DynamicCache, token for token) and `tput` (this phase's
+- demo.py         `snapshot` (paged == DynamicCache, token for token), `grow_demo` (what one growing
+                  sequence copies and allocates in each; common/grow_bench.py) and `tput` (this phase's
                   engines, `TPUT_ENGINES`: `run_dynamic`, `run_paged`, handed to common/tput.py)
 - README.md       the cache, the engine-runner interface, the measured tables
 """

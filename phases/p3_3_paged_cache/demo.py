@@ -1,9 +1,15 @@
 """`snapshot`: is paged output identical to DynamicCache output? `tput`: what does paging cost and save?
+`grow_demo`: what does one growing sequence copy and allocate in each?
 
 snapshot runs the blog's 4 short + 4 long prompts through phase 2.3's
 `ContinuousScheduler` (one DynamicCache per sequence) and through
 `PagedScheduler` (one PagedCache per sequence on a shared pool), with the
 same max_running, and compares the generated tokens one by one.
+
+grow_demo grows one sequence token by token with a DynamicCache and with a
+PagedCache and watches their tensors (common/grow_bench.py): DynamicCache
+reallocates K and V of every layer every step (torch.cat), copying everything
+it holds each time; the pool never moves.
 
 tput hands both engines to the batch-size sweep (common/tput.py): N requests at
 a time for each batch size N, the KV memory each engine held at its peak and
@@ -125,3 +131,68 @@ TPUT_ENGINES: list[EngineRunner] = [
       help="per batch size: KV memory held at peak, tok/s and ms/tok, DynamicCache vs PagedCache")
 def tput(cfg: RunConfig) -> Report:
     return run_tput(cfg, TPUT_ENGINES, kv_note=KV_ACCOUNTING)
+
+
+# --- grow_demo: what one growing sequence costs each cache ---------------------------------------------
+GROW_NEW_TOKENS_CPU = 512
+GROW_NEW_TOKENS_GPU = 4096
+GROW_FIRST_CHECKPOINT = 64      # rows at 64, 128, 256, ... tokens
+
+
+def dynamic_cache(lm, total_tokens: int):
+    """HF's DynamicCache: per layer, K and V tensors grown by torch.cat every step."""
+    from transformers import DynamicCache
+    cache = DynamicCache(config=lm.model.config)
+
+    def storage():
+        return [t for layer in cache.layers if layer.is_initialized for t in (layer.keys, layer.values)]
+    return cache, storage, lambda: sum(t.numel() * t.element_size() for t in storage())
+
+
+def paged_cache(lm, total_tokens: int, block_size: int = DEFAULT_BLOCK_SIZE):
+    """Phase 3.3's PagedCache over a pool made once, before the sequence starts, with room for it."""
+    from phases.p3_1_block_allocator.allocator import BlockAllocator
+    from phases.p3_3_paged_cache.paged_cache import PagedCache
+    allocator = BlockAllocator.for_model(lm, block_size=block_size, n_blocks=blocks_for(total_tokens, block_size))
+    cache = PagedCache(allocator)
+    return cache, lambda: [allocator.kv_store], lambda: cache.table.n_blocks * allocator.bytes_per_block
+
+
+@demo("grow_demo", phase="p3_3",
+      help="one sequence growing: bytes DynamicCache copies and allocates to grow (torch.cat) vs the paged pool",
+      options=[Option("new_tokens", int, cpu=GROW_NEW_TOKENS_CPU, gpu=GROW_NEW_TOKENS_GPU,
+                      help="tokens the sequence grows by"),
+               Option("block_size", int, cpu=DEFAULT_BLOCK_SIZE, help="tokens per block (paged)")])
+def grow_demo(cfg: RunConfig) -> Report:
+    from common.grow_bench import measure_growth
+    from common.prompts import DECODE_PROMPT
+    cfg.use_quick(new_tokens=8)
+    lm = cfg.load()
+    report = cfg.new_report("grow_demo")
+    ids = lm.prompt_ids(DECODE_PROMPT)
+    checkpoints, n = [], GROW_FIRST_CHECKPOINT
+    while n <= len(ids) + cfg.new_tokens:
+        checkpoints.append(n)
+        n *= 2
+    caches = {"DynamicCache (torch.cat)": dynamic_cache,
+              f"PagedCache (pool of {cfg.block_size}-token blocks)":
+                  lambda lm_, total: paged_cache(lm_, total, cfg.block_size)}
+    t = report.table(f"one sequence growing to {len(ids) + cfg.new_tokens - 1} tokens in its cache "
+                     f"({lm.n_layers} layers, {str(lm.dtype).removeprefix('torch.')})",
+                     ["cache", "tokens", "held MB", "growth allocations", "largest growth allocation MB",
+                      "copied to grow MB", "copied to attend MB", "peak MB"])
+    data = {}
+    for name, make in caches.items():
+        rows = measure_growth(lm, ids, cfg.new_tokens, make, checkpoints)
+        for r in rows:
+            t.add_row(name, r["tokens"], r["held_mb"], r["allocations"], r["largest_mb"], r["grow_copied_mb"],
+                      r["attend_copied_mb"], r["peak_mb"])
+        data[name] = rows
+    t.notes.append("Measured on the cache's own tensors after every forward pass: an address that changed is a "
+                   "reallocation whose old contents were copied (growth); update() returning tensors that are not "
+                   "the storage is a copy made for attention. peak: held bytes plus the old copy alive during a "
+                   "reallocation. The paged pool is allocated once, before the sequence, and never moves; phase "
+                   "3.3's PagedCache still gathers each layer's blocks into a contiguous copy for HF's attention "
+                   "every step, which phase 3.5's kernel stops doing (it reads the pool in place on a GPU).")
+    report.data["growth"] = data
+    return report

@@ -7,6 +7,9 @@ Files:
 - dispatch.py     `gather_kv` / `use_kernels`: kernel on CUDA, reference on CPU (said once)
 - interpreter.py  runs Triton kernels without a GPU (Triton's CPU interpreter, switched on safely)
 - batch.py        `random_paged_batch`: a pool with scattered blocks and their tables, for tests and benchmarks
-- demo.py         `gather_bench`: Python per-block gather vs reference vs kernel
+- pad_stack.py    `PadStackScheduler`: the blog's road not taken, one decode pass over every sequence's
+                  K/V gathered into a padded stack (measured against phase 3.3's N passes)
+- demo.py         `gather_bench`: Python per-block gather vs reference vs kernel; `stack_bench`: N passes
+                  vs one padded stack
 - README.md       the kernel's grid, the tests, the measured table
 """

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from common.demos import RunConfig, demo
+from common.demos import Option, RunConfig, demo
 from common.kernel_bench import LAYER, NOT_TIMED_CPU, POOL_LAYERS, KernelCase, kernel_options, kernel_sweep
 from common.report import Report
 from phases.p3_3_paged_cache.gather import gather_python
@@ -74,4 +74,52 @@ def gather_bench(cfg: RunConfig) -> Report:
         table.notes.append("CPU: the kernel runs only in Triton's interpreter, which executes each program in "
                            "Python, so its time means nothing; it is checked against the reference on the first "
                            "row only. Kernel timings need a GPU: modal run modal_run.py::gather_bench")
+    return report
+
+
+# --- stack_bench: N calls or one padded stack ------------------------------------------------------------
+STACK_BATCH_SIZES_CPU = [1, 2, 4, 8, 16]
+STACK_BATCH_SIZES_GPU = [1, 4, 16, 64]
+
+
+@demo("stack_bench", phase="p3_4",
+      help="a decode step: N forward passes of batch 1 (phase 3.3) vs ONE pass over a padded stack of every "
+           "sequence's gathered K/V (the blog's question)",
+      options=[Option("batch_sizes", int, cpu=STACK_BATCH_SIZES_CPU, gpu=STACK_BATCH_SIZES_GPU, many=True,
+                      help="sequences decoding"),
+               Option("prompt_min", int, cpu=16, help="shortest prompt (tokens)"),
+               Option("prompt_max", int, cpu=256, help="longest prompt (tokens)"),
+               Option("steps", int, cpu=5, gpu=20, help="timed decode steps per cell")])
+def stack_bench(cfg: RunConfig) -> Report:
+    from common.step_bench import decode_step_ms, random_prompts
+    from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, blocks_for
+    from phases.p3_3_paged_cache.scheduler import PagedScheduler
+    from phases.p3_4_gather_kernel.pad_stack import PadStackScheduler
+    cfg.use_quick(batch_sizes=[2], steps=1, prompt_min=4, prompt_max=12)
+    lm = cfg.load()
+    report = cfg.new_report("stack_bench")
+    lengths = (cfg.prompt_min, cfg.prompt_max)
+    t = report.table(f"one decode step, prompts of {cfg.prompt_min}-{cfg.prompt_max} tokens "
+                     f"(median of {cfg.steps} steps)",
+                     ["batch", "N calls ms", "pad + stack ms", "stack / N calls", "padded slots per token"])
+    rows = []
+    for batch in cfg.batch_sizes:
+        prompts = random_prompts(lm.vocab_size, batch, lengths)
+        blocks = sum(blocks_for(len(p) + cfg.steps + 8, DEFAULT_BLOCK_SIZE) for p in prompts)
+        timed = {}
+        for name, cls in (("n_calls", PagedScheduler), ("pad_stack", PadStackScheduler)):
+            r = decode_step_ms(lambda lm_, n: cls(lm_, max_running=n, n_blocks=blocks), lm, batch, lengths,
+                               cfg.steps)
+            timed[name] = r["ms"]
+        longest = max(len(p) for p in prompts)
+        padding = (batch * longest - sum(len(p) for p in prompts)) / sum(len(p) for p in prompts)
+        t.add_row(batch, timed["n_calls"], timed["pad_stack"], timed["pad_stack"] / timed["n_calls"], padding)
+        rows.append(dict(batch=batch, n_calls_ms=timed["n_calls"], pad_stack_ms=timed["pad_stack"],
+                         padding_per_token=padding))
+    t.notes.append("N calls: phase 3.3's PagedScheduler, one forward pass of batch 1 per sequence, each attending "
+                   "its own gathered K/V. pad + stack: every sequence's K/V gathered from the pool, padded to the "
+                   "longest, stacked into one DynamicCache with a padding mask, ONE forward pass, the new K/V "
+                   "scattered back (pad_stack.py). Padded slots per token: wasted cache positions per real one "
+                   "in the stack (at the prompts' lengths).")
+    report.data["rows"] = rows
     return report
