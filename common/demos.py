@@ -35,6 +35,7 @@ DEMO_MODULES: dict[str, str] = {
     "alloc_demo": "phases.p3_1_block_allocator.demo",
     "table_demo": "phases.p3_2_block_table.demo",
     "block_size_study": "phases.p3_2_block_table.demo",
+    "vm_analogy": "phases.p3_2_block_table.demo",
     "snapshot": "phases.p3_3_paged_cache.demo",
     "grow_demo": "phases.p3_3_paged_cache.demo",
     "gather_bench": "phases.p3_4_gather_kernel.demo",

@@ -213,3 +213,42 @@ def per_batch_timings(path, rows: list[dict], series: dict[str, str], ylabel: st
     axes[0][0].set_ylabel(ylabel)
     axes[0][0].legend(fontsize=8)
     return _finish(fig, path, title)
+
+
+# --- address translation, drawn: the virtual-memory analogy ------------------------------------------------
+def table_walks(path, panels: list[dict], title: str | None = None) -> Path:
+    """Side-by-side drawings of one address translated through a table.
+
+    Each panel dict: title, owner (who holds the table), unit ("page" / "block"), unit_size, table (physical id
+    of each logical unit), n_physical, others ({physical id: owner} of the rest), address (the walked one),
+    address_name ("address" / "token")."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 4.2))
+    for ax, p in zip(list(axes) if len(panels) > 1 else [axes], panels):
+        logical, offset = divmod(p["address"], p["unit_size"])
+        n, m = len(p["table"]), p["n_physical"]
+        ax.set_xlim(-0.5, max(n, m) + 0.5)
+        ax.set_ylim(-0.8, 3.6)
+        ax.axis("off")
+        ax.set_title(p["title"], fontsize=10)
+        ax.text(-0.4, 3.25, f"{p['owner']}: logical {p['unit']}s", fontsize=8, va="center")
+        ax.text(-0.4, 0.85, f"physical {p['unit']}s (shared by everyone)", fontsize=8, va="center")
+        for i, phys in enumerate(p["table"]):
+            walked = i == logical
+            ax.add_patch(plt.Rectangle((i, 2.6), 0.9, 0.45, color="tab:orange" if walked else "tab:blue", alpha=0.8))
+            ax.text(i + 0.45, 2.82, str(i), ha="center", va="center", fontsize=8, color="white")
+            ax.annotate("", xy=(phys + 0.45, 0.65), xytext=(i + 0.45, 2.55),
+                        arrowprops=dict(arrowstyle="->", color="tab:orange" if walked else "tab:blue",
+                                        lw=1.8 if walked else 0.8))
+            ax.text(i + 0.45, 2.35, f"->{phys}", ha="center", fontsize=7)
+        mine = set(p["table"])
+        for j in range(m):
+            color = "tab:orange" if j == p["table"][logical] else "tab:blue" if j in mine else \
+                "lightgray" if j in p["others"] else "white"
+            ax.add_patch(plt.Rectangle((j, 0.2), 0.9, 0.45, facecolor=color, edgecolor="black", lw=0.5))
+            ax.text(j + 0.45, 0.05, str(j), ha="center", va="top", fontsize=7)
+            if j in p["others"]:
+                ax.text(j + 0.45, 0.42, p["others"][j], ha="center", va="center", fontsize=6)
+        phys = p["table"][logical]
+        ax.text(-0.4, -0.55, f"{p['address_name']} {p['address']} = {p['unit']} {logical} x {p['unit_size']} + "
+                f"{offset}  ->  table[{logical}] = physical {p['unit']} {phys}, offset {offset}", fontsize=8)
+    return _finish(fig, path, title)

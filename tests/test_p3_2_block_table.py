@@ -246,3 +246,16 @@ def test_block_size_study_trade_off():
     assert d["table_entries"][0] == sum(d["tokens"])  # block size 1: one entry per token
     for row in report.tables[0].rows:
         assert row[3] < row[0] * d["n_sequences"]  # tail waste < one block per sequence
+
+
+def test_vm_analogy_walks_a_real_block_table(tmp_path):
+    from common.__main__ import run_demo
+    from phases.p3_2_block_table.demo import VM_BLOCK_SIZE, VM_TOKEN, plot_vm
+    report = run_demo("vm_analogy", device="cpu", quick=True)
+    process, sequence = report.data["panels"]
+    table = sequence["table"]
+    assert table != sorted(range(min(table), min(table) + len(table)))    # A's blocks are not contiguous
+    assert table[VM_TOKEN // VM_BLOCK_SIZE] not in sequence["others"]      # the walked block is A's own
+    assert process["table"][process["address"] // process["unit_size"]] == 9
+    plot_vm(report, tmp_path / "vm.png")
+    assert (tmp_path / "vm.png").stat().st_size > 0

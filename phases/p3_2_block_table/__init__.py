@@ -4,8 +4,9 @@ Files:
 - block_table.py  `BlockTable` (maybe_extend / ensure_capacity / append_slots / physical_pos /
                   slot_mapping / release)
 - demo.py         `table_demo` (one sequence's table at each block boundary, or N sequences competing
-                  for one pool) and `block_size_study` (tail waste vs table entries across block sizes,
-                  on the latency workload's real lengths)
+                  for one pool), `block_size_study` (tail waste vs table entries across block sizes,
+                  on the latency workload's real lengths) and `vm_analogy` (a page table and a block
+                  table, one address walked through each, drawn)
 - README.md       the mapping, the block-size trade-off, the measured tables
 """
 

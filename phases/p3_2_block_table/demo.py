@@ -247,3 +247,55 @@ def block_size_study(cfg: RunConfig) -> Report:
         f"{BLOCK_TABLE_ENTRY_BYTES} bytes per int32 entry"]
     report.data = data
     return report
+
+
+# --- vm_analogy: a page table and a block table, walked side by side ------------------------------------------
+PAGE_SIZE = 4096                 # bytes per page, the common x86 size
+PROCESS_PAGE_TABLE = [5, 2, 9]   # an illustrative process: virtual pages 0, 1, 2 in physical frames 5, 2, 9
+OTHER_FRAMES = {0: "kernel", 1: "B", 3: "B", 4: "C", 7: "C", 10: "B"}   # frames other processes hold
+VM_FRAMES = 12
+VM_ADDRESS = 2 * PAGE_SIZE + 300      # the virtual address walked: page 2, offset 300
+VM_POOL_BLOCKS = 12
+VM_BLOCK_SIZE = 16
+VM_GROWTH = [("A", 20), ("B", 20), ("A", 15), ("C", 30), ("A", 10), ("B", 8)]   # tokens appended, in turn
+VM_TOKEN = 37                         # sequence A's token walked
+
+
+def plot_vm(report: Report, png_path) -> None:
+    from common import plots
+    plots.table_walks(png_path, report.data["panels"],
+                      title="the virtual-memory analogy: a page table and a block table do the same walk")
+
+
+@demo("vm_analogy", phase="p3_2", plot=plot_vm, needs_model=False,
+      help="the virtual-memory analogy drawn: a process's page table beside a sequence's block table, one "
+           "address walked through each")
+def vm_analogy(cfg: RunConfig) -> Report:
+    """Real block tables: three sequences grow in turn in one small pool (their blocks interleave), then
+    sequence A's token VM_TOKEN is found the way a CPU finds a virtual address."""
+    report = cfg.new_report("vm_analogy")
+    allocator = BlockAllocator(VM_POOL_BLOCKS, n_layers=1, n_kv_heads=1, head_dim=1, block_size=VM_BLOCK_SIZE)
+    tables = {name: BlockTable(VM_BLOCK_SIZE) for name in "ABC"}
+    for name, n in VM_GROWTH:
+        tables[name].append_slots(allocator, n)
+    owner = {b: name for name, t in tables.items() if name != "A" for b in t.block_ids}
+    block, offset = tables["A"].physical_pos(VM_TOKEN)
+    t = report.table("one lookup, two systems", ["", "process (virtual memory)", "sequence (paged KV cache)"])
+    t.add_row("unit", f"page of {PAGE_SIZE} bytes", f"block of {VM_BLOCK_SIZE} tokens")
+    t.add_row("table", f"page table {PROCESS_PAGE_TABLE}", f"block table {tables['A'].block_ids}")
+    page, page_offset = divmod(VM_ADDRESS, PAGE_SIZE)
+    t.add_row("lookup", f"address {VM_ADDRESS} -> page {page}, offset {page_offset}",
+              f"token {VM_TOKEN} -> block {VM_TOKEN // VM_BLOCK_SIZE}, offset {VM_TOKEN % VM_BLOCK_SIZE}")
+    t.add_row("found", f"frame {PROCESS_PAGE_TABLE[page]}, offset {page_offset}",
+              f"pool block {block}, offset {offset}")
+    t.add_row("who fills the table", "the OS, on a page fault", "the allocator, when a token needs a new block")
+    t.notes.append(f"The block tables are real: sequences A, B and C grew in turn ({VM_GROWTH}) in a pool of "
+                   f"{VM_POOL_BLOCKS} blocks, so A's blocks are not contiguous, as a process's frames are not.")
+    report.data["panels"] = [
+        dict(title="a process: virtual address -> page table -> frame", owner="process A", unit="page",
+             unit_size=PAGE_SIZE, table=PROCESS_PAGE_TABLE, n_physical=VM_FRAMES, others=OTHER_FRAMES,
+             address=VM_ADDRESS, address_name="address"),
+        dict(title="a sequence: token -> block table -> pool block", owner="sequence A", unit="block",
+             unit_size=VM_BLOCK_SIZE, table=tables["A"].block_ids, n_physical=VM_POOL_BLOCKS, others=owner,
+             address=VM_TOKEN, address_name="token")]
+    return report
