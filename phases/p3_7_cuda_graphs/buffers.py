@@ -100,10 +100,7 @@ class DecodeBuffers:
     def _place(self, seqs: list[Sequence]) -> None:
         n = len(seqs)
         wanted = {id(s): s for s in seqs}
-        kept: dict[int, RowState] = {}
-        for row, state in enumerate(self.rows):
-            if id(state.seq) in wanted:
-                kept[id(state.seq)] = state
+        kept = {id(state.seq): state for state in self.rows if id(state.seq) in wanted}
         old = self.rows
         new_rows: list[RowState | None] = [None] * n
         moves_src, moves_dst = [], []

@@ -26,11 +26,11 @@ from common.harness import EngineRun, EngineRunner, measure, pool_problems, subm
 from common.hf_peers import HF_COMPILED, HF_STATIC
 from common.kernel_bench import median_ms
 from common.report import Report
-from common.step_bench import decode_step_ms, replay_ms
+from common.step_bench import FIRST_TOKEN_ID, decode_step_ms, replay_ms
 from common.workload import Request
 from common.workload_bench import run_workload_bench, workload_options
+from phases.p2_2_scheduler.sequence import Status
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, blocks_for
-from phases.p3_4_gather_kernel.dispatch import use_kernels
 from phases.p3_5_paged_attention.demo import ALL_ENGINES as P3_5_ENGINES
 from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton
 from phases.p3_5_paged_attention.reference import sdpa_decode_contiguous
@@ -43,7 +43,6 @@ from phases.p3_7_cuda_graphs.tuning import LAYER, best_config, decode_case, tune
 
 # Nominal HBM bandwidth (bytes/s) by GPU name: the datasheets' figures.
 HBM_BYTES_PER_S = {"H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12, "H200": 4.8e12, "A100-SXM4-80GB": 2.04e12}
-FIRST_PROMPT_ID = 100    # HF's batch-1 prompt: ids from here (clear of special tokens)
 STEP_SLACK_TOKENS = 16   # pool room per sequence beyond its prompt and timed steps (the warm-up steps)
 COPY_BYTES = 2 << 30     # the measured-bandwidth copy: 2 GiB read and 2 GiB written
 TARGETS = {  # (workload, faster, slower) -> the ratio the issue asks for
@@ -68,7 +67,7 @@ def copy_bandwidth() -> float:
 
 # --- kernel --------------------------------------------------------------------------------------
 def kernel_section(cfg: RunConfig, lm, report: Report) -> None:
-    on_gpu = use_kernels(lm.device) and torch.device(lm.device).type == "cuda"
+    on_gpu = torch.device(lm.device).type == "cuda"   # the kernels are timed only there (CPU: the interpreter)
     name = torch.cuda.get_device_name(0) if on_gpu else "cpu"
     nominal, measured = (nominal_hbm(name), copy_bandwidth()) if on_gpu else (None, None)
     t = report.table(f"decode attention, one layer ({lm.n_heads} query heads over {lm.n_kv_heads} KV heads, "
@@ -133,7 +132,7 @@ def step_section(cfg: RunConfig, lm, report: Report) -> None:
             rows.append(dict(r, engine=name, gpu_ms=gpu))
             del engine
         if batch == 1 and on_cuda:
-            one = Request(prompt_ids=list(range(FIRST_PROMPT_ID, FIRST_PROMPT_ID + cfg.prompt_len)),
+            one = Request(prompt_ids=list(range(FIRST_TOKEN_ID, FIRST_TOKEN_ID + cfg.prompt_len)),
                           max_new_tokens=cfg.hf_new_tokens, ignore_eos=True)
             hf = measure(lm, HF_COMPILED, [one], 1)
             t.add_row(1, "HF generate, static cache, compiled", 1e3 / hf["tok_s"], hf["tok_s"], "-", "-")
@@ -242,7 +241,7 @@ def prefilled_graph_engine(lm, requests: list[Request]) -> StaticDecodeEngine:
                                 n_blocks=workload_pool_blocks(lm, requests, DEFAULT_BLOCK_SIZE))
     for r in requests:
         engine.add(r.prompt_ids, r.max_new_tokens, ignore_eos=True)
-    while engine.waiting or any(s.status.name == "PREFILLING" for s in engine.running):
+    while engine.waiting or any(s.status is Status.PREFILLING for s in engine.running):
         engine.step()
     engine.step()
     return engine

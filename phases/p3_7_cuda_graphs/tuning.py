@@ -32,6 +32,7 @@ STAGE_CHOICES = (1, 2, 3, 4)
 SPLIT_CHOICES = (1, 2, 4, 8)
 POOL_LAYERS = 2          # the layer read is not the first in its block (the pool interleaves layers per block)
 LAYER = 1
+SPARE_BLOCKS = 1         # one block no sequence owns, as in a busy pool
 
 
 def config_grid() -> list[LaunchConfig]:
@@ -40,12 +41,13 @@ def config_grid() -> list[LaunchConfig]:
 
 def decode_case(batch: int, context: int, n_heads: int, n_kv_heads: int, head_dim: int, block_size: int,
                 dtype: torch.dtype, device: str, seed: int = 0):
-    """A pool made on the device (random K/V, shuffled blocks), q, and the same K/V contiguous for SDPA."""
+    """A pool made on the device (random K/V, shuffled blocks), q, and the same K/V contiguous for SDPA.
+    (Phase 3.4's random_paged_batch draws on the CPU: minutes for the gigabytes of a GPU-sized pool.)"""
     lens = lengths_for(context, batch, seed)
     per_seq = [blocks_for(n, block_size) for n in lens]
     width = max(per_seq)
     gen = torch.Generator(device=device).manual_seed(seed)
-    n_blocks = sum(per_seq) + 1
+    n_blocks = sum(per_seq) + SPARE_BLOCKS
     pool = torch.randn(n_blocks, POOL_LAYERS, 2, n_kv_heads, block_size, head_dim, device=device, dtype=dtype,
                        generator=gen)
     order = torch.randperm(n_blocks, device=device, generator=gen)
