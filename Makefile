@@ -1,6 +1,7 @@
 # Two commands set everything up from a fresh clone:
 #   make demo   venv + install + the main job (the batch-size sweep, CPU, packaged model)
 #   make test   venv + install + the whole test suite
+#   make notebooks   re-execute every notebook in place (outputs committed; see scripts/run_notebooks.py)
 # On a CUDA machine:
 #   make gpu-check   the gpu test tier, then every demo on the GPU; reports under results/
 #                    (GPU_PY=python3 uses an existing CUDA Python instead of the venv)
@@ -10,7 +11,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 DEMOS  := decode_sweep sweep waste_demo latency_demo wall alloc_demo table_demo block_size_study vm_analogy snapshot grow_demo tput gather_bench stack_bench attn_bench workload_bench bench_serve prefix_demo cow_demo share_demo preempt_demo stress_demo prefill_bench graph_bench graph_workload
 
-.PHONY: install demo test gpu-check list serve $(DEMOS) clean-cache
+.PHONY: install demo test notebooks gpu-check list serve $(DEMOS) clean-cache
 
 install: $(VENV)/.installed
 
@@ -28,6 +29,10 @@ demo: install
 
 test: install
 	$(PY) -m pytest -q
+
+# Each notebook is a pair: notebooks/NN_x.py (edit this) and NN_x.ipynb (executed, outputs kept).
+notebooks: install
+	$(PY) scripts/run_notebooks.py
 
 # The venv is built only when gpu-check runs with it; GPU_PY=<python> runs on an existing CUDA install.
 GPU_PY ?= $(PY)
