@@ -130,3 +130,13 @@ def test_gather_bench_demo_quick(tmp_path):
     assert all(r["kernel_ms"] is None for r in report.data["rows"])  # CPU: no kernel timings
     plot_gather(report, tmp_path / "g.png")
     assert (tmp_path / "g.png").stat().st_size > 0
+
+
+def test_notebook_runs():
+    from tests.nbrun import run_notebook
+    nb = run_notebook("07_gather_kernel.ipynb")
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    for line in ("matches the table: True", "kernel == reference (K and V): True",
+                 "reference == python per-block gather: True", "padding is zeros: True",
+                 "kernel == reference here too: True", "same greedy tokens: True"):
+        assert line in text, line

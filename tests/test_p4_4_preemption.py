@@ -298,3 +298,16 @@ def test_demos_run_quick_on_the_tiny_model(name):
     rows = [row for t in report.tables for row in t.rows]
     assert rows and all("✗" not in str(cell) for row in rows for cell in row)
     assert any(r.get("n_preemptions", 0) > 0 for r in report.data.get("sweep", report.data.get("runs", [])))
+
+
+def test_notebook_runs():
+    import re
+    from tests.nbrun import run_notebook
+    nb = run_notebook("08_preemption.ipynb")
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "preemptions 0, problems []" in text                                   # the unlimited pool
+    small = re.findall(r"blocks: \d+ steps, (\d+) preemptions .*problems \[\], outputs equal to the unlimited "
+                       r"pool: True", text)
+    assert len(small) == 2 and all(int(n) > 0 for n in small)                     # recompute and swap
+    packaged = re.findall(r"(\d+) preemption\(s\).*equal to HF generate: True", text)
+    assert len(packaged) == 2 and all(int(n) > 0 for n in packaged)              # SmolLM2, both modes

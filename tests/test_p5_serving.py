@@ -374,3 +374,14 @@ def test_serve_command_is_wired():
     assert e.value.code == 0
     import modal_run
     assert modal_run.serve_api._is_web_endpoint()  # `modal serve modal_run.py` serves it
+
+
+def test_notebook_runs():
+    import re
+    from tests.nbrun import run_notebook
+    nb = run_notebook("09_serving.ipynb")
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert "Paris" in text and "streamed text == non-streamed text: True" in text
+    assert "same answer alone: True" in text
+    assert int(re.search(r"most sequences in one pass: (\d+)", text).group(1)) >= 2   # the requests were batched
+    assert "uvicorn thread alive: False | engine thread alive: False" in text and "after shutdown: ConnectError" in text
