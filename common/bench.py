@@ -6,6 +6,8 @@ Definitions (DESIGN.md, "Measurement"):
   ((finish - first_token) / (n_generated - 1)).
 - total throughput: all generated tokens / wall time of the run.
 - mean ms/tok: the mean of the per-sequence ms/tok.
+- ms/step: wall time of one decode step of a batch that runs together, the
+  blog's ms/tok (see `ms_per_step`).
 On CUDA every clock read is preceded by a synchronize, since kernels run
 asynchronously and an unsynchronised timer measures only the launch.
 """
@@ -86,6 +88,7 @@ class RunMetrics:
     mean_ms_per_token: float
     mean_ttft_ms: float
     peak_mb: float = float("nan")
+    ms_per_step: float = float("nan")
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -104,7 +107,27 @@ def summarize(timings: list[SeqTiming], wall_s: float, peak_mb: float = float("n
         mean_ms_per_token=_nanmean([t.ms_per_token for t in timings]),
         mean_ttft_ms=_nanmean([t.ttft_ms for t in timings]),
         peak_mb=peak_mb,
+        ms_per_step=ms_per_step(timings),
     )
+
+
+def ms_per_step(timings: list[SeqTiming]) -> float:
+    """Wall time per decode step of a batch whose sequences all start together and make one token per
+    step until the longest is done (the `sweep` and `tput` runs): the blog's ms/tok.
+
+    Step 0 (the prefill) gives every sequence its first token; each later step gives every sequence
+    still running one more. So the steps after the first are the span from the last first token (the
+    end of step 0) to the last token of all (the end of the last step), over the longest output
+    minus one. It differs from the per-sequence figure (`SeqTiming.ms_per_token`) when the sequences do
+    not run in lockstep, and it counts a step's whole time however the step is computed: one forward
+    pass for the batch, or (phases 2.3 and 3.3) one per sequence.
+    """
+    started = [t for t in timings if t.first_token is not None]
+    steps_after_first = max((t.n_generated for t in started), default=0) - 1
+    if steps_after_first < 1:
+        return float("nan")
+    end_of_first_step = max(t.first_token for t in started)
+    return (max(t.finish for t in started) - end_of_first_step) * 1e3 / steps_after_first
 
 
 def rss_bytes() -> int:

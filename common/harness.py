@@ -208,7 +208,8 @@ def measure(lm, runner: EngineRunner, requests: list[Request], max_running: int,
     wall_s = now(lm.device) - start
     m = summarize(result.timings, wall_s)
     return dict(engine=runner.name, batch_size=max_running, n_seqs=m.n_seqs, total_tokens=m.total_tokens,
-                wall_s=wall_s, tok_s=m.total_tok_s, ms_per_tok=m.mean_ms_per_token, ttft_ms=m.mean_ttft_ms,
+                wall_s=wall_s, tok_s=m.total_tok_s, ms_per_tok=m.mean_ms_per_token, ms_per_step=m.ms_per_step,
+                ttft_ms=m.mean_ttft_ms,
                 kv_peak_bytes=result.kv_peak_bytes, kv_peak_mb=result.kv_peak_bytes / MB,
                 outputs=result.outputs, note=result.note, settings=result.settings, warmup=warmup)
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import common.model as model_mod
-from common.bench import MB, PeakMemory, SeqTiming, kv_bytes_per_token, percentile, rss_bytes, summarize
+from common.bench import MB, PeakMemory, SeqTiming, kv_bytes_per_token, ms_per_step, percentile, rss_bytes, summarize
 from common.model import KNOWN_NAMES, PACKAGE_INSTALL, ModelNotAvailable, load_model, pick_device, pick_dtype
 from common.prompts import DEFAULT_SYSTEM_PROMPT, format_prompt
 from common.report import REPO_ROOT, Report, save_report, to_markdown
@@ -231,6 +231,41 @@ def test_summarize():
     assert m.mean_ttft_ms == pytest.approx(300.0)
     assert m.as_dict()["peak_mb"] == 12.0
     assert math.isnan(summarize([], wall_s=0.0).total_tok_s)
+
+
+def _run_steps(stamps_per_seq: list[list[float]]) -> list[SeqTiming]:
+    timings = []
+    for stamps in stamps_per_seq:
+        t = SeqTiming(arrival=0.0)
+        for clock in stamps:
+            t.token(clock)
+        timings.append(t)
+    return timings
+
+
+def test_ms_per_step_of_a_batched_pass():
+    # One forward pass per step for both rows: steps end at 0.1 (prefill), 0.3, 0.5, 0.7.
+    timings = _run_steps([[0.1, 0.3, 0.5, 0.7], [0.1, 0.3, 0.5, 0.7]])
+    assert ms_per_step(timings) == pytest.approx(200.0)
+    assert summarize(timings, wall_s=0.7).ms_per_step == pytest.approx(200.0)
+
+
+def test_ms_per_step_counts_a_whole_step_of_per_sequence_passes():
+    # Phase 2.3 / 3.3: each row gets its own 100 ms pass inside a step, so a step of 2 rows is 200 ms,
+    # and every row also sees 200 ms between its tokens: the two figures agree in lockstep.
+    timings = _run_steps([[0.1, 0.3, 0.5], [0.2, 0.4, 0.6]])
+    assert ms_per_step(timings) == pytest.approx(200.0)
+    assert summarize(timings, wall_s=0.6).mean_ms_per_token == pytest.approx(200.0)
+
+
+def test_ms_per_step_parts_from_the_per_sequence_figure_out_of_lockstep():
+    # A short row finishes early; the batch's steps are 100 ms, but the short row's own
+    # two tokens came 300 ms apart (it waited on a slow first decode step).
+    timings = _run_steps([[0.1, 0.4, 0.5, 0.6, 0.7], [0.1, 0.4]])
+    assert ms_per_step(timings) == pytest.approx(150.0)            # (0.7 - 0.1) over 4 steps
+    assert summarize(timings, 0.7).mean_ms_per_token == pytest.approx((150.0 + 300.0) / 2)
+    assert math.isnan(ms_per_step(_run_steps([[0.1], [0.2]])))     # prefill only: no decode step
+    assert math.isnan(ms_per_step([]))
 
 
 def test_percentile():

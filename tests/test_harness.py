@@ -259,7 +259,10 @@ def test_tput_warms_each_cell_once_and_reports_settings(tiny32):
     assert [(len(ids), new[0], bs) for ids, new, bs in calls] == [
         (1, WARMUP_NEW_TOKENS_CPU, 1), (1, 4, 1), (2, WARMUP_NEW_TOKENS_CPU, 2), (2, 4, 2), (1, 4, 1), (2, 4, 2)]
     assert calls[0][0] == calls[1][0] and calls[2][0] == calls[3][0]   # warmed on the prompts it then timed
-    kv, speed = report.tables
+    kv, speed, per_seq = report.tables
+    assert speed.columns == ["batch_size", "rec_tok/s", "rec_ms/step"]
+    assert per_seq.columns == ["batch_size", "rec_ms/tok/seq"]
+    assert all(r["ms_per_step"] > 0 for r in report.data["rows"])
     assert kv.notes == ["how KV is counted"]
     assert "rec settings at batch 2: max_running=2, knob=x" in speed.notes
     assert any(n.startswith("every engine at every batch size: warmed up") for n in speed.notes)

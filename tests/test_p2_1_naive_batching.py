@@ -107,6 +107,9 @@ def test_sweep_demo_smoke(tmp_path):
     rows = report.tables[0].rows
     assert [r[0] for r in rows] == report.meta["options"]["batch_sizes"]
     assert all(r[1] > 0 for r in rows)   # total tok/s
+    assert report.tables[0].columns[2:4] == ["ms/step", "ms/tok (per seq)"]
+    # Every row gets its token at the same clock reading each step, so per-step and per-row ms/tok agree.
+    assert all(r[2] > 0 and r[2] == pytest.approx(r[3]) for r in rows)
     paths = save_outputs("sweep", report, tmp_path)
     assert any(p.suffix == ".png" and p.stat().st_size > 0 for p in paths)
 
