@@ -108,3 +108,12 @@ def test_wall_demo_smoke(tmp_path):
 def test_notebook_runs():
     from tests.nbrun import run_notebook
     run_notebook("02_batching.ipynb")
+
+
+def test_latency_demo_runs_to_the_blogs_cap_on_a_gpu():
+    # The blog's long answers ran ~1,300-1,600 steps under a 2048-token cap; the CPU default stays short.
+    from common.demos import get
+    from common.prompts import LATENCY_DEMO_MAX_TOKENS
+    demo = get("latency_demo")
+    assert demo.resolve(on_gpu=True)["max_new_tokens"] == 2048
+    assert demo.resolve(on_gpu=False)["max_new_tokens"] == LATENCY_DEMO_MAX_TOKENS

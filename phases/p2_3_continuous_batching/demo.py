@@ -13,8 +13,8 @@ from common.bench import MB, kv_bytes_per_token, now
 from common.demos import Option, RunConfig, demo
 from common.harness import run_prompts
 from common.progress import progress_bar
-from common.prompts import (LATENCY_DEMO_MAX_RUNNING, LATENCY_DEMO_MAX_TOKENS, SHORT_PROMPTS,
-                            STATIC_RESERVATION_TOKENS, interleaved_latency_prompts)
+from common.prompts import (LATENCY_DEMO_MAX_RUNNING, LATENCY_DEMO_MAX_TOKENS, LATENCY_DEMO_MAX_TOKENS_GPU,
+                            SHORT_PROMPTS, STATIC_RESERVATION_TOKENS, interleaved_latency_prompts)
 from phases.p2_1_naive_batching.demo import short
 from phases.p2_1_naive_batching.generate import generate_batch
 from phases.p2_2_scheduler.scheduler import Scheduler
@@ -77,7 +77,8 @@ def plot_latency(report, png_path) -> None:
 @demo("latency_demo", phase="p2_3",
       help="per sequence: finish time under static vs continuous batching (short + long prompts; fp32 unless --dtype)",
       options=[Option("max_running", int, cpu=LATENCY_DEMO_MAX_RUNNING, help="sequences running at once"),
-               Option("max_new_tokens", int, cpu=LATENCY_DEMO_MAX_TOKENS, help="cap on new tokens per prompt")],
+               Option("max_new_tokens", int, cpu=LATENCY_DEMO_MAX_TOKENS, gpu=LATENCY_DEMO_MAX_TOKENS_GPU,
+                      help="cap on new tokens per prompt (GPU: the blog's 2048)")],
       plot=plot_latency)
 def latency_demo(cfg: RunConfig):
     if cfg.dtype is None:
