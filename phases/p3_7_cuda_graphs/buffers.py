@@ -41,13 +41,14 @@ import torch
 from phases.p2_2_scheduler.sequence import Sequence
 
 EMPTY_SLOT = -1
+PENDING = "pending"    # a row's token: sampled on the device, not yet read by the host (overlap.py)
 
 
 @dataclass
 class RowState:
     """What the device holds for one row (the host's mirror of it)."""
     seq: Sequence
-    token: int | None          # input_ids[row]; None: unknown (never written for this sequence)
+    token: int | str | None    # input_ids[row]; None: unknown (never written); PENDING: on the device only
     length: int                # seq_lens[row]; positions[row] = length - 1
     blocks: list[int]          # block_tables[row, :len(blocks)]
 
@@ -96,6 +97,20 @@ class DecodeBuffers:
         for r, t in zip(self.rows, tokens):
             r.token = t
 
+    def record_pending(self, ids: torch.Tensor) -> None:
+        """The step's sampled ids [n] become the rows' next input on the device, before the host has read
+        them (an overlapped step, overlap.py): the mirror marks those tokens PENDING until `settle`."""
+        self.input_ids[:len(ids)].copy_(ids)
+        for r in self.rows[:len(ids)]:
+            r.token = PENDING
+
+    def settle(self, seqs: list[Sequence], tokens: list[int]) -> None:
+        """The host has read the pending tokens of these sequences' rows: the mirror holds them again."""
+        read = {id(s): t for s, t in zip(seqs, tokens)}
+        for r in self.rows:
+            if r.token is PENDING and id(r.seq) in read:
+                r.token = read[id(r.seq)]
+
     # --- placing rows ---------------------------------------------------------------------------
     def _place(self, seqs: list[Sequence]) -> None:
         n = len(seqs)
@@ -135,7 +150,14 @@ class DecodeBuffers:
         for row, state in enumerate(self.rows):
             seq = state.seq
             length = seq.kv.n_filled
-            token = seq.output_ids[-1]
+            if state.token is PENDING:
+                # Its next input is on the device only; nothing else of the row may have moved.
+                if state.length != length:
+                    raise RuntimeError(f"sequence {seq.seq_id}: its row's length changed ({state.length} -> "
+                                       f"{length}) while its next token was still pending on the device")
+                token = PENDING
+            else:
+                token = seq.output_ids[-1]
             if state.token != token or state.length != length:
                 row_updates.append((row, token, length - 1, length))
                 state.token, state.length = token, length

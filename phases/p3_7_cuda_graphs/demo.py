@@ -9,15 +9,19 @@ graph_bench, three sections (`--sections`):
   step    one decode step of `batch` sequences (prompts of `prompt_len` tokens), median wall ms
           (the blog's ms/tok: every sequence makes one token per step): phase 3.6's decode pass
           built from Python lists, this phase's static step run eagerly, and replayed as a CUDA
-          graph; for the graph, its replay's GPU time and wall / GPU (the host overhead left).
+          graph, and the graph with overlapped steps (overlap.py: the host builds step N+1 while
+          the GPU runs step N); for a graph, its replay's GPU time and wall / GPU (the host overhead left).
           At batch 1, HF generate with the compiled static cache for comparison (GPU).
   tune    (GPU) every LaunchConfig x split count (tuning.py): the best configs and, per cell,
           the best split count beside the rule's choice.
-graph_workload: workload_bench's equal and mixed work through phases 3.5, 3.6 and 3.7 and the HF
-  peers, ratios against this phase's targets (common/workload_bench.py).
+graph_workload: workload_bench's equal and mixed work through phases 3.5, 3.6 and 3.7 (`graphs`, and
+  `overlap` for the overlapped steps; GPU default, or `--engines ... overlap`) and the HF peers,
+  ratios against this phase's targets (common/workload_bench.py).
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 
@@ -38,6 +42,7 @@ from phases.p3_6_varlen_prefill.demo import CHUNKED
 from phases.p3_6_varlen_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillEngine
 from phases.p3_7_cuda_graphs.decode_kernel import DEFAULT_CONFIG, tiled_decode_attention
 from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
+from phases.p3_7_cuda_graphs.overlap import OverlappedDecodeEngine
 from phases.p3_7_cuda_graphs.split_rule import choose_splits, sm_count
 from phases.p3_7_cuda_graphs.tuning import LAYER, best_config, decode_case, tune
 
@@ -49,6 +54,8 @@ TARGETS = {  # (workload, faster, slower) -> the ratio the issue asks for
     ("equal", "graphs", "hf_compiled"): 1.5,
     ("equal", "graphs", "hf_cb"): 10.0,
     ("mixed", "graphs", "hf_compiled"): 3.0,
+    ("equal", "overlap", "hf_compiled"): 1.5,   # the same targets for the overlapped steps
+    ("mixed", "overlap", "hf_compiled"): 3.0,
 }
 
 
@@ -112,6 +119,7 @@ STEP_ENGINES = {
     "p3_7 static, eager": lambda lm, n, blocks: StaticDecodeEngine(lm, max_running=n, n_blocks=blocks,
                                                                    cuda_graphs=False),
     "p3_7 static, CUDA graph": lambda lm, n, blocks: StaticDecodeEngine(lm, max_running=n, n_blocks=blocks),
+    "p3_7 CUDA graph, overlapped": lambda lm, n, blocks: OverlappedDecodeEngine(lm, max_running=n, n_blocks=blocks),
 }
 
 
@@ -201,20 +209,22 @@ def graph_bench(cfg: RunConfig) -> Report:
 _WARM_ENGINES: dict[tuple, StaticDecodeEngine] = {}
 
 
-def warm_graph_engine(lm, max_running: int, block_size: int, n_blocks: int) -> StaticDecodeEngine:
-    key = (id(lm.model), max_running, block_size, n_blocks)
+def warm_graph_engine(lm, max_running: int, block_size: int, n_blocks: int,
+                      engine_cls: type = StaticDecodeEngine) -> StaticDecodeEngine:
+    key = (engine_cls, id(lm.model), max_running, block_size, n_blocks)
     if key not in _WARM_ENGINES:
-        engine = StaticDecodeEngine(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks,
-                                    max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS)
+        engine = engine_cls(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks,
+                            max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS)
         engine.capture_all()
         _WARM_ENGINES.clear()                  # one at a time: each holds a KV pool
         _WARM_ENGINES[key] = engine
     return _WARM_ENGINES[key]
 
 
-def run_graphs(lm, requests: list[Request], max_running: int, block_size: int = DEFAULT_BLOCK_SIZE) -> EngineRun:
+def run_graphs(lm, requests: list[Request], max_running: int, block_size: int = DEFAULT_BLOCK_SIZE,
+               engine_cls: type = StaticDecodeEngine) -> EngineRun:
     n_blocks = workload_pool_blocks(lm, requests, block_size)
-    engine = warm_graph_engine(lm, max_running, block_size, n_blocks)
+    engine = warm_graph_engine(lm, max_running, block_size, n_blocks, engine_cls)
     done_before, steps_before, static_before = len(engine.finished), engine.n_steps, engine.n_static_steps
     submit(engine, lm, requests)
     engine.run()
@@ -227,12 +237,17 @@ def run_graphs(lm, requests: list[Request], max_running: int, block_size: int = 
                                     note=f"{engine.n_static_steps - static_before} static decode steps of "
                                          f"{engine.n_steps - steps_before}, " +
                                          (f"{len(engine.graphs)} graphs (captured when the engine was built)"
-                                          if engine.cuda_graphs else "run eagerly (no CUDA)"), settings=settings)
+                                          if engine.cuda_graphs else "run eagerly (no CUDA)")
+                                    + (f", {engine.n_overlapped_steps} overlapped, {engine.n_wasted_rows} rows wasted on "
+                                       "an EOS in flight" if engine_cls is OverlappedDecodeEngine else ""),
+                                    settings=settings)
 
 
 GRAPHS = EngineRunner("graphs", "StaticDecodeEngine (p3_7): static buffers, bucketed batches, CUDA graphs on CUDA",
                       run_graphs)
-ENGINES = P3_5_ENGINES + [CHUNKED, GRAPHS, HF_STATIC, HF_COMPILED]
+OVERLAP = EngineRunner("overlap", "OverlappedDecodeEngine (p3_7): the graphs engine, step N+1 launched before step "
+                       "N's tokens are read", partial(run_graphs, engine_cls=OverlappedDecodeEngine))
+ENGINES = P3_5_ENGINES + [CHUNKED, GRAPHS, OVERLAP, HF_STATIC, HF_COMPILED]
 
 
 def prefilled_graph_engine(lm, requests: list[Request]) -> StaticDecodeEngine:
@@ -250,7 +265,7 @@ def prefilled_graph_engine(lm, requests: list[Request]) -> StaticDecodeEngine:
 @demo("graph_workload", phase="p3_7",
       help="workload_bench's equal and mixed work through phases 3.5-3.7 and HF's engines; this phase's targets",
       options=workload_options(["hf_static", "batched", "chunked", "graphs"],
-                               ["hf_static", "hf_compiled", "hf_cb", "batched", "chunked", "graphs"],
+                               ["hf_static", "hf_compiled", "hf_cb", "batched", "chunked", "graphs", "overlap"],
                                [e.name for e in ENGINES] + ["hf_cb"]))
 def graph_workload(cfg: RunConfig) -> Report:
     return run_workload_bench(cfg, ENGINES, focus="graphs", targets=TARGETS, profile_engine=prefilled_graph_engine,

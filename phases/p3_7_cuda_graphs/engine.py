@@ -112,6 +112,17 @@ class StaticDecodeEngine(ChunkedPrefillEngine):
         """Every decoding sequence's next token from the static buffers, padded to a bucket."""
         if not self.static_decode:
             return super()._decode(seqs)
+        rows, logits = self._static_pass(seqs)
+        self._last_sampled = None
+        outputs = self._emit(rows, logits)
+        sampled = self._last_sampled
+        if sampled is not None and len(sampled[0]) == len(rows) and all(a is b for a, b in zip(sampled[0], rows)):
+            self.buffers.record_sampled(sampled[1], sampled[2])    # next step's input ids, already on the device
+        return outputs
+
+    def _static_pass(self, seqs: list[Sequence]) -> tuple[list[Sequence], torch.Tensor]:
+        """Claim each sequence's next slot, bring the buffers up to date, run the pass padded to its bucket.
+        Returns the sequences in row order and their logits [n, V]."""
         for s in seqs:
             self._append_slots(s, 1)       # host bookkeeping (copy-on-write included); the device gets the diff
         rows = self.buffers.sync(seqs)
@@ -126,12 +137,7 @@ class StaticDecodeEngine(ChunkedPrefillEngine):
         self.buffers.advance()
         self.n_static_steps += 1
         self.n_padded_rows += bucket - n
-        self._last_sampled = None
-        outputs = self._emit(rows, logits)
-        sampled = self._last_sampled
-        if sampled is not None and len(sampled[0]) == n and all(a is b for a, b in zip(sampled[0], rows)):
-            self.buffers.record_sampled(sampled[1], sampled[2])    # next step's input ids, already on the device
-        return outputs
+        return rows, logits
 
     @torch.inference_mode()
     def _forward(self, input_ids, position_ids, batch, logits_to_keep=1) -> torch.Tensor:
@@ -194,15 +200,21 @@ class StaticDecodeEngine(ChunkedPrefillEngine):
     # --- sampling: the whole batch on the device, one transfer ---------------------------------
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """One token per row of logits [S, V], drawn on the device (sampler.py); ONE copy to the host."""
+        ids = self._draw(seqs, logits)
+        tokens = ids.tolist()
+        self._last_sampled = (seqs, ids, tokens)
+        return tokens
+
+    def _draw(self, seqs: list[Sequence], logits: torch.Tensor, ahead: int = 0) -> torch.Tensor:
+        """Each row's next token id [S], on the device. ahead: tokens a row has drawn that the host has not
+        appended yet (an overlapped step, overlap.py), so each draw keeps its output index."""
         params = [s.sampling for s in seqs]
         rows = None
         if any(not p.greedy for p in params):
             seeds = [seed_of(self._generators.get(s.seq_id), self._seeds, s.seq_id) for s in seqs]
-            rows = sampling_rows(params, seeds, [len(s.output_ids) for s in seqs], logits.shape[-1], logits.device)
-        ids = sample_rows(logits, rows)
-        tokens = ids.tolist()
-        self._last_sampled = (seqs, ids, tokens)
-        return tokens
+            rows = sampling_rows(params, seeds, [len(s.output_ids) + ahead for s in seqs], logits.shape[-1],
+                                 logits.device)
+        return sample_rows(logits, rows)
 
     def _finish(self, seq: Sequence) -> None:
         super()._finish(seq)

@@ -18,6 +18,7 @@ from phases.p3_4_gather_kernel.batch import random_paged_batch
 from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
 from phases.p3_7_cuda_graphs.decode_kernel import LaunchConfig, tiled_decode_attention
 from phases.p3_7_cuda_graphs.engine import StaleGraphs, StaticDecodeEngine
+from phases.p3_7_cuda_graphs.overlap import OverlappedDecodeEngine
 from tests.gpu.conftest import tier_runs_on_cuda
 from tests.gpu.test_engine_p3_6_gpu import TOL, random_prompts
 from tests.oracles import hf_greedy
@@ -29,12 +30,14 @@ PROMPT_LENGTHS = (1, 6, 11, 19, 4, 30)
 NEW_TOKENS = (6, 2, 9, 4, 7, 3)     # finish one by one: the batch crosses bucket boundaries downwards
 
 
+@pytest.mark.parametrize("engine_cls", [StaticDecodeEngine, OverlappedDecodeEngine])
 @pytest.mark.parametrize("buckets,budget", [(None, 4096), (None, 7), ([8], 7)])
-def test_graph_decode_equals_hf_generate(tier_lm, no_tf32, buckets, budget):
+def test_graph_decode_equals_hf_generate(tier_lm, no_tf32, buckets, budget, engine_cls):
     """Budget 4096: four prompts in one pass, then decode-only steps as they finish (buckets 4, 2, 1);
-    budget 7: chunks beside decodes (mixed passes), decode-only steps between; [8]: every step padded."""
-    engine = StaticDecodeEngine(tier_lm, max_running=4, block_size=4, n_blocks=256, buckets=buckets,
-                                max_num_batched_tokens=budget)
+    budget 7: chunks beside decodes (mixed passes), decode-only steps between; [8]: every step padded.
+    OverlappedDecodeEngine: the same, with step N+1 launched before step N's ids are read (pinned copy, event)."""
+    engine = engine_cls(tier_lm, max_running=4, block_size=4, n_blocks=256, buckets=buckets,
+                        max_num_batched_tokens=budget)
     prompts = random_prompts(PROMPT_LENGTHS, seed=11)
     seqs = [engine.add(p, n, ignore_eos=True) for p, n in zip(prompts, NEW_TOKENS)]
     engine.run()
@@ -42,6 +45,8 @@ def test_graph_decode_equals_hf_generate(tier_lm, no_tf32, buckets, budget):
     for p, n, s in zip(prompts, NEW_TOKENS, seqs):
         assert s.output_ids == hf_greedy(tier_lm, p, n, ignore_eos=True)
     assert engine.n_static_steps > 0
+    if engine_cls is OverlappedDecodeEngine:
+        assert engine.n_overlapped_steps > 0
     if ON_CUDA:
         assert engine.cuda_graphs and engine.graphs
         if budget == 4096 and buckets is None:

@@ -1,0 +1,178 @@
+"""`OverlappedDecodeEngine`: the host schedules decode step N+1 while the GPU still runs step N.
+
+With CUDA graphs a 256-sequence decode step on an H100 is ~4.6 ms of GPU work, yet the
+step took ~10.3 ms of wall time: the host spends ~5.6 ms per step in Python (claiming
+slots, comparing rows, appending tokens, finish checks), and `StaticDecodeEngine` does it
+in series with the GPU, because each step waits for the sampled ids before the next one
+is built. This engine pipelines consecutive decode-only steps, as vLLM V1's async
+scheduling does:
+
+    call k:  [host: claim slots, sync rows for step k] -> launch step k (graph, sampler,
+             a non-blocking copy of the ids to pinned host memory, an event)
+             -> wait for step k-1's event -> [host: append its tokens, finish checks]
+             -> return step k-1's outputs
+
+The GPU orders step k after step k-1 (one stream), and step k's input ids are step k-1's
+sampled ids, copied on the device (`DecodeBuffers.record_pending`): the host never needs
+a token to launch the next step. What the host cannot know in advance is an EOS: a
+sequence that ends on one at step k-1 has already been given a row in step k. That row
+is wasted (its token dropped, `n_wasted_rows`); its K/V write lands in a slot the
+sequence's worst-case reservation already covered, and the block goes back with the rest
+when the sequence retires. A sequence that ends by length is left out of step k, since
+the host counts its tokens.
+
+Only steady decode streaks overlap. A step with prefill chunks, or one that would admit
+a waiting request, first completes the pass in flight and then runs as phase 3.6/3.7 do.
+So admissions happen a step later than in `StaticDecodeEngine`, and outputs are
+unchanged: greedy tokens equal HF `generate`, and a seeded draw depends only on
+(seed, output index, token), which `_draw(ahead=1)` keeps.
+
+On a CPU nothing runs asynchronously (the copy is a clone, the "wait" returns at once),
+so the tests there check the bookkeeping: equal outputs, wasted rows, no leaked block.
+What the overlap buys is a GPU measurement (`graph_workload`, `graph_bench`), not made
+on a GPU yet. Later phases (copy-on-write, beams, prefix caching, preemption, the server)
+build on `StaticDecodeEngine`, not on this engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
+from phases.p3_5_paged_attention.attention import use_paged_attention
+from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
+
+HOST_BUFFERS = 2     # pinned host buffers for sampled ids: one being filled by step k, one read for step k-1
+
+
+class SampledIds:
+    """A step's sampled ids [n] on their way to the host: on CUDA a non-blocking copy into pinned memory
+    and an event after it, so launching the next step does not wait; elsewhere a plain copy."""
+
+    def __init__(self, ids: torch.Tensor, host_buffer: torch.Tensor | None):
+        self.n = ids.shape[0]
+        self.event = None
+        if ids.is_cuda:
+            self.host = host_buffer[:self.n]
+            self.host.copy_(ids, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host = ids.clone()
+
+    def read(self) -> list[int]:
+        """The ids on the host: waits for the copy only (not for later work queued on the GPU)."""
+        if self.event is not None:
+            self.event.synchronize()
+        return self.host.tolist()
+
+
+@dataclass
+class InFlight:
+    """A decode step launched but not yet read back: its sequences in row order and their sampled ids."""
+    rows: list[Sequence]
+    ids: SampledIds
+
+
+class OverlappedDecodeEngine(StaticDecodeEngine):
+    """`StaticDecodeEngine` whose consecutive decode-only steps overlap: step N+1 is built and launched
+    before step N's tokens are read. `step()` returns the tokens of the step before the one it launched."""
+
+    overlaps_steps = True      # for timers (common/step_bench.py): do not synchronise between steps
+
+    def __init__(self, lm, *args, **kwargs):
+        super().__init__(lm, *args, **kwargs)
+        if not self.static_decode:
+            raise ValueError("OverlappedDecodeEngine needs the static decode step (static_decode=True)")
+        self._in_flight: InFlight | None = None
+        self._undelivered: list[StepOutput] = []   # outputs of a pass completed outside step() (abort)
+        on_cuda = torch.device(lm.device).type == "cuda"
+        self._host_ids = [torch.empty(self.max_running, dtype=torch.int64, pin_memory=True) if on_cuda else None
+                          for _ in range(HOST_BUFFERS)]
+        self._next_buffer = 0
+        self._known_tokens: list[int] | None = None   # what _sample returns while a pass is completed
+        self.n_overlapped_steps = 0                   # decode steps launched before the previous one was read
+        self.n_wasted_rows = 0                        # rows of sequences that had ended on an EOS in flight
+
+    @property
+    def has_work(self) -> bool:
+        return super().has_work or self._in_flight is not None or bool(self._undelivered)
+
+    # --- one step -------------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        previous, self._in_flight = self._in_flight, None
+        rows = self._rows_to_launch(previous)
+        if previous is None and rows is None:
+            return self._undelivered_and(super().step())       # prefill, admission, mixed pass: in series
+        with use_paged_attention(self.lm.model, self.attention_name):
+            if rows:
+                self._in_flight = self._launch(rows, ahead=previous is not None)
+                self.n_steps += 1
+                self.n_overlapped_steps += previous is not None
+            outputs = self._complete(previous) if previous is not None else []
+        return self._undelivered_and(outputs)
+
+    def _rows_to_launch(self, previous: InFlight | None) -> list[Sequence] | None:
+        """The sequences of the next overlapped decode step, or None when the next step must wait for the
+        pass in flight (or is not a decode-only step): prefill still due, or a waiting request the pool
+        could take now."""
+        if any(s.status is Status.PREFILLING for s in self.running):
+            return None
+        if self.waiting and self.n_free_slots and self.can_admit(self.waiting[0]):
+            return None
+        decoding = [s for s in self.running if s.status is Status.DECODING]
+        if previous is None:
+            return decoding or None
+        in_flight = {id(s) for s in previous.rows}
+        if any(id(s) not in in_flight for s in decoding):
+            return None
+        # A sequence whose token in flight is its last (by length) is left out; one that ended on an EOS
+        # in flight cannot be known yet and keeps its row.
+        rows = [s for s in previous.rows if s.status is Status.DECODING and len(s.output_ids) + 1 < s.max_new_tokens]
+        return rows or None
+
+    def _launch(self, seqs: list[Sequence], ahead: bool) -> InFlight:
+        """Run one static decode step and draw its tokens, all queued on the device; start their copy home."""
+        rows, logits = self._static_pass(seqs)
+        ids = self._draw(rows, logits, ahead=int(ahead))
+        self.buffers.record_pending(ids)          # the next step's input ids, on the device
+        buffer = self._host_ids[self._next_buffer]
+        self._next_buffer = (self._next_buffer + 1) % HOST_BUFFERS
+        return InFlight(rows, SampledIds(ids, buffer))
+
+    def _complete(self, flight: InFlight) -> list[StepOutput]:
+        """Read a launched step's tokens and hand them to its sequences (finish checks, timings, retiring)."""
+        tokens = flight.ids.read()
+        live = [(s, t) for s, t in zip(flight.rows, tokens) if s.status is Status.DECODING]
+        self.n_wasted_rows += len(flight.rows) - len(live)
+        seqs = [s for s, _ in live]
+        self._known_tokens = [t for _, t in live]
+        try:
+            outputs = self._emit(seqs, None)
+        finally:
+            self._known_tokens = None
+        if self._in_flight is None:
+            self.buffers.settle(seqs, [t for _, t in live])   # nothing launched after it: the mirror is current
+        for out in outputs:
+            if out.finished:
+                self._retire(out.seq)
+        return outputs
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor | None) -> list[int]:
+        if self._known_tokens is not None:
+            return self._known_tokens                  # drawn on the device when the step was launched
+        return super()._sample(seqs, logits)
+
+    def _undelivered_and(self, outputs: list[StepOutput]) -> list[StepOutput]:
+        held, self._undelivered = self._undelivered, []
+        return held + outputs
+
+    # --- leaving early --------------------------------------------------------------------------
+    def abort(self, seq: Sequence) -> None:
+        """Complete the pass in flight first (its outputs come with the next step), then abort as before."""
+        if self._in_flight is not None:
+            flight, self._in_flight = self._in_flight, None
+            self._undelivered += self._complete(flight)
+        super().abort(seq)
