@@ -6,8 +6,16 @@ A README marks where a result goes:
     (anything here is replaced)
     <!-- /results -->
 
+and every phase README has its "blog vs ours" table, built by scripts/blog_vs_ours.py from
+the figures it looks up in results/:
+
+    <!-- blog-vs-ours: p2_1_naive_batching -->
+    (replaced)
+    <!-- /blog-vs-ours -->
+
 Run `python scripts/sync_readme_tables.py` after `scripts/measure_all.sh`;
-`--check` exits 1 if a README is out of date or names a missing result.
+`--check` exits 1 if a README is out of date, names a missing result, or a phase
+README lacks its blog table (tests/test_readme_tables.py runs it).
 """
 
 from __future__ import annotations
@@ -16,8 +24,12 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import blog_vs_ours  # noqa: E402  (a sibling script)
+
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(<!-- results: (?P<stem>[\w.+-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
+BLOG_BLOCK = re.compile(r"(<!-- blog-vs-ours: (?P<phase>\w+) -->\n)(?P<body>.*?)(<!-- /blog-vs-ours -->)", re.S)
 
 
 def sync(readme: Path, check: bool) -> list[str]:
@@ -31,7 +43,21 @@ def sync(readme: Path, check: bool) -> list[str]:
             return m.group(0)
         return m.group(1) + src.read_text().rstrip() + "\n" + m.group(4)
 
-    new = BLOCK.sub(fill, text)
+    def fill_blog(m: re.Match) -> str:
+        comparison = blog_vs_ours.COMPARISONS.get(m["phase"])
+        if comparison is None:
+            problems.append(f"{readme.relative_to(ROOT)}: no comparison named {m['phase']} in blog_vs_ours.py")
+            return m.group(0)
+        try:
+            return m.group(1) + blog_vs_ours.render(comparison) + "\n" + m.group(4)
+        except (KeyError, ValueError, OSError) as e:
+            problems.append(f"{readme.relative_to(ROOT)}: {e}")
+            return m.group(0)
+
+    new = BLOG_BLOCK.sub(fill_blog, BLOCK.sub(fill, text))
+    phase = readme.parent.name
+    if readme.parent.parent.name == "phases" and f"<!-- blog-vs-ours: {phase} -->" not in text:
+        problems.append(f"{readme.relative_to(ROOT)}: no blog-vs-ours table (<!-- blog-vs-ours: {phase} -->)")
     if new != text:
         if check:
             problems.append(f"{readme.relative_to(ROOT)}: tables differ from results/")
