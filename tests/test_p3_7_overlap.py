@@ -99,3 +99,19 @@ def test_abort_mid_flight_delivers_the_pending_tokens(tiny):
 def test_overlap_needs_the_static_step(tiny):
     with pytest.raises(ValueError, match="static decode step"):
         OverlappedDecodeEngine(tiny, max_running=2, static_decode=False)
+
+
+def test_an_overlapped_step_never_reads_a_synchronised_clock(tiny, monkeypatch):
+    """On a GPU `now()` synchronises: called while a step is in flight, it would wait for that step and put
+    the host back in series with the GPU. Steady overlapped steps must not call it."""
+    import phases.p2_2_scheduler.scheduler as scheduler
+    engine = OverlappedDecodeEngine(tiny, max_running=3, block_size=BLOCK_SIZE, n_blocks=64)
+    seqs = [engine.add(p, 12, ignore_eos=True) for p in random_prompts((5, 6, 7), seed=7)]
+    engine.step()
+    engine.step()                                   # the prefill, then the first launch
+    monkeypatch.setattr(scheduler, "now", lambda device=None: pytest.fail("a synchronised clock mid-flight"))
+    for _ in range(6):
+        assert len(engine.step()) == 3
+    monkeypatch.undo()
+    engine.run()
+    assert all(len(s.output_ids) == 12 for s in seqs)

@@ -144,7 +144,7 @@ class Scheduler:
     def _emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
         """Pick each sequence's next token from logits [S, V] (row i is seqs[i]); advance its status."""
         tokens = self._sample(seqs, logits)
-        t = now(self.lm.device)
+        t = self._clock()
         outputs = []
         for seq, token in zip(seqs, tokens):
             if seq.status is Status.PREFILLING:
@@ -154,6 +154,11 @@ class Scheduler:
                 self._finish(seq)
             outputs.append(StepOutput(seq, token, done))
         return outputs
+
+    def _clock(self) -> float:
+        """When the tokens just sampled exist: a synchronised clock (phase 3.7's overlapped steps, whose tokens
+        were read after an event, must not wait for the step queued behind them)."""
+        return now(self.lm.device)
 
     def _finish(self, seq: Sequence) -> None:
         """`seq` made its last token. It leaves the running set when the scheduler says (here: with its batch)."""

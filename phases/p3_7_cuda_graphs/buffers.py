@@ -44,6 +44,16 @@ EMPTY_SLOT = -1
 PENDING = "pending"    # a row's token: sampled on the device, not yet read by the host (overlap.py)
 
 
+def send(values: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`values` (host) on `device`, without making the host wait for the GPU. A copy from ordinary (pageable)
+    host memory first waits for everything queued on the stream, which would stall an overlapped step
+    (overlap.py) behind the step in flight; from pinned memory it is queued like a kernel. (torch's caching
+    host allocator keeps the pinned block alive until the copy has run.)"""
+    if device.type == "cuda":
+        values = values.pin_memory()
+    return values.to(device, non_blocking=True)
+
+
 @dataclass
 class RowState:
     """What the device holds for one row (the host's mirror of it)."""
@@ -135,8 +145,8 @@ class DecodeBuffers:
             if id(s) not in placed:
                 new_rows[next(free)] = RowState(s, None, -1, [])     # unknown: everything is sent
         if moves_src:
-            src = torch.tensor(moves_src, device=self.device)
-            dst = torch.tensor(moves_dst, device=self.device)
+            src = send(torch.tensor(moves_src), self.device)
+            dst = send(torch.tensor(moves_dst), self.device)
             for t in (self.input_ids, self.positions, self.seq_lens, self.block_tables):
                 t[dst] = t[src]
         if len(old) > n:
@@ -170,13 +180,13 @@ class DecodeBuffers:
                 entries += [(row, col, blocks[col]) for col in range(same, len(blocks))]
                 state.blocks = list(blocks)
         if row_updates:
-            values = torch.tensor(row_updates, dtype=torch.int64).to(self.device, non_blocking=True)
+            values = send(torch.tensor(row_updates, dtype=torch.int64), self.device)
             rows = values[:, 0]
             self.input_ids[rows] = values[:, 1]
             self.positions[rows] = values[:, 2]
             self.seq_lens[rows] = values[:, 3].to(torch.int32)
         if entries:
-            values = torch.tensor(entries, dtype=torch.int64).to(self.device, non_blocking=True)
+            values = send(torch.tensor(entries, dtype=torch.int64), self.device)
             self.block_tables[values[:, 0], values[:, 1]] = values[:, 2].to(torch.int32)
         self.n_values_sent += 4 * len(row_updates) + 3 * len(entries)
 

@@ -23,9 +23,14 @@ the host counts its tokens.
 
 Only steady decode streaks overlap. A step with prefill chunks, or one that would admit
 a waiting request, first completes the pass in flight and then runs as phase 3.6/3.7 do.
-So admissions happen a step later than in `StaticDecodeEngine`, and outputs are
-unchanged: greedy tokens equal HF `generate`, and a seeded draw depends only on
-(seed, output index, token), which `_draw(ahead=1)` keeps.
+So admissions happen a step later than in `StaticDecodeEngine`. Greedy tokens equal
+HF `generate` (fp32), as the engine's do, and a seeded draw depends only on (seed,
+output index, token), which `_draw(ahead=1)` keeps. (On a GPU, in bf16, a wasted row
+or a later admission can change a step's bucket or split count and so the rounding:
+greedy near-ties may then differ from `StaticDecodeEngine`'s, as between any two
+batch compositions.) Nothing in the launch path waits for the GPU: host values go
+through pinned memory (`buffers.send`), and token timestamps are taken after the
+event, not with a synchronise (`_clock`).
 
 On a CPU nothing runs asynchronously (the copy is a clone, the "wait" returns at once),
 so the tests there check the bookkeeping: equal outputs, wasted rows, no leaked block.
@@ -36,6 +41,7 @@ build on `StaticDecodeEngine`, not on this engine.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -58,7 +64,7 @@ class SampledIds:
             self.host = host_buffer[:self.n]
             self.host.copy_(ids, non_blocking=True)
             self.event = torch.cuda.Event()
-            self.event.record()
+            self.event.record(torch.cuda.current_stream(ids.device))   # the stream the copy was queued on
         else:
             self.host = ids.clone()
 
@@ -108,7 +114,11 @@ class OverlappedDecodeEngine(StaticDecodeEngine):
             return self._undelivered_and(super().step())       # prefill, admission, mixed pass: in series
         with use_paged_attention(self.lm.model, self.attention_name):
             if rows:
-                self._in_flight = self._launch(rows, ahead=previous is not None)
+                try:
+                    self._in_flight = self._launch(rows, ahead=previous is not None)
+                except Exception:
+                    self._in_flight = previous       # not lost: the next step() reads it
+                    raise
                 self.n_steps += 1
                 self.n_overlapped_steps += previous is not None
             outputs = self._complete(previous) if previous is not None else []
@@ -159,6 +169,13 @@ class OverlappedDecodeEngine(StaticDecodeEngine):
             if out.finished:
                 self._retire(out.seq)
         return outputs
+
+    def _clock(self) -> float:
+        if self._known_tokens is not None:
+            # The ids were read after their own event; a synchronised clock would wait for the step
+            # launched since, putting host and GPU back in series.
+            return time.perf_counter()
+        return super()._clock()
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor | None) -> list[int]:
         if self._known_tokens is not None:

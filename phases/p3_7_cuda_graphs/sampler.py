@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from common.sampling import SEED_MAX, SEED_MIN, SamplingParams
+from phases.p3_7_cuda_graphs.buffers import send
 
 UINT64 = 1 << 64
 
@@ -92,7 +93,7 @@ def sampling_rows(params: list[SamplingParams], seeds: list[int], counters: list
     table = torch.tensor([[int(p.greedy), p.top_k if 0 < p.top_k < vocab else vocab, s, c]
                           for p, s, c in zip(params, seeds, counters)], dtype=torch.int64)
     floats = torch.tensor([[1.0 if p.greedy else p.temperature, p.top_p] for p in params], dtype=torch.float32)
-    table, floats = table.to(device, non_blocking=True), floats.to(device, non_blocking=True)
+    table, floats = send(table, torch.device(device)), send(floats, torch.device(device))
     filtered = any(not p.greedy and (0 < p.top_k < vocab or p.top_p < 1.0) for p in params)
     return SamplingRows(table[:, 0].bool(), floats[:, 0], table[:, 1], floats[:, 1], table[:, 2], table[:, 3], filtered)
 
