@@ -43,21 +43,28 @@ def cell_sources(nb: nbformat.NotebookNode) -> list[tuple[str, str]]:
     return [(c.cell_type, c.source.strip()) for c in nb.cells]
 
 
-def execute(py_path: Path) -> Path:
-    """Run one notebook from its .py copy; write the executed .ipynb beside it. Raises on a cell error."""
+def run(py_path: Path, timeout: int = CELL_TIMEOUT_S) -> nbformat.NotebookNode:
+    """Run one notebook from its .py copy, top to bottom, in a fresh kernel from the repo root (so `common`
+    and `phases` import); returns it with its outputs. Raises on a cell error. (The tests call this too.)"""
     from nbclient import NotebookClient
 
     nb = jupytext.read(py_path)
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
     nb.metadata.setdefault("jupytext", {})["formats"] = PAIRING
     pythonpath = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{pythonpath}" if pythonpath else str(ROOT)
+    if str(ROOT) not in pythonpath.split(os.pathsep):
+        os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{pythonpath}" if pythonpath else str(ROOT)
     # record_timing=False: no per-cell timestamps in the metadata, so re-running changes only outputs.
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT_S, kernel_name="python3", record_timing=False,
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                             resources={"metadata": {"path": str(ROOT)}})
     client.execute()
+    return nb
+
+
+def execute(py_path: Path) -> Path:
+    """Run one notebook from its .py copy; write the executed .ipynb beside it."""
     out = py_path.with_suffix(".ipynb")
-    nbformat.write(nb, out)
+    nbformat.write(run(py_path), out)
     return out
 
 

@@ -1,27 +1,25 @@
-"""Execute a notebook headless (what the notebook tests call).
+"""Execute a notebook headless (what the notebook tests call): scripts/run_notebooks.py's `run`.
 
 A notebook's text copy (notebooks/NN_name.py, jupytext percent format) is what runs: it is the half
 of the pair that is edited, and `tests/test_notebooks.py` checks the executed .ipynb agrees with it.
+Nothing is written back.
 """
 
 from __future__ import annotations
 
-import os
+import importlib.util
 from pathlib import Path
 
-import jupytext
 import nbformat
-from nbclient import NotebookClient
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_TIMEOUT_S = 300
 
+_spec = importlib.util.spec_from_file_location("run_notebooks", REPO_ROOT / "scripts" / "run_notebooks.py")
+run_notebooks = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(run_notebooks)
+
 
 def run_notebook(name: str, timeout: int = NOTEBOOK_TIMEOUT_S) -> nbformat.NotebookNode:
     """Run notebooks/<name> (its .py copy) top to bottom in a fresh kernel of this venv; raise on any cell error."""
-    nb = jupytext.read(REPO_ROOT / "notebooks" / Path(name).with_suffix(".py").name)
-    env_pp = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{env_pp}" if env_pp else str(REPO_ROOT)
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(REPO_ROOT)}})
-    client.execute()
-    return nb
+    return run_notebooks.run(REPO_ROOT / "notebooks" / Path(name).with_suffix(".py").name, timeout)

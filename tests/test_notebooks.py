@@ -3,15 +3,13 @@
 Executing them is tested beside each phase's own tests (tests/test_p*.py call tests.nbrun.run_notebook).
 """
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
+from tests.nbrun import run_notebooks
+
 ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "scripts" / "run_notebooks.py")
-run_notebooks = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(run_notebooks)
 
 
 def test_every_notebook_has_a_text_copy():
