@@ -56,6 +56,51 @@ def test_one_forward_pass_per_phase_of_a_step(tiny32):
     assert engine.n_steps == 5 and engine.n_forward_passes == 5
 
 
+def test_attention_switch_walks_the_model_once_per_name_then_only_sets_the_config(tiny32, monkeypatch):
+    # transformers' set_attn_implementation walks every submodule (~1 ms a call on a 28-layer model) and the
+    # engine switches twice per step: after a model has met a name once, only the config's setter runs.
+    from transformers import PreTrainedModel
+    from phases.p3_5_paged_attention.attention import ATTN_NAME, use_paged_attention
+    model = tiny32.model
+    with use_paged_attention(model):
+        pass                                            # each name checked by transformers once
+    before = model.config._attn_implementation
+    calls = []
+    full_switch = PreTrainedModel.set_attn_implementation
+    monkeypatch.setattr(PreTrainedModel, "set_attn_implementation",
+                        lambda self, *a, **k: (calls.append(a), full_switch(self, *a, **k)))
+    seen = []
+    engine = BatchedPagedEngine(tiny32, max_running=2, block_size=4, n_blocks=64)
+    seq = engine.add(list(range(200, 209)), 6, ignore_eos=True)
+    for _ in range(3):
+        engine.step()
+        seen.append(model.config._attn_implementation)
+    engine.run()
+    assert calls == []                                  # no walk: the name was checked before
+    assert seen == [before] * 3                         # and switched back after every step
+    assert seq.output_ids == hf_greedy(tiny32, seq.prompt_ids, 6, ignore_eos=True)
+    with use_paged_attention(model):
+        assert model.config._attn_implementation == ATTN_NAME
+        assert all(m.config._attn_implementation == ATTN_NAME for m in model.modules()
+                   if isinstance(m, PreTrainedModel))
+
+
+def test_attention_switch_takes_the_full_walk_when_a_submodel_has_its_own_config(tiny32, monkeypatch):
+    import copy
+    from transformers import PreTrainedModel
+    from phases.p3_5_paged_attention.attention import ATTN_NAME, use_paged_attention
+    model = copy.deepcopy(tiny32.model)
+    model.model.config = copy.deepcopy(model.config)    # the inner model no longer shares the top config
+    calls = []
+    full_switch = PreTrainedModel.set_attn_implementation
+    monkeypatch.setattr(PreTrainedModel, "set_attn_implementation",
+                        lambda self, *a, **k: (calls.append(a), full_switch(self, *a, **k)))
+    for _ in range(2):
+        with use_paged_attention(model):
+            assert model.model.config._attn_implementation == ATTN_NAME   # reached through the walk
+    assert len(calls) == 4                              # in and back, every time
+
+
 def test_index_plans_are_made_once_per_forward_pass_not_per_layer(tiny32, monkeypatch):
     from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
     from phases.p3_5_paged_attention import plans

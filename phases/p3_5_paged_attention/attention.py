@@ -28,13 +28,14 @@ or at the first call that asks for it (`check_call`): never a silently wrong tok
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
+from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from phases.p3_5_paged_attention.ops import gather_kv, paged_decode_attention, plan_decode, plan_write, write_kv
@@ -204,12 +205,45 @@ def use_paged_attention(model, name: str = ATTN_NAME):
     """Switch `model` to the paged attention registered as `name` for the duration of a forward pass.
 
     Switched per call, not once, because other engines in the same process (the
-    benchmarks compare them) run the same model with SDPA and padding masks."""
+    benchmarks compare them) run the same model with SDPA and padding masks.
+    So the switch runs twice every step, and must be cheap (`switch_attention`)."""
     previous = model.config._attn_implementation
     if previous != name:
-        model.set_attn_implementation(name)
+        switch_attention(model, name)
     try:
         yield
     finally:
         if previous != name:
-            model.set_attn_implementation(previous)
+            switch_attention(model, previous)
+
+
+@dataclass
+class _SwitchState:
+    """What `switch_attention` learnt about one model."""
+    configs_shared: bool                            # every transformers submodel uses model.config itself
+    checked: set[str] = field(default_factory=set)  # names transformers has already checked for it
+
+
+_SWITCH_STATE: "weakref.WeakKeyDictionary[torch.nn.Module, _SwitchState]" = weakref.WeakKeyDictionary()
+
+
+def switch_attention(model, name: str) -> None:
+    """Set `model`'s attention implementation to `name`.
+
+    transformers' `set_attn_implementation` checks the name, then walks every
+    submodule looking for submodels with configs of their own: ~400 modules on
+    a 28-layer model, about 1 ms of host time on a CPU, twice per step (in and
+    back). That walk changes nothing more than the config's own setter does when
+    every submodel shares the top config (a causal LM and its inner model do).
+    So the full call runs the first time a model meets a name, and after that,
+    where the configs are shared, only the setter: what the attention layers
+    read at each forward (`config._attn_implementation`)."""
+    state = _SWITCH_STATE.get(model)
+    if state is None:
+        shared = all(m.config is model.config for m in model.modules() if isinstance(m, PreTrainedModel))
+        state = _SWITCH_STATE[model] = _SwitchState(shared)
+    if name in state.checked and state.configs_shared:
+        model.config._attn_implementation = name
+        return
+    model.set_attn_implementation(name)
+    state.checked.add(name)
