@@ -75,6 +75,8 @@ class BlockTable:
         """
         if n_new_tokens < 0:
             raise ValueError(f"n_new_tokens must be >= 0, got {n_new_tokens}")
+        if self.n_filled + n_new_tokens <= len(self.block_ids) * self.block_size:
+            return []      # it fits: the common case (a decode step's one token, block_size - 1 times in block_size)
         taken: list[int] = []
         try:
             for _ in range(self.blocks_needed(n_new_tokens)):
@@ -110,7 +112,8 @@ class BlockTable:
         end = self.n_filled if end is None else end
         if not 0 <= start <= end <= self.n_filled:
             raise IndexError(f"token range {start}..{end} is outside this table's {self.n_filled} tokens")
-        return [self.slot(pos) for pos in range(start, end)]
+        bs = self.block_size     # `slot` for each position, without re-checking each one (the range was checked)
+        return [self.block_ids[pos // bs] * bs + pos % bs for pos in range(start, end)]
 
     # --- giving back -------------------------------------------------------------
     def release(self, allocator: BlockAllocator) -> None:
