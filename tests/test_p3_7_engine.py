@@ -224,7 +224,26 @@ def test_graph_bench_and_graph_workload_quick():
     engines = {r["engine"] for r in bench.data["step"]}
     assert engines == {"p3_6 (decode pass from lists)", "p3_7 static, eager"}        # no graph on a CPU
     assert all(r["ms"] > 0 for r in bench.data["step"])
+    host = bench.data["host"]                       # the same engines with the model stubbed out
+    assert {r["engine"] for r in host} == {"p3_6 (decode pass from lists)", "p3_7 static, eager",
+                                           "p3_7 static, overlapped"}
+    assert {r["batch"] for r in host} == {1, 3} and all(r["host_ms"] > 0 for r in host)
     work = run_demo("graph_workload", model="tiny", device="cpu", dtype="fp32", quick=True,
                     options={"engines": ["chunked", "graphs"]})
     notes = " ".join(n for t in work.tables for n in t.notes)
     assert "graphs: 4/4 outputs identical to chunked's" in notes
+
+
+def test_the_host_sections_stub_returns_what_each_decode_pass_returns_and_leaves_prefill_alone(tiny):
+    # The stub must give each engine's decode pass the logits shape its caller slices, or the host section
+    # would time an error path; prefill passes still run the model (their K/V and first tokens are real).
+    from phases.p3_7_cuda_graphs.demo import stub_decode_forward
+    for engine in (ChunkedPrefillEngine(tiny, max_running=3, n_blocks=32),
+                   StaticDecodeEngine(tiny, max_running=3, n_blocks=32, buckets=[4])):
+        stub_decode_forward(engine)
+        seqs = [engine.add(list(range(100, 100 + n)), 4, ignore_eos=True) for n in (3, 5, 7)]
+        engine.run()
+        for s in seqs:
+            assert s.output_ids[0] == hf_greedy(tiny, s.prompt_ids, 1, ignore_eos=True)[0]   # from the prefill
+            assert s.output_ids[1:] == [0, 0, 0]                                           # from the stub
+        assert engine.allocator.n_free == engine.allocator.n_blocks

@@ -12,6 +12,8 @@ graph_bench, three sections (`--sections`):
           graph, and the graph with overlapped steps (overlap.py: the host builds step N+1 while
           the GPU runs step N); for a graph, its replay's GPU time and wall / GPU (the host overhead left).
           At batch 1, HF generate with the compiled static cache for comparison (GPU).
+  host    the step section's engines with each decode pass stubbed out (zero logits, no model): the host's own
+          ms per step and us per sequence, the part a graph does not remove and overlapped steps must hide.
   tune    (GPU) every LaunchConfig x split count (tuning.py): the best configs and, per cell,
           the best split count beside the rule's choice.
 graph_workload: workload_bench's equal and mixed work through phases 3.5, 3.6 and 3.7 (`graphs`, and
@@ -40,6 +42,7 @@ from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton
 from phases.p3_5_paged_attention.reference import sdpa_decode_contiguous
 from phases.p3_6_varlen_prefill.demo import CHUNKED
 from phases.p3_6_varlen_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillEngine
+from phases.p3_7_cuda_graphs.attention import StaticDecodeBatch
 from phases.p3_7_cuda_graphs.decode_kernel import DEFAULT_CONFIG, tiled_decode_attention
 from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
 from phases.p3_7_cuda_graphs.overlap import OverlappedDecodeEngine
@@ -150,6 +153,56 @@ def step_section(cfg: RunConfig, lm, report: Report) -> None:
     report.data["step"] = rows
 
 
+# --- host ------------------------------------------------------------------------------------------
+STUB_VOCAB = 8   # logits columns the stub returns: argmax over a real vocabulary is device work, not host work
+
+
+def stub_decode_forward(engine) -> None:
+    """Replace `engine`'s decode passes by a stub returning zero logits [rows, STUB_VOCAB] (every row draws
+    token 0; the step bench ignores EOS): what is left of a step is the host's work. Prefill passes still run."""
+    real = engine._forward
+    zeros = torch.zeros(engine.max_running, 1, STUB_VOCAB, device=engine.lm.device)   # [rows, 1 position, V]
+
+    def forward(input_ids, position_ids, batch, logits_to_keep=1):
+        if not batch.is_decode:
+            return real(input_ids, position_ids, batch, logits_to_keep)
+        rows = batch.block_tables.shape[0]             # a table row per sequence (p3_7: per bucket row)
+        # What each engine's decode pass returns: p3_7's static step [bucket, V], phase 3.5's [S, 1, V].
+        return zeros[:rows, 0] if isinstance(batch, StaticDecodeBatch) else zeros[:rows]
+
+    engine._forward = forward
+
+
+HOST_ENGINES = {name: make for name, make in STEP_ENGINES.items() if "graph" not in name} | {
+    "p3_7 static, overlapped": lambda lm, n, blocks: OverlappedDecodeEngine(lm, max_running=n, n_blocks=blocks,
+                                                                            cuda_graphs=False),
+}
+
+
+def host_section(cfg: RunConfig, lm, report: Report) -> None:
+    """The step section's engines with the model stubbed out: the host's own time per decode step."""
+    t = report.table(f"the host's share of one decode step: the forward pass stubbed out, {cfg.prompt_len}-token "
+                     f"prompts (median of {cfg.host_steps} steps)", ["batch", "engine", "host ms/step", "us per sequence"])
+    rows = []
+    for batch in cfg.host_batches:
+        for name, make in HOST_ENGINES.items():
+            blocks = batch * blocks_for(cfg.prompt_len + cfg.host_steps + STEP_SLACK_TOKENS, cfg.block_size)
+
+            def build(lm_, n, make=make, blocks=blocks):
+                engine = make(lm_, n, blocks)
+                stub_decode_forward(engine)
+                return engine
+
+            r = decode_step_ms(build, lm, batch, cfg.prompt_len, cfg.host_steps)
+            del r["engine"]
+            t.add_row(batch, name, r["ms"], 1e3 * r["ms"] / batch)
+            rows.append(dict(batch=batch, engine=name, host_ms=r["ms"], us_per_seq=1e3 * r["ms"] / batch))
+    t.notes.append("Each decode pass returns zero logits at once (no model, no graph replay, no kernel), so the time "
+                   "left is Python and the step's few small tensor ops: the floor under a step's wall time, which "
+                   "overlapped steps hide behind the GPU's work when it is shorter than that work.")
+    report.data["host"] = rows
+
+
 # --- tune ------------------------------------------------------------------------------------------
 def tune_section(cfg: RunConfig, lm, report: Report) -> None:
     if torch.device(lm.device).type != "cuda":
@@ -176,13 +229,16 @@ def tune_section(cfg: RunConfig, lm, report: Report) -> None:
 @demo("graph_bench", phase="p3_7",
       help="the decode step: eager vs static buffers vs CUDA graphs per batch size; the tuned decode kernel vs "
            "phase 3.5's and SDPA (GB/s, share of HBM); the launch-config sweep",
-      options=[Option("sections", str, cpu=["kernel", "step"], gpu=["kernel", "step"], many=True,
-                      help="kernel, step and/or tune"),
+      options=[Option("sections", str, cpu=["kernel", "step", "host"], gpu=["kernel", "step", "host"], many=True,
+                      help="kernel, step, host and/or tune"),
                Option("batch_sizes", int, cpu=[1, 4, 16], gpu=[1, 8, 32, 64, 128, 256], many=True,
                       help="decode-step batch sizes"),
                Option("prompt_len", int, cpu=32, gpu=256, help="prompt tokens per sequence in the step section"),
                Option("steps", int, cpu=5, gpu=30, help="timed decode steps per cell"),
                Option("hf_new_tokens", int, cpu=32, gpu=256, help="tokens HF generates at batch 1 (GPU)"),
+               Option("host_batches", int, cpu=[1, 64, 256], gpu=[1, 64, 256], many=True,
+                      help="host section batch sizes"),
+               Option("host_steps", int, cpu=50, gpu=50, help="timed decode steps per cell in the host section"),
                Option("kernel_batches", int, cpu=[2, 8], gpu=[32, 64, 128, 256], many=True,
                       help="kernel section batch sizes"),
                Option("kernel_contexts", int, cpu=[64], gpu=[512, 1024, 2048], many=True,
@@ -190,10 +246,10 @@ def tune_section(cfg: RunConfig, lm, report: Report) -> None:
                Option("block_size", int, cpu=DEFAULT_BLOCK_SIZE, help="tokens per KV block")])
 def graph_bench(cfg: RunConfig) -> Report:
     cfg.use_quick(batch_sizes=[1, 2], steps=2, prompt_len=8, kernel_batches=[2], kernel_contexts=[32],
-                  hf_new_tokens=4)
+                  hf_new_tokens=4, host_batches=[1, 3], host_steps=3)
     lm = cfg.load()
     report = cfg.new_report("graph_bench")
-    sections = {"kernel": kernel_section, "step": step_section, "tune": tune_section}
+    sections = {"kernel": kernel_section, "step": step_section, "host": host_section, "tune": tune_section}
     unknown = set(cfg.sections) - set(sections)
     if unknown:
         raise ValueError(f"unknown section(s) {sorted(unknown)}; choose from {sorted(sections)}")
