@@ -1,6 +1,6 @@
 """Time one engine's decode step at a given batch size: wall time per step, and (for a graph) its GPU time.
 
-    decode_step_ms(make_engine, lm, batch, prompt_len, steps) -> {"ms": median wall ms per step, ...}
+    decode_step_ms(make_engine, lm, batch, prompt_len, steps) -> {"ms": median wall ms per step, "mean_ms", ...}
 
 The engine is built by `make_engine(lm, max_running)`, given `batch` requests of
 `prompt_len` random tokens (EOS ignored), stepped until every request decodes
@@ -71,7 +71,7 @@ def decode_step_ms(make_engine: Callable, lm, batch: int, prompt_len: int | tupl
             times.append((time.perf_counter() - start) * 1e3)
     ms = statistics.median(times)
     return dict(batch=batch, ms=ms, p90_ms=sorted(times)[int(0.9 * (len(times) - 1))], tok_s=batch / ms * 1e3,
-                engine=engine)
+                mean_ms=statistics.fmean(times), engine=engine)
 
 
 def replay_ms(graph: torch.cuda.CUDAGraph, iters: int = 20) -> float:
