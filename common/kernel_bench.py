@@ -10,14 +10,33 @@ grid with a progress bar and fills the table:
 batch's mixed lengths), the model, and `case.time(fn)`: the median
 milliseconds of `fn()`. On a CPU a Triton kernel runs only in Triton's
 interpreter (every program in Python), so it is checked there on the first
-cell (`case.check_kernel`) but never timed (`case.time_kernel` says so).
+cell (`case.check_kernel`) but never timed (`case.time_kernel` and
+`case.time_kernel_gpu` say so).
 
-Timing. On CUDA a kernel launch returns before the kernel runs, so a host clock
-would time the launch. CUDA events are recorded in the stream around each call
-and read after a synchronise: they time the work itself. On CPU the call is
-synchronous and `time.perf_counter` suffices. Warm-up calls come first (Triton
-compiles a kernel on its first launch; caches and allocators warm up too), and
-the median of the timed calls resists the odd slow outlier.
+Timing, two ways (`Timing.how` names which one a figure is):
+
+- PER_CALL, "per call, launch included" (`median_ms`, `case.time`,
+  `case.time_kernel`): CUDA events recorded around each call from Python. A
+  launch returns before the kernel runs, so the events time the stream, but
+  the start event runs at once on an idle GPU while the host is still in
+  Python launching the kernel: the figure includes that launch latency (tens
+  of microseconds on a slow host, as much as a small kernel's whole run).
+  It is what an eager engine pays for each call (phases 3.4-3.6).
+- GRAPH_REPLAY, "GPU time (graph replay)" (`gpu_time`, `case.time_kernel_gpu`):
+  `fn` is captured CALLS_PER_GRAPH times back to back into one CUDA graph;
+  replays are queued back to back with an event between each two, so the GPU
+  does not wait on the host (while a replay's calls outlast the host's queueing
+  of the next one), and each interval / CALLS_PER_GRAPH is one call's GPU time.
+  It is what a replayed decode step pays (phase 3.7), and what a bandwidth
+  figure needs. A `fn` that cannot be captured (it reads a tensor
+  on the host, say) falls back to per-call timing, and its Timing says why.
+
+On CPU both are `time.perf_counter` around each call (the call is synchronous).
+Warm-up calls come first (Triton compiles a kernel on its first launch; caches
+and allocators warm up too), and the median resists the odd slow outlier.
+Back-to-back calls read the same K/V, so whatever of it the GPU's L2 holds (50 MB
+on an H100) is read again from there: a cell whose K/V is not several times the
+L2 reads faster than HBM allows, under either timing.
 """
 
 from __future__ import annotations
@@ -32,8 +51,9 @@ import torch
 
 from common.bench import sync
 from common.demos import Option, RunConfig
+from common.graph_capture import warm_up_for_capture
 from common.progress import progress_bar
-from common.report import Report, Table
+from common.report import Report, Table, shorten
 
 NOT_TIMED_CPU = "not timed (CPU)"
 QUICK = dict(batch_sizes=[1, 2], context_lens=[5, 19], warmup=1, iters=2)   # tests: 4 cells, 1 + 2 calls each
@@ -45,7 +65,8 @@ LAYER = 1
 
 
 def median_ms(fn: Callable[[], object], device: str | torch.device, warmup: int = 3, iters: int = 20) -> float:
-    """Median milliseconds of `fn()` over `iters` timed calls, after `warmup` untimed ones."""
+    """Median milliseconds of `fn()` over `iters` timed calls, after `warmup` untimed ones: per call, so on
+    CUDA the host's launch latency included (PER_CALL; `gpu_time` leaves it out)."""
     for _ in range(warmup):
         fn()
     sync(device)
@@ -64,6 +85,82 @@ def median_ms(fn: Callable[[], object], device: str | torch.device, warmup: int 
             fn()
             times.append((time.perf_counter() - t0) * 1e3)
     return statistics.median(times)
+
+
+GRAPH_REPLAY = "GPU time (graph replay)"
+PER_CALL = "per call, launch included"
+CALLS_PER_GRAPH = 10   # calls of fn in one captured graph: a replay's own launch is paid once per this many
+REPLAY_WARMUP = 2      # untimed replays first (the first one uploads the graph), queued before the timed ones
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A median time per call and how it was taken (GRAPH_REPLAY, or PER_CALL and, if a graph was wanted, why
+    it could not be had)."""
+    ms: float
+    how: str
+
+    @property
+    def replayed(self) -> bool:
+        return self.how == GRAPH_REPLAY
+
+    def cell(self) -> float | str:
+        """The table cell: the ms under a graph-replay column, or the ms saying it is per call (a fallback)."""
+        return self.ms if self.replayed else f"{self.ms:.3f} ({self.how})"
+
+
+def timing_cell(t: Timing | None) -> float | str:
+    """A kernel's table cell: its Timing's, or NOT_TIMED_CPU for None (a kernel not timed on a CPU)."""
+    return NOT_TIMED_CPU if t is None else t.cell()
+
+
+def capture_calls(fn: Callable[[], object], calls: int = CALLS_PER_GRAPH) -> Callable[[], None]:
+    """`calls` back-to-back calls of `fn` recorded as one CUDA graph; returns its replay. Raises RuntimeError
+    where `fn` cannot be captured (a host read of a device tensor, a synchronize)."""
+    warm_up_for_capture(fn)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph.replay
+
+
+def replay_intervals_ms(replay: Callable[[], None], warmup: int, iters: int) -> list[float]:
+    """ms of each of `iters` back-to-back replays: events between them, read once at the end. The warm-up
+    replays go first in the same queue, so the GPU is still busy when the first timed one is queued."""
+    for _ in range(warmup):
+        replay()
+    events = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
+    events[0].record()
+    for e in events[1:]:
+        replay()
+        e.record()
+    events[-1].synchronize()
+    return [a.elapsed_time(b) for a, b in zip(events, events[1:])]
+
+
+def gpu_time(fn: Callable[[], object], device: str | torch.device, warmup: int = 3, iters: int = 20,
+             calls_per_graph: int = CALLS_PER_GRAPH, capture: Callable = capture_calls) -> Timing:
+    """Median GPU ms of one `fn()` without the host's launch latency (CUDA: graph replays, see the module
+    docstring); per call where `fn` cannot be captured (its Timing says so), and on CPU."""
+    if not str(device).startswith("cuda"):
+        return Timing(median_ms(fn, device, warmup, iters), PER_CALL)
+    try:
+        replay = capture(fn, calls_per_graph)
+    except RuntimeError as e:                      # torch reports a failed capture as a RuntimeError
+        sync(device)
+        return Timing(median_ms(fn, device, warmup, iters), f"{PER_CALL}: not capturable ({capture_error(e)})")
+    intervals = replay_intervals_ms(replay, max(REPLAY_WARMUP, -(-warmup // calls_per_graph)), iters)
+    return Timing(statistics.median(intervals) / calls_per_graph, GRAPH_REPLAY)
+
+
+def capture_error(e: BaseException, width: int = 60) -> str:
+    """What broke a capture, in a few words: the first line of the first error (ending a broken capture raises
+    a second one, "a previous error during capture", chained to it)."""
+    while isinstance(e.__context__, RuntimeError):
+        e = e.__context__
+    lines = str(e).strip().splitlines()
+    return shorten(lines[0] if lines else type(e).__name__, width)
 
 
 def lengths_for(context: int, batch: int, seed: int = 0) -> list[int]:
@@ -123,8 +220,13 @@ class KernelCase:
         return median_ms(fn, self.device, self.warmup, self.iters)
 
     def time_kernel(self, fn: Callable[[], object]) -> float | str:
-        """`time(fn)` on a GPU; on a CPU the interpreter's time means nothing: NOT_TIMED_CPU."""
+        """`time(fn)` (per call, launch included) on a GPU; on a CPU the interpreter's time means nothing:
+        NOT_TIMED_CPU."""
         return self.time(fn) if self.on_gpu else NOT_TIMED_CPU
+
+    def time_kernel_gpu(self, fn: Callable[[], object]) -> Timing | None:
+        """`gpu_time(fn)` (graph replay: no launch latency) on a GPU; None on a CPU (`timing_cell` says why)."""
+        return gpu_time(fn, self.device, self.warmup, self.iters) if self.on_gpu else None
 
 
 def kernel_sweep(cfg: RunConfig, name: str, title: str, columns: list[str],

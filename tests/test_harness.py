@@ -21,8 +21,8 @@ from common.report import REPO_ROOT, shorten
 from common.workload import Request
 
 HARNESS_MODULES = ["common.harness", "common.tput", "common.workload_bench", "common.kernel_bench",
-                   "common.hf_peers", "common.roofline", "common.progress", "common.plots", "common.prefill_bench",
-                   "common.step_bench", "common.grow_bench",
+                   "common.graph_capture", "common.hf_peers", "common.roofline", "common.progress", "common.plots",
+                   "common.prefill_bench", "common.step_bench", "common.grow_bench",
                    "common.prefill_attention", "common.stream_latency", "common.preempt_bench",
                    "common.recovery_bench", "common.stress_bench", "common.serve_bench"]
 
@@ -340,8 +340,43 @@ def test_median_ms_warms_up_then_times_every_call():
     assert len(calls) == 7 and ms >= 0
 
 
+def test_gpu_time_on_cpu_times_each_call_and_says_so():
+    from common.kernel_bench import PER_CALL, gpu_time
+    calls = []
+    t = gpu_time(lambda: calls.append(1), "cpu", warmup=2, iters=5)
+    assert len(calls) == 7 and t.ms >= 0 and t.how == PER_CALL and not t.replayed
+    assert isinstance(t.cell(), str) and PER_CALL in t.cell()   # never passed off as graph-replay time
+
+
+def test_gpu_time_replays_a_captured_graph_or_falls_back_to_per_call(monkeypatch):
+    # The decisions, without CUDA: the capture, the replay timer and the per-call timer are stand-ins.
+    import common.kernel_bench as kb
+    monkeypatch.setattr(kb, "sync", lambda device=None: None)
+    monkeypatch.setattr(kb, "median_ms", lambda fn, device, warmup, iters: 7.0)
+    replays = []
+    monkeypatch.setattr(kb, "replay_intervals_ms", lambda replay, warmup, iters: replays.append((warmup, iters))
+                        or [2.0, 4.0, 3.0])
+    captured = []
+    t = kb.gpu_time(lambda: None, "cuda", warmup=25, iters=3, calls_per_graph=10,
+                    capture=lambda fn, calls: captured.append(calls) or (lambda: None))
+    assert captured == [10] and replays == [(3, 3)]            # ceil(25 / 10) warm-up replays, then 3 timed
+    assert t.replayed and t.ms == 0.3 and t.cell() == 0.3      # the median replay over the calls in it
+
+    def unsafe(fn, calls):                                     # what torch raises for a .item() under capture
+        try:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nmore text")
+        except RuntimeError:
+            raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+
+    t = kb.gpu_time(lambda: None, "cuda", capture=unsafe)
+    assert t.ms == 7.0 and not t.replayed
+    assert t.how.startswith(kb.PER_CALL) and "not capturable (CUDA error: operation not permitted" in t.how
+    assert "7.000" in t.cell() and "not capturable" in t.cell()
+    assert kb.gpu_time(lambda: None, "cpu").how == kb.PER_CALL  # a CPU never tries to capture
+
+
 def test_kernel_sweep_walks_the_grid_and_checks_the_kernel_once_on_cpu(tiny32):
-    from common.kernel_bench import NOT_TIMED_CPU, QUICK, kernel_options, kernel_sweep
+    from common.kernel_bench import NOT_TIMED_CPU, QUICK, kernel_options, kernel_sweep, timing_cell
     cfg = RunConfig(model="tiny", device="cpu", dtype="fp32", _lm=tiny32, quick=True)
     cfg.options = {o.name: o.default(on_gpu=False) for o in kernel_options()}
     seen = []
@@ -350,6 +385,7 @@ def test_kernel_sweep_walks_the_grid_and_checks_the_kernel_once_on_cpu(tiny32):
         seen.append((case.batch_size, case.context, case.check_kernel))
         assert len(case.lens) == case.batch_size and max(case.lens) == case.context
         kernel = case.time_kernel(lambda: None)
+        assert case.time_kernel_gpu(lambda: None) is None and timing_cell(None) == NOT_TIMED_CPU
         return [case.batch_size, case.context, case.time(lambda: None), kernel], dict(batch=case.batch_size)
 
     report, table = kernel_sweep(cfg, "bench", "title", ["batch", "context", "ms", "kernel ms"], measure_cell)

@@ -23,17 +23,12 @@ from typing import Callable
 
 import torch
 
-WARMUP_RUNS = 2   # before capture: compile, autotune, allocate
+from common.graph_capture import warm_up_for_capture
 
 
 def capture(forward: Callable[[], torch.Tensor], pool=None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     """Record `forward()` (static inputs -> a tensor) as a CUDA graph; returns (graph, its output tensor)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(WARMUP_RUNS):
-            forward()
-    torch.cuda.current_stream().wait_stream(side)
+    warm_up_for_capture(forward)       # common/graph_capture.py: a few calls on a side stream first
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
         out = forward()
