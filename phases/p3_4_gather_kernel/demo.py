@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from common.demos import Option, RunConfig, demo
-from common.kernel_bench import LAYER, NOT_TIMED_CPU, POOL_LAYERS, KernelCase, kernel_options, kernel_sweep
+from common.kernel_bench import (LAYER, NOT_TIMED_CPU, POOL_LAYERS, KernelCase, kernel_options, kernel_sweep,
+                                 timing_cell)
 from common.report import Report
 from phases.p3_3_paged_cache.gather import gather_python
 from phases.p3_4_gather_kernel.batch import random_paged_batch
@@ -35,17 +36,20 @@ def measure_gather(case: KernelCase) -> tuple[list, dict]:
 
     py_ms = case.time(python_gather)
     ref_ms = case.time(lambda: gather_reference(*args, max_len=max_len))
-    kernel_ms, match = NOT_TIMED_CPU, "-"
+    kernel_ms, kernel_gpu, match = NOT_TIMED_CPU, None, "-"
     if case.check_kernel:
         from phases.p3_4_gather_kernel.kernel import gather_triton  # CPU: sets up the interpreter
         k, v = gather_triton(*args, max_len=max_len)
         k_ref, v_ref = gather_reference(*args, max_len=max_len)
         match = bool(torch.equal(k, k_ref) and torch.equal(v, v_ref))
         kernel_ms = case.time_kernel(lambda: gather_triton(*args, max_len=max_len))
+        kernel_gpu = case.time_kernel_gpu(lambda: gather_triton(*args, max_len=max_len))
     speedup = py_ms / kernel_ms if isinstance(kernel_ms, float) else "-"
-    cells = [case.batch_size, case.context, sum(lens), py_ms, ref_ms, kernel_ms, py_ms / ref_ms, speedup, match]
+    cells = [case.batch_size, case.context, sum(lens), py_ms, ref_ms, kernel_ms, timing_cell(kernel_gpu),
+             py_ms / ref_ms, speedup, match]
     return cells, dict(batch=case.batch_size, context=case.context, tokens=sum(lens), python_ms=py_ms,
-                       reference_ms=ref_ms, kernel_ms=kernel_ms if case.on_gpu else None)
+                       reference_ms=ref_ms, kernel_ms=kernel_ms if case.on_gpu else None,
+                       kernel_gpu_ms=kernel_gpu and kernel_gpu.ms, kernel_gpu_timing=kernel_gpu and kernel_gpu.how)
 
 
 def plot_gather(report: Report, png_path) -> None:
@@ -53,7 +57,8 @@ def plot_gather(report: Report, png_path) -> None:
     m = report.meta
     plots.per_batch_timings(png_path, report.data["rows"],
                             {"python_ms": "python per-block", "reference_ms": "torch reference",
-                             "kernel_ms": "Triton kernel"}, ylabel="ms per gather (one layer)",
+                             "kernel_ms": "Triton kernel", "kernel_gpu_ms": "Triton kernel, GPU time (graph replay)"},
+                            ylabel="ms per gather (one layer)",
                             title=f"gather_bench: {m.get('model')} on {m.get('device_name')}, {m.get('dtype')}")
 
 
@@ -65,11 +70,13 @@ def gather_bench(cfg: RunConfig) -> Report:
         cfg, "gather_bench",
         f"gather one layer's K/V for a batch (block_size {cfg.block_size}, {lm.n_kv_heads} KV heads x head_dim "
         f"{lm.head_dim}, {str(lm.dtype).removeprefix('torch.')})",
-        ["batch", "context", "tokens", "python ms", "ref ms", "kernel ms", "python/ref", "python/kernel",
-         "kernel == ref"], measure_gather)
+        ["batch", "context", "tokens", "python ms", "ref ms", "kernel ms", "kernel GPU ms", "python/ref",
+         "python/kernel", "kernel == ref"], measure_gather)
     report.data["block_size"] = cfg.block_size
     table.notes.append("python: phase 3.3's per-block loop, run once per sequence; reference: one torch "
-                       "indexing op for the batch; kernel: one Triton launch for the batch. Median ms.")
+                       "indexing op for the batch; kernel: one Triton launch for the batch. Median ms per call, "
+                       "launch included (what an eager engine pays); kernel GPU ms: the kernel's GPU time alone, "
+                       "from CUDA-graph replays (common/kernel_bench.gpu_time).")
     if not cfg.on_gpu:
         table.notes.append("CPU: the kernel runs only in Triton's interpreter, which executes each program in "
                            "Python, so its time means nothing; it is checked against the reference on the first "

@@ -28,7 +28,8 @@ import torch
 from common.demos import Option, RunConfig, demo
 from common.harness import EngineRun, EngineRunner, pool_problems, submit, workload_pool_blocks
 from common.hf_peers import HF_CB, HF_COMPILED, HF_STATIC
-from common.kernel_bench import LAYER, NOT_TIMED_CPU, POOL_LAYERS, KernelCase, kernel_options, kernel_sweep
+from common.kernel_bench import (LAYER, NOT_TIMED_CPU, POOL_LAYERS, KernelCase, kernel_options, kernel_sweep,
+                                 timing_cell)
 from common.report import Report
 from common.tput import plot_tput, run_tput, tput_options
 from common.workload import Request
@@ -76,7 +77,7 @@ def measure_attention(case: KernelCase, gen: torch.Generator, split_blocks: int)
     ref_ms = case.time(lambda: paged_decode_attention_reference(*paged, max_len=context))
     gs_ms = case.time(lambda: paged_decode_attention_gather_sdpa(*paged, max_len=context))
     cpu_ms = case.time(lambda: paged_decode_attention_gather_bmm(*paged, max_len=context))
-    kernel_ms, split_ms, kernel_err = NOT_TIMED_CPU, NOT_TIMED_CPU, "-"
+    kernel_ms, split_ms, kernel_gpu, split_gpu, kernel_err = NOT_TIMED_CPU, NOT_TIMED_CPU, None, None, "-"
     if case.check_kernel:
         from phases.p3_5_paged_attention.kernels import paged_decode_attention_split, paged_decode_attention_triton
 
@@ -86,13 +87,18 @@ def measure_attention(case: KernelCase, gen: torch.Generator, split_blocks: int)
         kernel_err = max(max_abs_err(paged_decode_attention_triton(*paged), sdpa_out), max_abs_err(split(), sdpa_out))
         kernel_ms = case.time_kernel(lambda: paged_decode_attention_triton(*paged))
         split_ms = case.time_kernel(split)
+        kernel_gpu = case.time_kernel_gpu(lambda: paged_decode_attention_triton(*paged))
+        split_gpu = case.time_kernel_gpu(split)
     ratio = kernel_ms / sdpa_ms if isinstance(kernel_ms, float) else "-"
     ref_err = max_abs_err(ref_out, sdpa_out)
-    cells = [case.batch_size, context, sdpa_ms, ref_ms, gs_ms, cpu_ms, kernel_ms, split_ms, ratio, f"{ref_err:.1e}",
+    cells = [case.batch_size, context, sdpa_ms, ref_ms, gs_ms, cpu_ms, kernel_ms, split_ms, timing_cell(kernel_gpu),
+             timing_cell(split_gpu), ratio, f"{ref_err:.1e}",
              kernel_err if isinstance(kernel_err, str) else f"{kernel_err:.1e}"]
     return cells, dict(batch=case.batch_size, context=context, tokens=sum(case.lens), sdpa_ms=sdpa_ms,
                        reference_ms=ref_ms, gather_sdpa_ms=gs_ms, cpu_path_ms=cpu_ms,
                        kernel_ms=kernel_ms if case.on_gpu else None, split_ms=split_ms if case.on_gpu else None,
+                       kernel_gpu_ms=kernel_gpu and kernel_gpu.ms, split_gpu_ms=split_gpu and split_gpu.ms,
+                       gpu_timing=kernel_gpu and dict(kernel=kernel_gpu.how, split=split_gpu.how),
                        ref_err=ref_err, kernel_err=None if isinstance(kernel_err, str) else kernel_err)
 
 
@@ -102,7 +108,8 @@ def plot_attn(report: Report, png_path) -> None:
     plots.per_batch_timings(png_path, report.data["rows"],
                             {"sdpa_ms": "SDPA, contiguous K/V", "reference_ms": "reference (gather + fp32 attend)",
                              "gather_sdpa_ms": "gather + SDPA", "cpu_path_ms": "gather + bmm (CPU path)",
-                             "kernel_ms": "paged kernel", "split_ms": "paged kernel, split-KV"},
+                             "kernel_ms": "paged kernel", "split_ms": "paged kernel, split-KV",
+                             "kernel_gpu_ms": "paged kernel, GPU time (graph replay)"},
                             ylabel="ms per decode attention (one layer)",
                             title=f"attn_bench: {m.get('model')} on {m.get('device_name')}, {m.get('dtype')}")
 
@@ -119,12 +126,14 @@ def attn_bench(cfg: RunConfig) -> Report:
         f"decode attention, one layer ({lm.n_heads} query heads over {lm.n_kv_heads} KV heads, head_dim "
         f"{lm.head_dim}, block_size {cfg.block_size}, {str(lm.dtype).removeprefix('torch.')})",
         ["batch", "context", "SDPA ms", "ref ms", "gather+SDPA ms", "CPU path ms", "kernel ms", "split-KV ms",
-         "kernel/SDPA", "ref err", "kernel err"],
+         "kernel GPU ms", "split-KV GPU ms", "kernel/SDPA", "ref err", "kernel err"],
         lambda case: measure_attention(case, gen, cfg.split_blocks))
-    table.notes.append("Median ms per call. SDPA reads K/V already contiguous (a non-paged engine's layout); ref "
-                       "gathers from the pool then attends in fp32; gather+SDPA gathers then runs SDPA; CPU path (what "
-                       "the engine runs on a CPU) gathers per KV head with index_select, then two batched matmuls; "
-                       "the kernel reads the pool in place. Errors: max |x - SDPA|.")
+    table.notes.append("Median ms per call, launch included (what this phase's eager engine pays; kernel/SDPA is "
+                       "of these); kernel and split-KV GPU ms: each kernel's GPU time alone, from CUDA-graph "
+                       "replays (common/kernel_bench.gpu_time). SDPA reads K/V already contiguous (a non-paged "
+                       "engine's layout); ref gathers from the pool then attends in fp32; gather+SDPA gathers then "
+                       "runs SDPA; CPU path (what the engine runs on a CPU) gathers per KV head with index_select, "
+                       "then two batched matmuls; the kernel reads the pool in place. Errors: max |x - SDPA|.")
     if not cfg.on_gpu:
         table.notes.append("CPU: the kernel only runs in Triton's interpreter (each program in Python), so it is not "
                            "timed; its error is checked on the first row. GPU timings: modal run modal_run.py::attn_bench")
