@@ -23,7 +23,8 @@ of the GQA group served from one load of K/V, online softmax in fp32):
    depend on the context length the way phase 3.5's `blocks_per_split` did;
    `split_rule.py` picks n_splits from the batch, the KV heads and the SM count.
    With n_splits > 1 each program writes a partial output and its log-sum-exp,
-   merged by phase 3.5's `merge_splits`.
+   merged by one more launch (merge_kernel.py; phase 3.5 merged in a dozen
+   PyTorch ops, `merge_splits`).
 
     for j0 in my blocks, TILE_BLOCKS at a time:
         j      [TILE]        logical block of each key;  phys = block_tables[b, j]
@@ -53,7 +54,8 @@ import triton.language as tl  # noqa: E402
 
 from phases.p3_4_gather_kernel.checks import require_power_of_two  # noqa: E402
 from phases.p3_5_paged_attention.kernel_checks import check_decode_inputs, check_window_and_softcap  # noqa: E402
-from phases.p3_5_paged_attention.kernels import NO_SOFTCAP, NO_WINDOW, merge_splits  # noqa: E402
+from phases.p3_5_paged_attention.kernels import NO_SOFTCAP, NO_WINDOW  # noqa: E402
+from phases.p3_7_cuda_graphs.merge_kernel import merge_splits_triton  # noqa: E402
 
 MIN_DOT = 16   # the smallest M, N and K `tl.dot` takes on a GPU: query rows and key tiles are padded up to it
 
@@ -196,4 +198,4 @@ def tiled_decode_attention(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: i
         )
     if lse is None:
         return out[:, :, 0]
-    return merge_splits(out, lse).to(q.dtype)
+    return merge_splits_triton(out, lse, q.dtype)       # [B, H, S, D] fp32 -> [B, H, D] in q's dtype
