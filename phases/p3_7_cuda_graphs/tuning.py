@@ -2,10 +2,15 @@
 
 For each (batch, context) cell, one layer's decode attention over a pool of the
 model's shape (mixed lengths in [context / 2, context], blocks scattered) is
-timed with CUDA events for: SDPA on contiguous K/V (what a non-paged engine
-reads), phase 3.5's kernel, and phase 3.7's kernel under every LaunchConfig in
-the grid and every split count in SPLIT_CHOICES. Bandwidth is the K/V bytes the
-sequences hold (what any exact attention must read once) over the time.
+timed for: SDPA on contiguous K/V (what a non-paged engine reads), phase 3.5's
+kernel, and phase 3.7's kernel under every LaunchConfig in the grid and every
+split count in SPLIT_CHOICES. `ms` is GPU time per call from CUDA-graph replays
+(common/kernel_bench.gpu_time: no host launch latency, as in the engine's
+replayed decode step; `timing` says if a call could not be captured);
+`ms_per_call` is CUDA events around one call from Python, launch latency
+included (how the first committed sweep, with the eager merge, was timed). Bandwidth
+is the K/V bytes the sequences hold (what any exact attention must read once)
+over `ms`.
 
 `best_config(rows)` is the config with the lowest total time over the cells the
 issue asks about (batch >= 32); the winner is written into decode_kernel.py's
@@ -20,11 +25,12 @@ from dataclasses import asdict
 
 import torch
 
-from common.kernel_bench import lengths_for, median_ms
+from common.kernel_bench import CALLS_PER_GRAPH, GRAPH_REPLAY, PER_CALL, gpu_time, lengths_for, median_ms
 from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton
 from phases.p3_5_paged_attention.reference import sdpa_decode_contiguous
 from phases.p3_7_cuda_graphs.decode_kernel import LaunchConfig, tiled_decode_attention
+from phases.p3_7_cuda_graphs.split_rule import sm_count
 
 TILE_CHOICES = (1, 2, 4, 8)
 WARP_CHOICES = (2, 4, 8)
@@ -70,7 +76,8 @@ def tune(batches: list[int], contexts: list[int], n_heads: int, n_kv_heads: int,
          block_size: int = 16, dtype: torch.dtype = torch.bfloat16, device: str = "cuda",
          configs: list[LaunchConfig] | None = None, splits=SPLIT_CHOICES, warmup: int = 3, iters: int = 20,
          progress=None) -> list[dict]:
-    """One row per (batch, context, kernel, config, splits): ms, GB/s and max |out - SDPA|."""
+    """One row per (batch, context, kernel, config, splits): ms (GPU time, graph replay), ms_per_call (launch
+    included), GB/s (over ms) and max |out - SDPA|."""
     configs = configs or config_grid()
     rows = []
     for batch, context in itertools.product(batches, contexts):
@@ -81,10 +88,11 @@ def tune(batches: list[int], contexts: list[int], n_heads: int, n_kv_heads: int,
 
         def row(kernel, fn, config=None, n_splits=1):
             err = float((fn().float() - sdpa_out.float()).abs().max())
-            ms = median_ms(fn, device, warmup, iters)
-            rows.append(dict(batch=batch, context=context, kernel=kernel, splits=n_splits, ms=ms,
-                             gb_per_s=kv_bytes / ms / 1e6, err=err, kv_bytes=kv_bytes,
-                             **(asdict(config) if config else {})))
+            per_call = median_ms(fn, device, warmup, iters)
+            gpu = gpu_time(fn, device, warmup, iters)
+            rows.append(dict(batch=batch, context=context, kernel=kernel, splits=n_splits, ms=gpu.ms,
+                             ms_per_call=per_call, timing=gpu.how, gb_per_s=kv_bytes / gpu.ms / 1e6, err=err,
+                             kv_bytes=kv_bytes, **(asdict(config) if config else {})))
 
         row("sdpa_contiguous", lambda: sdpa_decode_contiguous(q, k, v, lens, scale))
         row("p3_5", lambda: paged_decode_attention_triton(q, pool, LAYER, tables, lens, scale))
@@ -136,22 +144,30 @@ def main() -> None:
     def say(batch, context, rows):
         cell = [r for r in rows if r["batch"] == batch and r["context"] == context and r["kernel"] == "p3_7"]
         best = min(cell, key=lambda r: r["ms"])
-        print(f"batch {batch} context {context}: best {best['ms']:.4f} ms ({best['gb_per_s']:.0f} GB/s) "
-              f"tile {best['tile_blocks']} warps {best['num_warps']} stages {best['num_stages']} x{best['splits']}",
-              flush=True)
+        print(f"batch {batch} context {context}: best {best['ms']:.4f} ms GPU ({best['gb_per_s']:.0f} GB/s; "
+              f"{best['ms_per_call']:.4f} ms per call) tile {best['tile_blocks']} warps {best['num_warps']} stages "
+              f"{best['num_stages']} x{best['splits']}", flush=True)
+
+    slug = name.lower().replace(" ", "-")
+    path = Path(args.out) / f"decode-tune_{slug}_qwen3-0.6b-shape.json"
+
+    def save(grid, best, splits):       # after each sweep: a run cut short keeps the grid
+        path.write_text(json.dumps(dict(device=name, shape={k: str(v) for k, v in shape.items()}, grid=grid,
+                                        best=best, splits=splits, sms=sm_count("cuda"),
+                                        timing=f"ms: {GRAPH_REPLAY} ({CALLS_PER_GRAPH} calls per graph); "
+                                               f"ms_per_call: {PER_CALL}; split-KV merge: merge_kernel.py",
+                                        made_by="python -m phases.p3_7_cuda_graphs.tuning")))
 
     grid = tune(GRID_BATCHES, GRID_CONTEXTS, splits=(1, 2), progress=say, **shape)
     best = best_config(grid)
+    save(grid, best, [])
+    print(f"best {best}", flush=True)
     chosen = LaunchConfig(best["tile_blocks"], best["num_warps"], best["num_stages"])
     one_block = LaunchConfig(1, 4, 1)        # a one-block tile, as phase 3.5 reads, for comparison
     splits = tune(SPLIT_BATCHES, SPLIT_CONTEXTS, configs=[chosen, one_block], splits=SPLIT_CHOICES + (16,),
-                  progress=say,
-                  **shape)
-    slug = name.lower().replace(" ", "-")
-    path = Path(args.out) / f"decode-tune_{slug}_qwen3-0.6b-shape.json"
-    path.write_text(json.dumps(dict(device=name, shape={k: str(v) for k, v in shape.items()}, grid=grid,
-                                    best=best, splits=splits)))
-    print(f"best {best}\nsaved {path}")
+                  progress=say, **shape)
+    save(grid, best, splits)
+    print(f"saved {path}")
 
 
 if __name__ == "__main__":
