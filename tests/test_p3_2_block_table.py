@@ -106,6 +106,15 @@ def test_bad_arguments():
         BlockTable(4).ensure_capacity(pool(2), -1)
 
 
+def test_one_token_at_a_time_claims_the_slots_a_whole_range_would():
+    """The decode path (one token, usually into the last block) gives the same slots as the general one."""
+    a = pool(4)
+    one = BlockTable(BS)
+    slots = [one.append_slots(a, 1)[0] for _ in range(2 * BS + 1)]
+    assert slots == [one.slot(pos) for pos in range(2 * BS + 1)] == one.slot_mapping()
+    assert one.n_blocks == 3 and one.n_filled == 2 * BS + 1 and a.n_free == 1
+
+
 def test_a_write_through_the_slot_mapping_reads_back_through_physical_pos():
     a = BlockAllocator(4, n_layers=1, n_kv_heads=1, head_dim=1, block_size=BS, dtype=torch.float32)
     a.alloc()

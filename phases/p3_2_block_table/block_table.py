@@ -90,6 +90,12 @@ class BlockTable:
 
     def append_slots(self, allocator: BlockAllocator, n: int) -> list[int]:
         """Claim the next `n` token positions; return their slots (where their K/V go)."""
+        pos, bs = self.n_filled, self.block_size
+        if n == 1 and pos < len(self.block_ids) * bs:
+            # A decode step's one token into the last block (block_size - 1 times in block_size): its slot
+            # straight away, as `slot_mapping` computes it, without the general path's checks.
+            self.n_filled = pos + 1
+            return [self.block_ids[pos // bs] * bs + pos % bs]
         self.ensure_capacity(allocator, n)
         start = self.n_filled
         self.n_filled += n
