@@ -101,9 +101,12 @@ def test_steady_decoding_sends_only_new_table_entries(tiny):
     engine.step()                                 # first decode step: every row is new
     assert engine.n_static_steps == 1
     sent, syncs = engine.buffers.n_values_sent, engine.buffers.n_syncs
+    rows = engine.buffers.rows
     for _ in range(BLOCK_SIZE * 2):
         engine.step()
     steps = engine.buffers.n_syncs - syncs
+    assert engine.buffers.rows is rows, "the same sequences every step: no row was placed again"
+    assert engine.buffers.longest_blocks == max(s.kv.n_blocks for s in engine.running)
     # No row's token, position or length was sent again (they advance on the device); only each sequence's
     # new blocks (one entry = 3 values, two per sequence over 2 * block_size steps).
     assert engine.buffers.n_values_sent - sent == 3 * 3 * 2

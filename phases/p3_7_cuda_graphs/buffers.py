@@ -75,6 +75,8 @@ class DecodeBuffers:
         self.block_tables = torch.zeros(max_rows, max_blocks, dtype=torch.int32, device=device)
         self.slot_mapping = torch.full((max_rows,), EMPTY_SLOT, dtype=torch.int64, device=device)
         self.rows: list[RowState] = []           # rows 0 .. n-1, in order
+        self._placed: set[int] = set()           # id() of every sequence in a row: the steady state's check
+        self.longest_blocks = 0                  # most blocks any row's table holds (after the last sync)
         self.n_values_sent = 0                   # host -> device values written by `sync` (rows and entries)
         self.n_syncs = 0
 
@@ -124,6 +126,8 @@ class DecodeBuffers:
     # --- placing rows ---------------------------------------------------------------------------
     def _place(self, seqs: list[Sequence]) -> None:
         n = len(seqs)
+        if n == len(self.rows) and {id(s) for s in seqs} == self._placed:
+            return         # the steady state: the same sequences as last step, each already in its row
         wanted = {id(s): s for s in seqs}
         kept = {id(state.seq): state for state in self.rows if id(state.seq) in wanted}
         old = self.rows
@@ -152,11 +156,13 @@ class DecodeBuffers:
         if len(old) > n:
             self.seq_lens[n:len(old)] = 0                             # rows left behind: empty
         self.rows = new_rows
+        self._placed = {id(r.seq) for r in new_rows}
 
     def _send_changes(self) -> None:
         """Write what the device does not know yet: changed rows' token/position/length, new table entries."""
         row_updates: list[tuple[int, int, int, int]] = []   # (row, token, position, length)
         entries: list[tuple[int, int, int]] = []            # (row, column, block id)
+        longest = 0
         for row, state in enumerate(self.rows):
             seq = state.seq
             length = seq.kv.n_filled
@@ -172,6 +178,8 @@ class DecodeBuffers:
                 row_updates.append((row, token, length - 1, length))
                 state.token, state.length = token, length
             blocks = seq.kv.block_ids
+            if len(blocks) > longest:
+                longest = len(blocks)
             if len(blocks) > self.max_blocks:
                 raise ValueError(f"sequence {seq.seq_id} holds {len(blocks)} blocks; the static tables have "
                                  f"room for {self.max_blocks}")
@@ -179,6 +187,7 @@ class DecodeBuffers:
                 same = len(state.blocks) if blocks[:len(state.blocks)] == state.blocks else 0
                 entries += [(row, col, blocks[col]) for col in range(same, len(blocks))]
                 state.blocks = list(blocks)
+        self.longest_blocks = longest
         if row_updates:
             values = send(torch.tensor(row_updates, dtype=torch.int64), self.device)
             rows = values[:, 0]

@@ -116,7 +116,8 @@ class StaticDecodeEngine(ChunkedPrefillEngine):
         self._last_sampled = None
         outputs = self._emit(rows, logits)
         sampled = self._last_sampled
-        if sampled is not None and len(sampled[0]) == len(rows) and all(a is b for a, b in zip(sampled[0], rows)):
+        if sampled is not None and (sampled[0] is rows or (len(sampled[0]) == len(rows) and
+                                                         all(a is b for a, b in zip(sampled[0], rows)))):
             self.buffers.record_sampled(sampled[1], sampled[2])    # next step's input ids, already on the device
         return outputs
 
@@ -128,11 +129,10 @@ class StaticDecodeEngine(ChunkedPrefillEngine):
         rows = self.buffers.sync(seqs)
         n = len(rows)
         bucket = self.buckets[bisect.bisect_left(self.buckets, n)]
-        longest = max(len(s.kv.block_ids) for s in rows)
         batch = StaticDecodeBatch(
             kv_store=self.allocator.kv_store, slot_mapping=self.buffers.slot_mapping[:bucket],
             block_tables=self.buffers.block_tables[:bucket], seq_lens=self.buffers.seq_lens[:bucket],
-            is_decode=True, n_splits=choose_splits(bucket, self.lm.n_kv_heads, self.n_sms, longest))
+            is_decode=True, n_splits=choose_splits(bucket, self.lm.n_kv_heads, self.n_sms, self.buffers.longest_blocks))
         logits = self._forward(None, None, batch)[:n]                                    # [n, V]
         self.buffers.advance()
         self.n_static_steps += 1
