@@ -37,6 +37,7 @@ from phases.p3_6_varlen_prefill import kernel  # noqa: E402
 
 H100_ARCH = 90
 WARP_SIZE = 32
+ALIGNMENT = 16      # what Triton's launch checks pointers and integer arguments against ("tt.divisibility")
 TRITON_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 POINTER_ARGS = ("q_ptr", "kv_ptr", "out_ptr")                     # in the attention dtype
 INDEX_POINTER_ARGS = ("tables_ptr", "cu_ptr", "ctx_ptr", "tiles_ptr")
@@ -53,6 +54,26 @@ class KernelCost:
     shared_bytes: int     # per program (Triton's staging buffers for tl.dot and pipelining)
 
 
+def compile_for_gpu(fn, signature: dict[str, str], constants: dict, arch: int = H100_ARCH,
+                    divisible: tuple[str, ...] = (), **options) -> KernelCost:
+    """Compile `@triton.jit` fn for sm_<arch> with these argument types and constexprs (Triton's defaults for
+    any launch option not given: num_warps, num_stages); return what ptxas reports. Phase 3.7 reuses it.
+    divisible: arguments a launch would mark divisible by 16 (an aligned pointer, a stride that is a multiple
+    of 16), which lets the compiler vectorise loads as the real launch does."""
+    signature = dict(signature) | {name: "constexpr" for name in constants}
+    attrs = {(fn.arg_names.index(name),): [["tt.divisibility", ALIGNMENT]] for name in divisible}
+    source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constants, attrs=attrs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", arch, WARP_SIZE), options=options)
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
+        ptx.write(compiled.asm["ptx"])
+        ptx.flush()
+        report = subprocess.run([get_ptxas(arch).path, "-v", f"--gpu-name=sm_{arch}a", ptx.name, "-o", os.devnull],
+                                capture_output=True, text=True, check=True).stderr
+    registers = int(re.search(r"Used (\d+) registers", report).group(1))
+    spills = int(re.search(r"(\d+) bytes spill stores", report).group(1))
+    return KernelCost(registers, spills, compiled.metadata.shared)
+
+
 def compile_prefill_kernel(dtype: torch.dtype, head_dim: int, window: bool = False, softcap: bool = False,
                            arch: int = H100_ARCH) -> KernelCost:
     """Compile one variant with kernel.py's tile config for (head_dim, dtype); return what ptxas reports."""
@@ -67,18 +88,8 @@ def compile_prefill_kernel(dtype: torch.dtype, head_dim: int, window: bool = Fal
     constants = dict(GROUP=EXAMPLE_GROUP, BLOCK_SIZE=EXAMPLE_BLOCK_SIZE, HEAD_DIM=head_dim,
                      BLOCK_M=kernel.DEFAULT_BLOCK_M, BLOCK_N=config.block_n,
                      USE_WINDOW=window, USE_SOFTCAP=softcap, UPCAST=False, **{name: 1 for name in UNIT_STRIDES})
-    signature.update({name: "constexpr" for name in constants})
-    source = triton.compiler.ASTSource(fn=fn, signature=signature, constexprs=constants)
-    compiled = triton.compile(source, target=GPUTarget("cuda", arch, WARP_SIZE),
-                              options=dict(num_warps=config.num_warps, num_stages=config.num_stages))
-    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:
-        ptx.write(compiled.asm["ptx"])
-        ptx.flush()
-        report = subprocess.run([get_ptxas(arch).path, "-v", f"--gpu-name=sm_{arch}a", ptx.name, "-o", os.devnull],
-                                capture_output=True, text=True, check=True).stderr
-    registers = int(re.search(r"Used (\d+) registers", report).group(1))
-    spills = int(re.search(r"(\d+) bytes spill stores", report).group(1))
-    return KernelCost(registers, spills, compiled.metadata.shared)
+    return compile_for_gpu(fn, signature, constants, arch, num_warps=config.num_warps,
+                           num_stages=config.num_stages)
 
 
 def main() -> None:
