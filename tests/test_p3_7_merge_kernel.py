@@ -53,3 +53,29 @@ def test_bad_inputs_are_refused():
         merge_splits_triton(partial.half(), lse)
     with pytest.raises(ValueError, match=r"\[B, H, S, D\]"):
         merge_splits_triton(partial, lse[:, :, :1])
+
+
+H100_SHARED_BYTES = 227 * 1024   # the most shared memory one program may use on an H100
+
+
+def test_the_merge_and_the_default_decode_kernel_compile_for_an_h100():
+    """Built for sm_90 ahead of time (phase 3.6's aot_check, no GPU needed), in a fresh process: this one
+    has the kernels under the interpreter. The merge, and the decode kernel's default config on Qwen3-0.6B's
+    shape in bf16, keep everything in registers; the decode kernel also builds for fp32 with split-KV."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = ("import torch\n"
+              "from phases.p3_7_cuda_graphs.aot_check import compile_decode_kernel, compile_merge_kernel\n"
+              "for cost in (compile_merge_kernel(torch.bfloat16, 128, 8), compile_decode_kernel(torch.bfloat16, 128, 2,"
+              " split=False), compile_decode_kernel(torch.float32, 64, 3, split=True)):\n"
+              "    print(cost.registers, cost.spill_bytes, cost.shared_bytes)\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parent.parent,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    costs = [tuple(map(int, line.split())) for line in done.stdout.strip().splitlines()[-3:]]
+    assert len(costs) == 3 and all(0 < registers <= 255 and shared <= H100_SHARED_BYTES
+                                   for registers, _, shared in costs)
+    assert costs[0][1] == 0, "the merge kernel spills registers"
+    assert costs[1][1] == 0, "the decode kernel's DEFAULT_CONFIG spills registers on Qwen3-0.6B's shape"

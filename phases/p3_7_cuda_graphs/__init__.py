@@ -5,7 +5,9 @@ The kernel:
                     split count a grid axis (so one graph replays any context); `LaunchConfig`
 - split_rule.py     how many programs share one (sequence, KV head): batch x KV heads against the SMs,
                     capped by the context length
+- merge_kernel.py   Triton: the split-KV merge (partials and log-sum-exps -> output) in one launch
 - tuning.py         every launch config and split count timed on a GPU (the table behind DEFAULT_CONFIG)
+- aot_check.py      every launch config and the merge compiled for an H100 without one: registers, spills, shared
 The step:
 - buffers.py        `DecodeBuffers`: the decode inputs in preallocated device tensors, one row per sequence,
                     updated from what changed; the slot mapping computed on the device
@@ -16,6 +18,7 @@ The step:
                     (Gumbel-max over hashed noise), one host transfer
 - engine.py         `StaticDecodeEngine(ChunkedPrefillEngine)`: decode steps padded to buckets and replayed
                     as graphs (eager on CPU), mixed passes as in phase 3.6
+- overlap.py        `OverlappedDecodeEngine`: the host builds and launches step N+1 before reading step N's tokens
 And:
 - demo.py           `graph_bench`: the decode step eager vs static vs graph per batch size, the kernel against
                     phase 3.5's and SDPA (GB/s), and the tuning sweep

@@ -1,0 +1,128 @@
+"""Compile this phase's kernels for an H100 without one: registers, spills and shared memory per variant.
+
+Phase 3.6's aot_check compiles a kernel ahead of time for sm_90 (Triton IR ->
+PTX -> `ptxas -v`, all inside the triton wheel, no GPU). This runs the same
+compile step over the decode kernel's tuning grid (tuning.py: every
+LaunchConfig, with one split and with split-KV) and over the merge kernel, for
+a model's shape. It cannot say how fast a variant runs; it says which ones
+spill registers to local memory, which a timing on a GPU should then explain,
+and that every variant builds.
+
+    python -m phases.p3_7_cuda_graphs.aot_check                      # Qwen3-0.6B's shape in bf16
+    python -m phases.p3_7_cuda_graphs.aot_check --head-dim 64 --group 3   # SmolLM2-135M's
+
+Like phase 3.6's, it runs in its own process: without a GPU the kernel modules
+otherwise switch Triton's interpreter on for the whole process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from phases.p3_4_gather_kernel.interpreter import INTERPRET_ENV
+
+if "phases.p3_7_cuda_graphs.decode_kernel" not in sys.modules:
+    os.environ[INTERPRET_ENV] = "0"   # compile, do not interpret (must precede the kernels' import)
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+
+from common.report import Report, environment_meta, print_report, save_report  # noqa: E402
+from phases.p3_6_varlen_prefill.aot_check import H100_ARCH, TRITON_DTYPES, KernelCost, compile_for_gpu  # noqa: E402
+from phases.p3_7_cuda_graphs import decode_kernel, merge_kernel  # noqa: E402
+from phases.p3_7_cuda_graphs.decode_kernel import DEFAULT_CONFIG, MIN_DOT, LaunchConfig  # noqa: E402
+from phases.p3_7_cuda_graphs.tuning import SPLIT_CHOICES, config_grid  # noqa: E402
+
+# Qwen3-0.6B (the GPU runs' model): 16 query heads over 8 KV heads of 128 dims; the pool's block size.
+QWEN3_HEAD_DIM, QWEN3_GROUP, BLOCK_SIZE = 128, 2, 16
+# As a launch specialises them: contiguous last dims are 1 (a constant); tensors start aligned, and every
+# stride over a head_dim-sized axis (a power of two >= 16, which tl.dot needs) is a multiple of 16.
+DECODE_UNIT_STRIDES = ("s_q_dim", "s_dim", "s_out_dim")
+DECODE_DIVISIBLE = ("q_ptr", "kv_ptr", "tables_ptr", "lens_ptr", "out_ptr", "lse_ptr", "s_q_seq", "s_q_head",
+                    "s_blk", "s_layer", "s_kv", "s_head", "s_tok", "s_out_seq", "s_out_head", "s_out_split")
+MERGE_UNIT_STRIDES = ("s_p_dim", "s_l_split", "s_o_dim")
+MERGE_DIVISIBLE = ("partial_ptr", "lse_ptr", "out_ptr", "head_dim", "s_p_seq", "s_p_head", "s_p_split", "s_o_seq",
+                   "s_o_head")
+
+
+def _require_compiler() -> None:
+    if decode_kernel.INTERPRETING:
+        raise RuntimeError("the kernel modules were imported under Triton's interpreter; run this in a fresh process")
+
+
+def compile_decode_kernel(dtype: torch.dtype, head_dim: int, group: int, split: bool,
+                          config: LaunchConfig = DEFAULT_CONFIG, block_size: int = BLOCK_SIZE,
+                          arch: int = H100_ARCH) -> KernelCost:
+    """The decode kernel as `tiled_decode_attention` launches it for a pool in `dtype`: one split writes the
+    output in `dtype`; split-KV (any n_splits > 1: the count is the grid, not the code) writes fp32 partials
+    and log-sum-exps."""
+    _require_compiler()
+    fn = decode_kernel._tiled_decode_kernel
+    out = "*fp32" if split else "*" + TRITON_DTYPES[dtype]
+    signature = {name: "i32" for name in fn.arg_names}
+    signature.update(q_ptr="*" + TRITON_DTYPES[dtype], kv_ptr="*" + TRITON_DTYPES[dtype], tables_ptr="*i32",
+                     lens_ptr="*i32", out_ptr=out, lse_ptr=out, scale="fp32", softcap="fp32")
+    constants = dict(GROUP=group, QUERY_ROWS=max(MIN_DOT, triton.next_power_of_2(group)), BLOCK_SIZE=block_size,
+                     HEAD_DIM=head_dim, TILE_BLOCKS=config.tile_blocks_for(block_size), WRITE_LSE=split,
+                     USE_WINDOW=False, USE_SOFTCAP=False, UPCAST=False, IEEE=dtype == torch.float32,
+                     **{name: 1 for name in DECODE_UNIT_STRIDES})
+    return compile_for_gpu(fn, signature, constants, arch, divisible=DECODE_DIVISIBLE, num_warps=config.num_warps,
+                           num_stages=config.num_stages)
+
+
+def compile_merge_kernel(out_dtype: torch.dtype, head_dim: int, n_splits: int, arch: int = H100_ARCH) -> KernelCost:
+    """The merge kernel as `merge_splits_triton` launches it (Triton's default warps and stages)."""
+    _require_compiler()
+    fn = merge_kernel._merge_splits_kernel
+    signature = {name: "i32" for name in fn.arg_names}
+    signature.update(partial_ptr="*fp32", lse_ptr="*fp32", out_ptr="*" + TRITON_DTYPES[out_dtype])
+    constants = dict(SPLITS=max(merge_kernel.MIN_LANES, triton.next_power_of_2(n_splits)),
+                     DIMS=max(merge_kernel.MIN_LANES, triton.next_power_of_2(head_dim)),
+                     **{name: 1 for name in MERGE_UNIT_STRIDES})
+    return compile_for_gpu(fn, signature, constants, arch, divisible=MERGE_DIVISIBLE)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m phases.p3_7_cuda_graphs.aot_check", description=__doc__.split("\n\n")[0])
+    p.add_argument("--head-dim", type=int, default=QWEN3_HEAD_DIM)
+    p.add_argument("--group", type=int, default=QWEN3_GROUP, help="query heads per KV head")
+    p.add_argument("--dtype", default="bf16", choices=sorted(set(TRITON_DTYPES.values()) - {"fp16"}))
+    p.add_argument("--results-dir", default=None, help="also save the report there (json + md)")
+    args = p.parse_args(argv)
+    dtype = {v: k for k, v in TRITON_DTYPES.items()}[args.dtype]
+    shape = f"head_dim {args.head_dim}, group {args.group}, block_size {BLOCK_SIZE}"
+    qwen3 = (args.head_dim, args.group) == (QWEN3_HEAD_DIM, QWEN3_GROUP)
+    model = "qwen3-0.6b-shape" if qwen3 else f"head-dim-{args.head_dim}-group-{args.group}"
+    report = Report("decode_aot", meta=environment_meta(device=f"sm_{H100_ARCH} (compiled, not run)",
+                                                        model=model, dtype=args.dtype))
+    report.meta["device_name"] = f"sm{H100_ARCH}-compiled"
+    columns = ["tile blocks", "warps", "stages", "split-KV", "registers", "spill B / thread", "shared B"]
+    t = report.table(f"the decode kernel over tuning.py's grid, compiled for sm_{H100_ARCH} ({shape}, {args.dtype})",
+                     columns)
+    rows = []
+    for config in config_grid():
+        for split in (False, True):
+            cost = compile_decode_kernel(dtype, args.head_dim, args.group, split, config)
+            mark = " (DEFAULT_CONFIG)" if config == DEFAULT_CONFIG else ""
+            t.add_row(f"{config.tile_blocks}{mark}", config.num_warps, config.num_stages, split, cost.registers,
+                      cost.spill_bytes, cost.shared_bytes)
+            rows.append(dict(config=vars(config), split=split, **vars(cost)))
+            print(f"  {config} split={split}: {cost}", flush=True)
+    t.notes.append("registers are per thread (255 is the most a thread may have: past it, values spill to local "
+                   "memory); spill B is ptxas's spill stores per thread; nothing here is timed")
+    m = report.table(f"the split-KV merge kernel, compiled for sm_{H100_ARCH} (head_dim {args.head_dim}, output "
+                     f"{args.dtype})", ["splits", "registers", "spill B / thread", "shared B"])
+    for n_splits in SPLIT_CHOICES[1:]:
+        cost = compile_merge_kernel(dtype, args.head_dim, n_splits)
+        m.add_row(n_splits, cost.registers, cost.spill_bytes, cost.shared_bytes)
+        rows.append(dict(merge_splits=n_splits, **vars(cost)))
+    report.data = dict(rows=rows)
+    print_report(report)
+    if args.results_dir:
+        print(f"saved {save_report(report, args.results_dir)}")
+
+
+if __name__ == "__main__":
+    main()
