@@ -29,7 +29,7 @@ from phases.p5_serving.launch import BackgroundServer  # noqa: E402
 from phases.p5_serving.server import create_app  # noqa: E402
 from tests.test_p5_serving import CLIENT_TIMEOUT_S, client, wait_idle  # noqa: E402
 
-EXAMPLES = {"POST": 60, "GET": 5}   # per operation and generation mode (a GET takes no input: positive only)
+EXAMPLES = {"POST": 50, "GET": 5}   # per operation and generation mode (a GET takes no input: positive only)
 FUZZ_MAX_TOKENS = 8
 TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
 MODEL = "tiny"
