@@ -43,6 +43,9 @@ POINTER_ARGS = ("q_ptr", "kv_ptr", "out_ptr")                     # in the atten
 INDEX_POINTER_ARGS = ("tables_ptr", "cu_ptr", "ctx_ptr", "tiles_ptr")
 FLOAT_ARGS = ("scale", "softcap")
 UNIT_STRIDES = ("s_q_dim", "s_dim", "s_out_dim", "s_tile_field")  # contiguous last dims: Triton specialises 1s
+# What a launch marks divisible by 16: tensors start aligned, and strides over head_dim-sized axes are multiples.
+DIVISIBLE = POINTER_ARGS + INDEX_POINTER_ARGS + ("s_q_tok", "s_q_head", "s_blk", "s_layer", "s_kv", "s_head", "s_tok",
+                                                 "s_out_tok", "s_out_head")
 EXAMPLE_GROUP = 2                                                 # query heads per KV head
 EXAMPLE_BLOCK_SIZE = 16                                           # pool block size
 
@@ -88,7 +91,7 @@ def compile_prefill_kernel(dtype: torch.dtype, head_dim: int, window: bool = Fal
     constants = dict(GROUP=EXAMPLE_GROUP, BLOCK_SIZE=EXAMPLE_BLOCK_SIZE, HEAD_DIM=head_dim,
                      BLOCK_M=kernel.DEFAULT_BLOCK_M, BLOCK_N=config.block_n,
                      USE_WINDOW=window, USE_SOFTCAP=softcap, UPCAST=False, **{name: 1 for name in UNIT_STRIDES})
-    return compile_for_gpu(fn, signature, constants, arch, num_warps=config.num_warps,
+    return compile_for_gpu(fn, signature, constants, arch, divisible=DIVISIBLE, num_warps=config.num_warps,
                            num_stages=config.num_stages)
 
 
