@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> None:
             print(f"  {config} split={split}: {cost}", flush=True)
     t.notes.append("registers are per thread (255 is the most a thread may have: past it, values spill to local "
                    "memory); spill B is ptxas's spill stores per thread; nothing here is timed")
+    t.notes.append(f"triton {triton.__version__} and the ptxas in its wheel; pointers and head_dim-sized strides "
+                   "marked divisible by 16, unit strides constant, as a launch specialises them")
     m = report.table(f"the split-KV merge kernel, compiled for sm_{H100_ARCH} (head_dim {args.head_dim}, output "
                      f"{args.dtype})", ["splits", "registers", "spill B / thread", "shared B"])
     for n_splits in SPLIT_CHOICES[1:]:
