@@ -11,7 +11,7 @@ import torch
 
 from phases.p3_4_gather_kernel.batch import random_paged_batch
 from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
-from phases.p3_7_cuda_graphs.decode_kernel import LaunchConfig, tiled_decode_attention
+from phases.p3_7_cuda_graphs.decode_kernel import DEFAULT_CONFIG, LaunchConfig, launch_config, tiled_decode_attention
 from tests.test_p3_5_kernels import HEAD_DIM, LAYER, N_KV_HEADS, TOL, close
 
 
@@ -67,3 +67,13 @@ def test_bad_split_count_is_refused():
     q, b = case(8, 1, [4], seed=1)
     with pytest.raises(ValueError, match="n_splits"):
         tiled_decode_attention(q, b.kv_store, LAYER, b.block_tables, b.seq_lens, n_splits=0)
+
+
+def test_launch_config_keeps_the_measured_default_where_it_compiles_without_spilling():
+    """DEFAULT_CONFIG for 16-bit pools up to head_dim 128; more warps on the same tile for fp32 and head_dim 256
+    (aot_check.py: where the default spills), and the most warps past the table."""
+    for head_dim in (16, 64, 128):
+        assert launch_config(head_dim, torch.bfloat16) == launch_config(head_dim, torch.float16) == DEFAULT_CONFIG
+    wider = [launch_config(128, torch.float32), launch_config(256, torch.bfloat16), launch_config(256, torch.float32)]
+    assert all(c.tile_blocks == DEFAULT_CONFIG.tile_blocks and c.num_warps > DEFAULT_CONFIG.num_warps for c in wider)
+    assert launch_config(512, torch.float32) == launch_config(256, torch.float32)

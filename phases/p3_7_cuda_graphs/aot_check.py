@@ -32,7 +32,7 @@ import triton  # noqa: E402
 from common.report import Report, environment_meta, print_report, save_report  # noqa: E402
 from phases.p3_6_varlen_prefill.aot_check import H100_ARCH, TRITON_DTYPES, KernelCost, compile_for_gpu  # noqa: E402
 from phases.p3_7_cuda_graphs import decode_kernel, merge_kernel  # noqa: E402
-from phases.p3_7_cuda_graphs.decode_kernel import DEFAULT_CONFIG, MIN_DOT, LaunchConfig  # noqa: E402
+from phases.p3_7_cuda_graphs.decode_kernel import DEFAULT_CONFIG, MIN_DOT, LaunchConfig, launch_config  # noqa: E402
 from phases.p3_7_cuda_graphs.tuning import SPLIT_CHOICES, config_grid  # noqa: E402
 
 # Qwen3-0.6B (the GPU runs' model): 16 query heads over 8 KV heads of 128 dims; the pool's block size.
@@ -53,12 +53,13 @@ def _require_compiler() -> None:
 
 
 def compile_decode_kernel(dtype: torch.dtype, head_dim: int, group: int, split: bool,
-                          config: LaunchConfig = DEFAULT_CONFIG, block_size: int = BLOCK_SIZE,
+                          config: LaunchConfig | None = None, block_size: int = BLOCK_SIZE,
                           arch: int = H100_ARCH) -> KernelCost:
     """The decode kernel as `tiled_decode_attention` launches it for a pool in `dtype`: one split writes the
     output in `dtype`; split-KV (any n_splits > 1: the count is the grid, not the code) writes fp32 partials
-    and log-sum-exps."""
+    and log-sum-exps. config: default `launch_config(head_dim, dtype)`, as the kernel picks it."""
     _require_compiler()
+    config = config or launch_config(head_dim, dtype)
     fn = decode_kernel._tiled_decode_kernel
     out = "*fp32" if split else "*" + TRITON_DTYPES[dtype]
     signature = {name: "i32" for name in fn.arg_names}
@@ -85,7 +86,8 @@ def compile_merge_kernel(out_dtype: torch.dtype, head_dim: int, n_splits: int, a
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m phases.p3_7_cuda_graphs.aot_check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m phases.p3_7_cuda_graphs.aot_check",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("--head-dim", type=int, default=QWEN3_HEAD_DIM)
     p.add_argument("--group", type=int, default=QWEN3_GROUP, help="query heads per KV head")
     p.add_argument("--dtype", default="bf16", choices=sorted(set(TRITON_DTYPES.values()) - {"fp16"}))

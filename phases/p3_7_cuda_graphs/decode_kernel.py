@@ -35,7 +35,8 @@ of the GQA group served from one load of K/V, online softmax in fp32):
 A sequence of length 0 (a padding row of a bucket) has no blocks: its programs
 write zeros (and lse -inf), and read nothing. The launch settings (TILE_BLOCKS,
 num_warps, num_stages) are `LaunchConfig`; DEFAULT_CONFIG is what `tune` in
-demo.py measured best on an H100 (see the README).
+demo.py measured best on an H100 (see the README), and `launch_config` keeps
+it wherever it compiles without spilling registers.
 """
 
 from __future__ import annotations
@@ -74,6 +75,25 @@ class LaunchConfig:
 
 # Measured best on an H100 for Qwen3-0.6B's shape in bf16 at batch 32-256 (demo.py `tune`; README).
 DEFAULT_CONFIG = LaunchConfig(tile_blocks=4, num_warps=2, num_stages=3)
+
+# Where DEFAULT_CONFIG spills registers once compiled for an H100 (aot_check.py, triton 3.7): an fp32 pool
+# (the gpu tier's token-exact runs; fp32 `tl.dot`s hold twice the bytes) at any head_dim, or head_dim 256
+# in 16-bit. There the same tile is shared by more warps, the first count that compiled without a spill.
+# Picked by compiling, not timed. (fp32?, largest head_dim) -> config.
+LAUNCH_CONFIGS = {
+    (False, 128): DEFAULT_CONFIG,
+    (False, 256): LaunchConfig(tile_blocks=4, num_warps=4, num_stages=3),
+    (True, 128): LaunchConfig(tile_blocks=4, num_warps=4, num_stages=3),
+    (True, 256): LaunchConfig(tile_blocks=4, num_warps=8, num_stages=3),
+}
+
+
+def launch_config(head_dim: int, dtype: torch.dtype) -> LaunchConfig:
+    """The launch for a pool of this head_dim and dtype: the smallest entry of LAUNCH_CONFIGS that covers it
+    (past 256, the largest: its 8 warps spread the most registers)."""
+    fp32 = dtype == torch.float32
+    sizes = sorted(largest for is_fp32, largest in LAUNCH_CONFIGS if is_fp32 == fp32)
+    return LAUNCH_CONFIGS[fp32, next((n for n in sizes if head_dim <= n), sizes[-1])]
 
 
 @triton.jit
@@ -164,9 +184,10 @@ def _tiled_decode_kernel(
 def tiled_decode_attention(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int, block_tables: torch.Tensor,
                            seq_lens: torch.Tensor, scale: float | None = None, n_splits: int = 1,
                            sliding_window: int | None = None, softcap: float | None = None,
-                           config: LaunchConfig = DEFAULT_CONFIG, check_values: bool = True) -> torch.Tensor:
+                           config: LaunchConfig | None = None, check_values: bool = True) -> torch.Tensor:
     """q [B, n_heads, head_dim] -> [B, n_heads, head_dim] in q's dtype; phase 3.5's arguments, and
     n_splits: programs per (sequence, KV head), each over an even share of its blocks (split_rule.py).
+    config: the launch (default: `launch_config` for the pool's head_dim and dtype).
     check_values=False: shapes only (the values were checked for the pass, or are being captured)."""
     check_decode_inputs(q, kv_store, layer_idx, block_tables, seq_lens, values=check_values)
     check_window_and_softcap(sliding_window, softcap)
@@ -178,6 +199,7 @@ def tiled_decode_attention(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: i
     batch, n_heads, head_dim = q.shape
     n_kv_heads, block_size = kv_store.shape[3], kv_store.shape[4]
     group = n_heads // n_kv_heads
+    config = config or launch_config(head_dim, kv_store.dtype)
     if n_splits == 1:
         out = torch.empty(batch, n_heads, 1, head_dim, dtype=q.dtype, device=q.device)
         lse = None

@@ -2,7 +2,7 @@
 
 graph_bench, three sections (`--sections`):
   kernel  one layer's decode attention, the model's shape, mixed lengths in [context / 2, context]:
-          SDPA on contiguous K/V, phase 3.5's kernel and this phase's (DEFAULT_CONFIG, split count
+          SDPA on contiguous K/V, phase 3.5's kernel and this phase's (launch_config, split count
           from split_rule.py); median GPU ms per call from CUDA-graph replays (no host launch latency,
           common/kernel_bench.gpu_time) and this phase's per call from Python (launch included), GB/s
           of K/V read and that as a share of the GPU's HBM bandwidth (nominal, and a measured
@@ -45,7 +45,7 @@ from phases.p3_5_paged_attention.reference import sdpa_decode_contiguous
 from phases.p3_6_varlen_prefill.demo import CHUNKED
 from phases.p3_6_varlen_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillEngine
 from phases.p3_7_cuda_graphs.attention import StaticDecodeBatch
-from phases.p3_7_cuda_graphs.decode_kernel import DEFAULT_CONFIG, tiled_decode_attention
+from phases.p3_7_cuda_graphs.decode_kernel import DEFAULT_CONFIG, launch_config, tiled_decode_attention
 from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
 from phases.p3_7_cuda_graphs.overlap import OverlappedDecodeEngine
 from phases.p3_7_cuda_graphs.split_rule import choose_splits, sm_count
@@ -122,8 +122,10 @@ def kernel_section(cfg: RunConfig, lm, report: Report) -> None:
         notes.append(f"% of HBM: of the datasheet's {nominal / 1e12:.2f} TB/s.")
     if measured:
         notes.append(f"% of copy: of a measured device-to-device copy ({measured / 1e12:.2f} TB/s, read + write).")
-    t.notes.append(" ".join(notes + [f"p3_7 launch: {DEFAULT_CONFIG}; splits: split_rule.choose_splits."]))
-    report.data["kernel"] = dict(rows=rows, nominal_hbm=nominal, copy_bandwidth=measured, config=vars(DEFAULT_CONFIG))
+    config = launch_config(lm.head_dim, lm.dtype)
+    t.notes.append(" ".join(notes + [f"p3_7 launch: {config} (decode_kernel.launch_config); splits: "
+                                     "split_rule.choose_splits."]))
+    report.data["kernel"] = dict(rows=rows, nominal_hbm=nominal, copy_bandwidth=measured, config=vars(config))
 
 
 # --- step ------------------------------------------------------------------------------------------
