@@ -51,7 +51,7 @@ import torch
 
 from common.bench import sync
 from common.demos import Option, RunConfig
-from common.graph_capture import warm_up_for_capture
+from common.graph_capture import record, refuse_a_sync, warm_up_for_capture
 from common.progress import progress_bar
 from common.report import Report, Table, shorten
 
@@ -118,10 +118,9 @@ def capture_calls(fn: Callable[[], object], calls: int = CALLS_PER_GRAPH) -> Cal
     """`calls` back-to-back calls of `fn` recorded as one CUDA graph; returns its replay. Raises RuntimeError
     where `fn` cannot be captured (a host read of a device tensor, a synchronize)."""
     warm_up_for_capture(fn)
+    refuse_a_sync(fn)           # a synchronising call is refused here, not found by a failed capture
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+    record(graph, lambda: [fn() for _ in range(calls)])
     return graph.replay
 
 
