@@ -77,3 +77,10 @@ def test_launch_config_keeps_the_measured_default_where_it_compiles_without_spil
     wider = [launch_config(128, torch.float32), launch_config(256, torch.bfloat16), launch_config(256, torch.float32)]
     assert all(c.tile_blocks == DEFAULT_CONFIG.tile_blocks and c.num_warps > DEFAULT_CONFIG.num_warps for c in wider)
     assert launch_config(512, torch.float32) == launch_config(256, torch.float32)
+
+
+def test_a_head_dim_below_the_smallest_dot_is_refused_before_launch():
+    b = random_paged_batch([3, 5], 4, N_KV_HEADS, 8, seed=0)
+    q = torch.randn(2, 2 * N_KV_HEADS, 8)
+    with pytest.raises(ValueError, match="head_dim 8 is below 16"):
+        tiled_decode_attention(q, b.kv_store, LAYER, b.block_tables, b.seq_lens)

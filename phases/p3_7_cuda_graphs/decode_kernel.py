@@ -193,6 +193,9 @@ def tiled_decode_attention(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: i
     check_window_and_softcap(sliding_window, softcap)
     require_power_of_two("block_size", kv_store.shape[4])
     require_power_of_two("head_dim", kv_store.shape[5])
+    if kv_store.shape[5] < MIN_DOT:
+        raise ValueError(f"head_dim {kv_store.shape[5]} is below {MIN_DOT}, the smallest dimension `tl.dot` takes on a "
+                         "GPU; phase 3.5's kernel (paged_decode_attention_triton) serves such small heads")
     if isinstance(n_splits, bool) or not isinstance(n_splits, int) or n_splits < 1:
         raise ValueError(f"n_splits must be an int >= 1, got {n_splits!r}")
     scale = q.shape[-1] ** -0.5 if scale is None else scale
