@@ -113,6 +113,22 @@ def test_steady_decoding_sends_only_new_table_entries(tiny):
     assert steps == BLOCK_SIZE * 2
 
 
+def test_rows_left_behind_are_inert_padding(tiny):
+    """A row a sequence left (finished) keeps no length and no position: as a bucket's padding it reads and
+    writes nothing, and its slot lookup stays inside the table whatever length the sequence had reached."""
+    engine = StaticDecodeEngine(tiny, max_running=3, block_size=BLOCK_SIZE, n_blocks=64, buckets=[4])
+    prompts = random_prompts((5, 6, 7), seed=9)
+    seqs = [engine.add(p, n, ignore_eos=True) for p, n in zip(prompts, (12, 3, 9))]
+    while seqs[1].status.name != "DONE":
+        engine.step()
+    engine.step()                                    # the first static step without it: 2 rows of 3 live
+    assert engine.buffers.n_rows == 2
+    assert engine.buffers.seq_lens[2:].tolist() == [0, 0] and engine.buffers.positions[2:].tolist() == [0, 0]
+    engine.run()
+    for p, n, s in zip(prompts, (12, 3, 9), seqs):
+        assert s.output_ids == hf_greedy(tiny, p, n, ignore_eos=True)
+
+
 def test_decode_buckets_and_their_refusals(tiny):
     assert decode_buckets(6) == [1, 2, 4, 6]
     assert decode_buckets(1) == [1]

@@ -15,7 +15,7 @@ Rows. The n decoding sequences sit in rows 0 .. n-1 (a step runs rows 0 .. bucke
 rows n .. bucket-1 are padding). A sequence keeps its row while it decodes;
 when one leaves (finished, preempted, aborted, or in a prefill pass instead)
 the last rows move into the holes, so the live rows stay a prefix, and the
-rows left behind get seq_lens 0 (they read nothing and write nothing).
+rows left behind get seq_lens 0 and position 0 (they read nothing and write nothing).
 
 What changed. The buffers keep a host mirror of what each row holds on the
 device. `sync(seqs)` places the sequences and, for every row, compares the
@@ -154,7 +154,10 @@ class DecodeBuffers:
             for t in (self.input_ids, self.positions, self.seq_lens, self.block_tables):
                 t[dst] = t[src]
         if len(old) > n:
-            self.seq_lens[n:len(old)] = 0                             # rows left behind: empty
+            # Rows left behind: empty (length 0), and at position 0, so that as a bucket's padding even the
+            # slot lookup (compute_slots' gather of table column position // block_size) stays in the table.
+            self.seq_lens[n:len(old)] = 0
+            self.positions[n:len(old)] = 0
         self.rows = new_rows
         self._placed = {id(r.seq) for r in new_rows}
 
