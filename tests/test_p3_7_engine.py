@@ -18,6 +18,7 @@ from phases.p3_7_cuda_graphs.buffers import EMPTY_SLOT
 from phases.p3_7_cuda_graphs.engine import StaleGraphs, StaticDecodeEngine, decode_buckets
 from phases.p3_7_cuda_graphs.sampler import filter_rows, sample_rows, sampling_rows, uniform_noise
 from phases.p3_7_cuda_graphs.split_rule import MAX_SPLITS, choose_splits
+from phases.p3_7_cuda_graphs.tuning import best_config
 from tests.oracles import hf_greedy
 from tests.test_p3_6_engine import random_prompts
 
@@ -164,6 +165,14 @@ def test_split_rule():
     assert choose_splits(4, 8, sms, 256) == 2              # capped by the context: 256 blocks / 128 per split
     assert choose_splits(16, 8, sms, 4096) == 1            # 128 programs: about one per SM already
     assert choose_splits(4, 8, 0, 4096) == 1               # CPU
+
+
+def test_best_config_totals_the_large_cells_and_says_none_without_any():
+    row = lambda batch, warps, ms: dict(kernel="p3_7", batch=batch, context=512, tile_blocks=4,  # noqa: E731
+                                        num_warps=warps, num_stages=3, splits=1, ms=ms)
+    assert best_config([row(2, 2, 1.0), row(2, 4, 2.0)]) is None          # a quick run: no batch >= 32
+    best = best_config([row(32, 2, 1.0), row(32, 4, 0.5), row(64, 2, 1.0), row(64, 4, 0.6), row(2, 2, 0.0)])
+    assert best == dict(tile_blocks=4, num_warps=4, num_stages=3, total_ms=1.1)
 
 
 def test_device_filters_equal_common_sampling():

@@ -235,7 +235,8 @@ def tune_section(cfg: RunConfig, lm, report: Report) -> None:
             totals.setdefault(key, {})[cell] = min(totals[key].get(cell, float("inf")), r["ms"])
     for key, per_cell in sorted(totals.items(), key=lambda kv: sum(kv[1].values()))[:10]:
         t.add_row(*key, sum(per_cell.values()))
-    t.notes.append(f"best: {best}; decode_kernel.DEFAULT_CONFIG is {DEFAULT_CONFIG}")
+    t.notes.append(f"best: {best or 'none (no cell with batch >= 32)'}; decode_kernel.DEFAULT_CONFIG is "
+                   f"{DEFAULT_CONFIG}")
     report.data["tune"] = dict(rows=rows, best=best)
 
 

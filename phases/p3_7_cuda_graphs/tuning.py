@@ -107,9 +107,9 @@ def tune(batches: list[int], contexts: list[int], n_heads: int, n_kv_heads: int,
     return rows
 
 
-def best_config(rows: list[dict], min_batch: int = 32) -> dict:
+def best_config(rows: list[dict], min_batch: int = 32) -> dict | None:
     """(tile_blocks, num_warps, num_stages) with the least total ms over cells with batch >= min_batch,
-    each config at its best split count per cell."""
+    each config at its best split count per cell; None when no cell is that large (a quick run)."""
     totals: dict[tuple, float] = {}
     cells: dict[tuple, dict[tuple, float]] = {}
     for r in rows:
@@ -121,6 +121,8 @@ def best_config(rows: list[dict], min_batch: int = 32) -> dict:
         cells[key][cell] = min(cells[key].get(cell, float("inf")), r["ms"])
     for key, per_cell in cells.items():
         totals[key] = sum(per_cell.values())
+    if not totals:
+        return None
     best = min(totals, key=totals.get)
     return dict(tile_blocks=best[0], num_warps=best[1], num_stages=best[2], total_ms=totals[best])
 
