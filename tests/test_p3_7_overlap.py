@@ -40,21 +40,17 @@ def test_seeded_samples_equal_the_engine_without_overlap(tiny):
     assert overlapped == plain
 
 
-def test_an_eos_in_flight_costs_one_wasted_row_and_nothing_else():
+def test_an_eos_in_flight_costs_one_wasted_row_and_nothing_else(smol32):
     """The packaged model ends its answers on EOS: each such end was launched one step too far."""
-    lm = load_model("smollm2-135m", dtype=torch.float32)
+    lm = smol32
     prompts = [lm.prompt_ids(p) for p in ("What is 2 + 2?", "Name one fruit.", "What is the capital of France?")]
-    outs = {}
-    for cls in (StaticDecodeEngine, OverlappedDecodeEngine):
-        engine = cls(lm, max_running=3, block_size=16, n_blocks=64)
-        seqs = [engine.add(p, 30) for p in prompts]
-        engine.run()
-        assert engine.allocator.n_free == engine.allocator.n_blocks, "blocks leaked"
-        outs[cls] = [s.output_ids for s in seqs]
-        eos_ends = sum(s.finish_reason == "eos" for s in seqs)
-    assert outs[OverlappedDecodeEngine] == outs[StaticDecodeEngine]
-    for p, out in zip(prompts, outs[OverlappedDecodeEngine]):
-        assert out == hf_greedy(lm, p, 30)
+    engine = OverlappedDecodeEngine(lm, max_running=3, block_size=16, n_blocks=64)
+    seqs = [engine.add(p, 30) for p in prompts]
+    engine.run()
+    assert engine.allocator.n_free == engine.allocator.n_blocks, "blocks leaked"
+    for p, s in zip(prompts, seqs):       # what StaticDecodeEngine gives too (test_p3_7_engine.py)
+        assert s.output_ids == hf_greedy(lm, p, 30)
+    eos_ends = sum(s.finish_reason == "eos" for s in seqs)
     assert eos_ends >= 2
     # Nobody waits, so every step after the first is launched before the previous one is read: each EOS
     # end was found while the next step already ran with its row.

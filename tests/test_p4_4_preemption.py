@@ -104,7 +104,7 @@ def test_seeded_samples_reproduce_with_and_without_preemption(tiny32, mode):
 
 
 # --- property-based: random workloads, random pools --------------------------------------------------------
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=35, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10 ** 6), n_requests=st.integers(2, 8), block_size=st.sampled_from([1, 2, 4]),
        slack=st.integers(0, 4), mode=st.sampled_from(MODES), max_running=st.sampled_from([3, 4, 64]),
        cpu_blocks=st.one_of(st.none(), st.integers(1, 4)), prefix_caching=st.booleans(),
