@@ -12,6 +12,7 @@ import torch
 
 from common.model import load_model
 from common.sampling import SamplingParams, filter_logits
+from phases.p2_2_scheduler.sequence import Status
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
 from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
 from phases.p3_7_cuda_graphs.buffers import EMPTY_SLOT
@@ -120,7 +121,7 @@ def test_rows_left_behind_are_inert_padding(tiny):
     engine = StaticDecodeEngine(tiny, max_running=3, block_size=BLOCK_SIZE, n_blocks=64, buckets=[4])
     prompts = random_prompts((5, 6, 7), seed=9)
     seqs = [engine.add(p, n, ignore_eos=True) for p, n in zip(prompts, (12, 3, 9))]
-    while seqs[1].status.name != "DONE":
+    while seqs[1].status is not Status.DONE:
         engine.step()
     engine.step()                                    # the first static step without it: 2 rows of 3 live
     assert engine.buffers.n_rows == 2

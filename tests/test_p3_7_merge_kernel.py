@@ -6,11 +6,15 @@ empty (a bucket's padding row) comes out as zeros; the output is written in the 
 The decode kernel's own tests (test_p3_7_decode_kernel.py) run it behind every n_splits > 1.
 """
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
 from phases.p3_5_paged_attention.kernels import merge_splits
 from phases.p3_7_cuda_graphs.merge_kernel import merge_splits_triton
+from tests.test_p3_6_prefill_kernel import H100_SHARED_BYTES, REPO_ROOT
 
 BF16_ULP = 2.0 ** -7     # bf16 keeps 8 significant bits: one rounding is within this share of the value
 
@@ -55,23 +59,16 @@ def test_bad_inputs_are_refused():
         merge_splits_triton(partial, lse[:, :, :1])
 
 
-H100_SHARED_BYTES = 227 * 1024   # the most shared memory one program may use on an H100
-
-
 def test_the_merge_and_the_default_decode_kernel_compile_for_an_h100():
     """Built for sm_90 ahead of time (phase 3.6's aot_check, no GPU needed), in a fresh process: this one
     has the kernels under the interpreter. The merge and the decode kernel, as launched (`launch_config`) for
     Qwen3-0.6B's shape in bf16 and in fp32 with split-KV, keep everything in registers."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     script = ("import torch\n"
               "from phases.p3_7_cuda_graphs.aot_check import compile_decode_kernel, compile_merge_kernel\n"
               "for cost in (compile_merge_kernel(torch.bfloat16, 128, 8), compile_decode_kernel(torch.bfloat16, 128, 2,"
               " split=False), compile_decode_kernel(torch.float32, 128, 2, split=True)):\n"
               "    print(cost.registers, cost.spill_bytes, cost.shared_bytes)\n")
-    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).resolve().parent.parent,
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     costs = [tuple(map(int, line.split())) for line in done.stdout.strip().splitlines()[-3:]]

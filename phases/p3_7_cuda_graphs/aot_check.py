@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--head-dim", type=int, default=QWEN3_HEAD_DIM)
     p.add_argument("--group", type=int, default=QWEN3_GROUP, help="query heads per KV head")
-    p.add_argument("--dtype", default="bf16", choices=sorted(set(TRITON_DTYPES.values()) - {"fp16"}))
+    p.add_argument("--dtype", default="bf16", choices=sorted(TRITON_DTYPES.values()))
     p.add_argument("--results-dir", default=None, help="also save the report there (json + md)")
     args = p.parse_args(argv)
     dtype = {v: k for k, v in TRITON_DTYPES.items()}[args.dtype]
