@@ -17,6 +17,8 @@ Names it understands:
   Gemma 2 (attention logit softcapping, a windowed layer then a full one,
   scaling by query_pre_attn_scalar), run with transformers' eager attention,
   its only path that computes the softcap.
+- `tiny-qwen3`: the same size as a Qwen3 (an RMSNorm on every head's queries
+  and keys), for the tests of the fused kernels on Qwen3's layer.
 - anything else with a `/` or an existing path: a Hugging Face hub id or a
   local folder (`revision=` pins a hub commit). Only this path touches the network.
 
@@ -82,11 +84,13 @@ TINY_SOFTCAP_CONFIG: dict[str, Any] = dict(
     # Gemma scales its embeddings by sqrt(hidden); tied to the output, they would make each next token
     # an echo of the current one whatever attention computes. Untied, attention decides the tokens.
     tie_word_embeddings=False)
+TINY_QWEN3_CONFIG: dict[str, Any] = dict(TINY_CONFIG, model_type="qwen3")
 # Test models by name: (architecture, the attention implementation transformers must use for it).
 TINY_MODELS: dict[str, tuple[dict[str, Any], str | None]] = {
     "tiny": (TINY_CONFIG, None),
     "tiny-sliding": (TINY_SLIDING_CONFIG, None),
     "tiny-softcap": (TINY_SOFTCAP_CONFIG, "eager"),   # transformers has no SDPA path for a softcap
+    "tiny-qwen3": (TINY_QWEN3_CONFIG, None),
 }
 # Hub models the project runs by default, pinned so a result names exact weights.
 PINNED_REVISIONS = {"Qwen/Qwen3-0.6B": "c1899de289a04d12100db370d81485cdf75e47ca"}
