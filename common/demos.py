@@ -190,6 +190,17 @@ def demo(name: str, phase: str, help: str, options: list[Option] | None = None,
     return register
 
 
+def run_sections(cfg: RunConfig, lm, report: Report, sections: dict[str, Callable]) -> Report:
+    """Run the sections `cfg.sections` names, in that order: sections[name](cfg, lm, report) each. An unknown
+    name is refused before any section runs."""
+    unknown = set(cfg.sections) - set(sections)
+    if unknown:
+        raise ValueError(f"unknown section(s) {sorted(unknown)}; choose from {sorted(sections)}")
+    for name in cfg.sections:
+        sections[name](cfg, lm, report)
+    return report
+
+
 def names() -> list[str]:
     """Every demo name, in reading order, without importing any phase."""
     return list(DEMO_MODULES)

@@ -29,7 +29,7 @@ from functools import partial
 
 import torch
 
-from common.demos import Option, RunConfig, demo
+from common.demos import Option, RunConfig, demo, run_sections
 from common.harness import EngineRun, EngineRunner, measure, pool_problems, submit, workload_pool_blocks
 from common.hf_peers import HF_COMPILED, HF_STATIC
 from common.kernel_bench import CALLS_PER_GRAPH, GRAPH_REPLAY, PER_CALL, gpu_time, median_ms
@@ -138,9 +138,10 @@ STEP_ENGINES = {
 }
 
 
-def step_section(cfg: RunConfig, lm, report: Report) -> None:
+def step_section(cfg: RunConfig, lm, report: Report, step_engines: dict | None = None) -> None:
+    """step_engines: name -> make(lm, batch, blocks), default STEP_ENGINES (a later phase passes its own)."""
     on_cuda = torch.device(lm.device).type == "cuda"
-    engines = {k: f for k, f in STEP_ENGINES.items() if on_cuda or "graph" not in k}
+    engines = {k: f for k, f in (step_engines or STEP_ENGINES).items() if on_cuda or "graph" not in k}
     t = report.table(f"one decode step, {cfg.prompt_len}-token prompts (median of {cfg.steps} steps)",
                      ["batch", "engine", "ms/step", "tok/s", "GPU ms (graph replay)", "wall / GPU"])
     rows = []
@@ -263,13 +264,8 @@ def graph_bench(cfg: RunConfig) -> Report:
                   hf_new_tokens=4, host_batches=[1, 3], host_steps=3)
     lm = cfg.load()
     report = cfg.new_report("graph_bench")
-    sections = {"kernel": kernel_section, "step": step_section, "host": host_section, "tune": tune_section}
-    unknown = set(cfg.sections) - set(sections)
-    if unknown:
-        raise ValueError(f"unknown section(s) {sorted(unknown)}; choose from {sorted(sections)}")
-    for name in cfg.sections:
-        sections[name](cfg, lm, report)
-    return report
+    return run_sections(cfg, lm, report, {"kernel": kernel_section, "step": step_section, "host": host_section,
+                                          "tune": tune_section})
 
 
 # --- the engine as common/harness.py runs engines ----------------------------------------------------
@@ -309,7 +305,7 @@ def run_graphs(lm, requests: list[Request], max_running: int, block_size: int = 
                                          (f"{len(engine.graphs)} graphs (captured when the engine was built)"
                                           if engine.cuda_graphs else "run eagerly (no CUDA)")
                                     + (f", {engine.n_overlapped_steps} overlapped, {engine.n_wasted_rows} rows wasted on "
-                                       "an EOS in flight" if engine_cls is OverlappedDecodeEngine else ""),
+                                       "an EOS in flight" if issubclass(engine_cls, OverlappedDecodeEngine) else ""),
                                     settings=settings)
 
 
@@ -320,10 +316,9 @@ OVERLAP = EngineRunner("overlap", "OverlappedDecodeEngine (p3_7): the graphs eng
 ENGINES = P3_5_ENGINES + [CHUNKED, GRAPHS, OVERLAP, HF_STATIC, HF_COMPILED]
 
 
-def prefilled_graph_engine(lm, requests: list[Request]) -> StaticDecodeEngine:
+def prefilled_graph_engine(lm, requests: list[Request], engine_cls: type = StaticDecodeEngine) -> StaticDecodeEngine:
     """Every request admitted and prefilled, its graph captured: the next step is one full-batch decode step."""
-    engine = StaticDecodeEngine(lm, max_running=len(requests),
-                                n_blocks=workload_pool_blocks(lm, requests, DEFAULT_BLOCK_SIZE))
+    engine = engine_cls(lm, max_running=len(requests), n_blocks=workload_pool_blocks(lm, requests, DEFAULT_BLOCK_SIZE))
     for r in requests:
         engine.add(r.prompt_ids, r.max_new_tokens, ignore_eos=True)
     while engine.waiting or any(s.status is Status.PREFILLING for s in engine.running):
