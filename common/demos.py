@@ -46,6 +46,8 @@ DEMO_MODULES: dict[str, str] = {
     "prefill_bench": "phases.p3_6_varlen_prefill.demo",
     "graph_bench": "phases.p3_7_cuda_graphs.demo",
     "graph_workload": "phases.p3_7_cuda_graphs.demo",
+    "fused_bench": "phases.p3_8_fused_ops.demo",
+    "fused_workload": "phases.p3_8_fused_ops.demo",
     "cow_demo": "phases.p4_1_copy_on_write.demo",
     "share_demo": "phases.p4_2_beam_search.demo",
     "prefix_demo": "phases.p4_3_prefix_caching.demo",

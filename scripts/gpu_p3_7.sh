@@ -9,6 +9,9 @@
 #   bash scripts/gpu_p3_7.sh tune       the launch-config and split sweep (tuning.py, 36 configs), for
 #                                       DEFAULT_CONFIG and split_rule.py's constants
 #   bash scripts/gpu_p3_7.sh tier       the whole gpu test tier (pytest -m gpu)
+#   bash scripts/gpu_p3_7.sh fused      phase 3.8: its gpu tests, then fused_bench (kernels per step; ms/step and
+#                                       the graph's GPU time, phase 3.7's graph against the fused one)
+#   bash scripts/gpu_p3_7.sh fused_workload   phase 3.8: fused_workload, the fused engines against HF compiled
 #
 # Reports go to $OUT (default /tmp/gpu_p3_7), each part's output to $OUT/<part>.log; copy the reports into
 # results/ and quote them in the phase README. Model: dummy:qwen3-0.6b (random weights, nothing to download).
@@ -17,7 +20,7 @@
 # installed into a scratch folder first, for machines whose image has other versions and no network.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PART=${1:?"which part: kernel, step, workload, tune or tier"}
+PART=${1:?"which part: kernel, step, workload, tune, tier, fused or fused_workload"}
 OUT=${OUT:-/tmp/gpu_p3_7}
 PY=${PY:-python3}
 MODEL=${MODEL:-dummy:qwen3-0.6b}
@@ -64,7 +67,13 @@ case $PART in
         step tuning $PY -m phases.p3_7_cuda_graphs.tuning --out "$OUT" ;;
     tier)
         step tier "${PYTEST[@]}" -m gpu tests/gpu ;;
+    fused)
+        step fused_tests "${PYTEST[@]}" tests/gpu/test_engine_p3_8_gpu.py
+        step fused_bench $PY -m common fused_bench --device cuda --model "$MODEL" --results-dir "$OUT" ;;
+    fused_workload)
+        step fused_workload $PY -m common fused_workload --device cuda --model "$MODEL" \
+            --engines fused fused_overlap hf_compiled --results-dir "$OUT" ;;
     *)
-        echo "unknown part '$PART': kernel, step, workload, tune or tier" >&2; exit 2 ;;
+        echo "unknown part '$PART': kernel, step, workload, tune, tier, fused or fused_workload" >&2; exit 2 ;;
 esac
 ls -la "$OUT"
