@@ -280,6 +280,17 @@ COMPARISONS: dict[str, Comparison] = {
                     "ms/step")),
     ], "On the CPU graphs do not exist, and the static step runs eagerly at the old speed; on the H100 the step "
        "stays at 5.6-7.8 ms from batch 1 to 128, the blog's flat ms/tok, until the host's per-sequence work shows at 256."),
+    "p3_8_fused_ops": Comparison([
+        Figure("kernels per decode step, phase 3.7's static step", "beyond the blog",
+               Cell("fused-bench_cpu_dummy-qwen3-0.6b", "kernels launched by one decode step",
+                    ("1", "p3_7 static step"), "kernels"), None),
+        Figure("kernels per decode step, fused", "beyond the blog",
+               Cell("fused-bench_cpu_dummy-qwen3-0.6b", "kernels launched by one decode step",
+                    ("1", "p3_8 fused step"), "kernels"), None),
+        Figure("decode step, batch 1, fused CUDA graph (ms)", "the blog's flat ms/tok", "no CUDA graphs on a CPU",
+               None),
+    ], "The blog stops before kernels per step matter; the counts are Qwen3-0.6B's step as its Python launches it, "
+       "counted on the CPU, and what fewer kernels buy in time is a GPU measurement still owed."),
     "p4_1_copy_on_write": Comparison([
         Figure("distinct blocks after the prefill and the fork", "beyond the blog",
                Note(f"cow-demo_{CPU}", r"^(\d+) distinct blocks held; \d+ if"),
