@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 10 · One pass per step, then a step the GPU can replay (phases 3.6 and 3.7)
+# # 10 · One pass per step, then a step the GPU can replay (phases 3.6 to 3.8)
 #
 # On an H100 the engine of phase 3.5 spent ~33 ms on a decode step of 256 sequences, while the GPU worked ~11 ms of
 # it. The rest was the host: Python turning lists into tensors, and ~400 kernels launched one at a time. Two phases
@@ -383,11 +383,60 @@ print(f"from batch {next(b for b in range(1, 257) if b * KV_HEADS >= H100_SMS)} 
       "SMs: one split at any context")
 
 # %% [markdown]
+# ## Phase 3.8: what a graph cannot remove, the kernels themselves
+#
+# In the H100 figure above, the graph's GPU time hardly moves from batch 1 to 256, though batch 256 does 256 times
+# the arithmetic. A step that takes the same time whatever its size is counted in kernels: each one starts, reads,
+# writes and drains before the next, even when it touches one row per sequence. `count_launches`
+# (`common/kernel_count.py`) counts what a step launches on any device: every aten op that computes (views launch
+# nothing) and every Triton launch. Phase 3.8's `FusedDecodeEngine` runs the same step with each RMSNorm, the rotary
+# embedding of q and k, and SwiGLU's `silu(gate) * up` as one Triton kernel each. Here on the tiny Qwen3 (2 layers),
+# with the Triton kernels in the interpreter so the count follows a GPU's code path:
+
+# %%
+import os
+
+from common.kernel_count import count_launches
+from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
+from phases.p3_8_fused_ops.engine import FusedDecodeEngine
+
+os.environ[FORCE_KERNELS_ENV] = "1"          # the Triton paths on this CPU (the interpreter)
+qwen = load_model("tiny-qwen3", device="cpu", dtype=torch.float32)
+counts, fused_out = {}, {}
+for cls in (StaticDecodeEngine, FusedDecodeEngine):
+    engine = cls(qwen, max_running=2, block_size=4, n_blocks=32, cuda_graphs=False)
+    seqs = [engine.add(p, 3, ignore_eos=True) for p in prompts[:2]]
+    engine.step()                            # the prefill pass
+    forward = engine._static_forward
+
+    def counted(batch, forward=forward, cls=cls):
+        with count_launches() as launches:
+            out = forward(batch)
+        counts[cls.__name__] = launches
+        return out
+    engine._static_forward = counted
+    engine.run()
+    fused_out[cls.__name__] = [s.output_ids for s in seqs]
+del os.environ[FORCE_KERNELS_ENV]
+for name, launches in counts.items():
+    print(f"{name:>18}: {launches.total} kernels per decode step ({launches.triton} Triton), top: "
+          + ", ".join(f"{op.removeprefix('triton:')} {n}" for op, n in launches.by_op.most_common(5)))
+print("same tokens:", fused_out["StaticDecodeEngine"] == fused_out["FusedDecodeEngine"])
+full = json.loads((RESULTS / "fused-bench_cpu_dummy-qwen3-0.6b.json").read_text())["data"]["kernels"]
+print("Qwen3-0.6B (28 layers), committed count:",
+      ", ".join(f"{r['engine']} {r['kernels']}" for r in full if r["batch"] == 1))
+
+# %% [markdown]
+# What a fused step buys in time on the H100 is still to be measured (`fused_bench --device cuda`); the count is
+# what can be known without one.
+#
 # ## Where to read on
 #
 # * `phases/p3_6_varlen_prefill/README.md`: the varlen prefill kernel (one launch per layer for every prompt in the
 #   pass) and the token budget's rules.
 # * `phases/p3_7_cuda_graphs/README.md`: the tuned decode kernel against SDPA, the split rule's measurements, the
 #   workload tables against HF `generate` compiled, and what is still owed a GPU.
-# * `python -m common graph_bench` and `python -m common graph_workload` rerun every table here, on a GPU with
+# * `phases/p3_8_fused_ops/README.md`: the three fused kernels, how they are routed without touching the HF peers
+#   that share the model, and the kernel counts.
+# * `python -m common graph_bench`, `graph_workload` and `fused_bench` rerun every table here, on a GPU with
 #   `--device cuda`.

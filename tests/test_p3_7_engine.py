@@ -288,5 +288,8 @@ def test_notebook_runs():
     assert len(re.findall(r"largest pass (\d+) tokens, outputs equal to HF generate: True", text)) == 2
     assert "outputs equal to phase 3.6's engine: True" in text and "outputs equal to HF generate:        True" in text
     assert "buckets used [1, 2, 4, 8]" in text and "equal: True" in text and "same answers: True" in text
+    kernels = re.findall(r"(\w+Engine): (\d+) kernels per decode step", text)                 # phase 3.8's count
+    assert [k for k, _ in kernels] == ["StaticDecodeEngine", "FusedDecodeEngine"] and "same tokens: True" in text
+    assert int(kernels[1][1]) < int(kernels[0][1])
     ends = re.search(r"OverlappedDecodeEngine: \d+ steps, ends (\[.*?\]).*?(\d+) overlapped, (\d+) rows wasted", text)
     assert ends and int(ends.group(2)) > 0 and int(ends.group(3)) == ends.group(1).count("eos") > 0
