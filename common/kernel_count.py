@@ -7,7 +7,9 @@ allocation) launch none. Counting those two kinds of call, as PyTorch's
 dispatcher and Triton see them, gives the number of kernels a decode step
 costs without a GPU, from the same Python that runs on one. (It is a floor: a
 cuBLAS matmul can be more than one kernel. A profiler on the GPU counts
-exactly.)
+exactly. And it counts what the code runs on the device it is on: a host read,
+`item`, counts as one op, and a check that runs only on CPU tensors counts
+there and not on a GPU.)
 
     with count_launches() as launches:
         engine.step()
@@ -27,6 +29,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 NO_KERNEL_OPS = frozenset({
     "view", "_unsafe_view", "reshape", "_reshape_alias", "unsqueeze", "squeeze", "transpose", "t", "permute",
     "expand", "slice", "select", "as_strided", "alias", "detach", "split", "split_with_sizes", "unbind",
+    "narrow", "chunk", "unfold", "diagonal", "view_as_real", "view_as_complex", "squeeze_", "unsqueeze_",
+    "as_strided_", "t_", "transpose_", "resize_",
     "view_as", "lift_fresh", "empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided",
     "sym_size", "sym_stride", "sym_numel", "sym_storage_offset", "is_same_size",
 })
@@ -59,6 +63,12 @@ class _AtenCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def kernel_name(kernel) -> str:
+    """A Triton kernel's function name (an autotuned kernel wraps its JITFunction: one level further)."""
+    fn = kernel.fn
+    return getattr(fn, "__name__", None) or getattr(getattr(fn, "fn", None), "__name__", "kernel")
+
+
 @contextmanager
 def count_launches():
     """Inside: every aten op that computes and every Triton launch is counted (yields `Launches`)."""
@@ -71,7 +81,7 @@ def count_launches():
         run = launch(kernel, grid)
 
         def call(*args, **kwargs):
-            launches.by_op[TRITON_PREFIX + getattr(kernel.fn, "__name__", "kernel")] += 1
+            launches.by_op[TRITON_PREFIX + kernel_name(kernel)] += 1
             launches.inside_triton += 1
             try:
                 return run(*args, **kwargs)

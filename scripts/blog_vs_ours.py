@@ -290,7 +290,8 @@ COMPARISONS: dict[str, Comparison] = {
         Figure("decode step, batch 1, fused CUDA graph (ms)", "the blog's flat ms/tok", "no CUDA graphs on a CPU",
                None),
     ], "The blog stops before kernels per step matter; the counts are Qwen3-0.6B's step as its Python launches it, "
-       "counted on the CPU, and what fewer kernels buy in time is a GPU measurement still owed."),
+       "counted on the CPU (both include 112 slot checks that run only there), and what fewer kernels buy in time "
+       "is a GPU measurement still owed."),
     "p4_1_copy_on_write": Comparison([
         Figure("distinct blocks after the prefill and the fork", "beyond the blog",
                Note(f"cow-demo_{CPU}", r"^(\d+) distinct blocks held; \d+ if"),

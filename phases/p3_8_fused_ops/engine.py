@@ -3,8 +3,8 @@
 Phase 3.7's CUDA graph took the host out of a decode step, and what was left on
 the H100 was ~4 ms of GPU time at batch 1 and ~4.6 ms at batch 256: nearly flat,
 although batch 256 does 256 times the arithmetic. A step that long whatever its
-size is counted in kernels, not in bytes or FLOPs. Each of its ~1,700 kernels
-(about 60 per layer of Qwen3-0.6B) starts, reads, writes and drains; most of them
+size is counted in kernels, not in bytes or FLOPs. Each of its ~1,570 kernels
+(56 per layer of Qwen3-0.6B) starts, reads, writes and drains; most of them
 are element-wise ops on one row per sequence. This engine runs the same step
 with the model's norms, rotary embedding and SwiGLU gate routed to one kernel
 each (kernels.py, layers.py), inside the step only: the graph captures the

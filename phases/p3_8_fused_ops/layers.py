@@ -10,12 +10,14 @@ walking the modules every step would cost what phase 3.5's attention switch
 cost, ~1 ms per step; reading a flag costs nothing, and in a replayed CUDA graph
 no Python runs at all.)
 
-What is recognised, and left alone otherwise:
+What is recognised, by name, from model families whose code was read against the kernels; anything else
+(another family's norm, MLP or rotary, which may compute something else under the same name) is left alone:
 - norms: the RMSNorm classes that compute `weight * (x / rms(x)).to(dtype)` (Llama, Qwen2/3, Mistral),
   with a weight in the input's dtype. Gemma's `(1 + weight)` norm is not one of them;
-- MLPs: a module with gate_proj, up_proj and down_proj Linears and a SiLU `act_fn` (SwiGLU);
-- rotary: the `apply_rotary_pos_emb` an attention module's class calls from its own module (the modeling
-  file), when called with HF's default layout (q and k [B, H, T, D], cos and sin [B, T, D]).
+- MLPs: the SwiGLU classes `down_proj(act_fn(gate_proj(x)) * up_proj(x))` of the same families, with a SiLU;
+- rotary: the `apply_rotary_pos_emb` (`rotate_half` style) of those files and Gemma 2's, when called as
+  (q, k, cos, sin) in HF's default layout (q and k [B, H, T, D], cos and sin [B, T, D]); any other call,
+  or tensors the kernel refuses, go to the model's own function.
 """
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ import torch
 from phases.p3_4_gather_kernel.dispatch import use_kernels
 
 FUSABLE_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm")
+FUSABLE_MLPS = ("LlamaMLP", "Qwen2MLP", "Qwen3MLP", "MistralMLP")
 SILU_ACTIVATIONS = ("SiLU", "SiLUActivation")
 ROTARY_FUNCTION = "apply_rotary_pos_emb"
+FUSABLE_ROTARY_FILES = tuple(f"transformers.models.{m}.modeling_{m}"
+                             for m in ("llama", "qwen2", "qwen3", "mistral", "gemma2"))
 DEFAULT_UNSQUEEZE_DIM = 1        # HF's default: cos/sin [B, T, D] broadcast over the heads of q/k [B, H, T, D]
 
 _active = 0                      # how many fused_ops_on() blocks are open (one per engine forward)
@@ -76,7 +81,8 @@ def install_fused_ops(model: torch.nn.Module) -> FusedModules:
             module.forward = _fused_mlp_forward(module)
             found.mlps += 1
         file = sys.modules.get(type(module).__module__)
-        if hasattr(module, "o_proj") and file is not None and callable(getattr(file, ROTARY_FUNCTION, None)):
+        if hasattr(module, "o_proj") and type(module).__module__ in FUSABLE_ROTARY_FILES \
+                and callable(getattr(file, ROTARY_FUNCTION, None)):
             if not getattr(getattr(file, ROTARY_FUNCTION), "routes_to_fused", False):
                 setattr(file, ROTARY_FUNCTION, _fused_rotary(getattr(file, ROTARY_FUNCTION)))
             if file.__name__ not in found.rotary_files:
@@ -87,8 +93,7 @@ def install_fused_ops(model: torch.nn.Module) -> FusedModules:
 
 
 def _is_swiglu(module: torch.nn.Module) -> bool:
-    parts = [getattr(module, name, None) for name in ("gate_proj", "up_proj", "down_proj")]
-    return all(isinstance(p, torch.nn.Linear) for p in parts) and \
+    return type(module).__name__ in FUSABLE_MLPS and \
         type(getattr(module, "act_fn", None)).__name__ in SILU_ACTIVATIONS
 
 
@@ -117,13 +122,13 @@ def _fused_mlp_forward(module):
 
 
 def _fused_rotary(own):
-    from phases.p3_8_fused_ops.kernels import rotary
+    from phases.p3_8_fused_ops.kernels import rotary, rotary_refusal
 
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
-        unsqueeze_dim = args[0] if args else kwargs.get("unsqueeze_dim", DEFAULT_UNSQUEEZE_DIM)
-        if _active and use_kernels(q.device) and len(args) + len(kwargs) <= 1 \
-                and unsqueeze_dim == DEFAULT_UNSQUEEZE_DIM and q.dim() == 4 and cos.dim() == 3 \
-                and cos.shape == (q.shape[0], q.shape[2], q.shape[3]) and cos.dtype == q.dtype:
+        # Only HF's default call, (q, k, cos, sin) or unsqueeze_dim=1 by name; anything else is the model's.
+        default_call = not args and set(kwargs) <= {"unsqueeze_dim"} \
+            and kwargs.get("unsqueeze_dim", DEFAULT_UNSQUEEZE_DIM) == DEFAULT_UNSQUEEZE_DIM
+        if _active and default_call and use_kernels(q.device) and rotary_refusal(q, k, cos, sin) is None:
             fused_calls["rotary"] += 1
             return rotary(q, k, cos, sin)
         return own(q, k, cos, sin, *args, **kwargs)
