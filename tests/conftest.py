@@ -27,6 +27,12 @@ def gpu_tier_device() -> str | None:
     return "cuda" if torch.cuda.is_available() else None
 
 
+def pytest_collection_finish(session):
+    """Tell tests/nbrun.py which notebooks the selected tests will run, so it can run them side by side."""
+    from tests import nbrun
+    nbrun.plan([m.args[0] for item in session.items for m in item.iter_markers("notebook")])
+
+
 def pytest_collection_modifyitems(config, items):
     if gpu_tier_device() is not None:
         return

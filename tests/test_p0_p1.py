@@ -153,6 +153,7 @@ def test_decode_sweep_refuses_lengths_past_the_context():
         run_demo("decode_sweep", model="tiny", device="cpu", dtype="fp32", options={"new_tokens": [10**6]})
 
 
+@pytest.mark.notebook("01_decode_loops.ipynb")
 def test_notebook_runs():
     from tests.nbrun import run_notebook
     run_notebook("01_decode_loops.ipynb")

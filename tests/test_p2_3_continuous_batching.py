@@ -1,6 +1,7 @@
 """Phase 2.3: continuous batching refills a freed slot in the same step, keeps every sequence's own
 cache, and still produces HF generate's greedy tokens for every prompt."""
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
@@ -105,6 +106,7 @@ def test_wall_demo_smoke(tmp_path):
     save_outputs("wall", report, tmp_path)
 
 
+@pytest.mark.notebook("02_batching.ipynb")
 def test_notebook_runs():
     from tests.nbrun import run_notebook
     run_notebook("02_batching.ipynb")

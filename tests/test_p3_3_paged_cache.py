@@ -238,6 +238,7 @@ def test_the_tput_pool_is_exactly_big_enough_that_nobody_waits(tiny32, spare_blo
         assert sched.peak_kv_bytes == n_blocks * sched.allocator.bytes_per_block
 
 
+@pytest.mark.notebook("03_paging.ipynb")
 def test_notebook_runs():
     from tests.nbrun import run_notebook
     run_notebook("03_paging.ipynb")

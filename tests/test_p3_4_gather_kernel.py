@@ -132,6 +132,7 @@ def test_gather_bench_demo_quick(tmp_path):
     assert (tmp_path / "g.png").stat().st_size > 0
 
 
+@pytest.mark.notebook("07_gather_kernel.ipynb")
 def test_notebook_runs():
     from tests.nbrun import run_notebook
     nb = run_notebook("07_gather_kernel.ipynb")

@@ -278,6 +278,7 @@ def test_the_host_sections_stub_returns_what_each_decode_pass_returns_and_leaves
         assert engine.allocator.n_free == engine.allocator.n_blocks
 
 
+@pytest.mark.notebook("10_static_decode.ipynb")
 def test_notebook_runs():
     """notebooks/10_static_decode: chunked and whole prefill, the static step and seeded draws all give the
     oracle's tokens, and the overlapped engine wastes one row per EOS end and answers as the static one."""

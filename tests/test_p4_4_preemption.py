@@ -300,6 +300,7 @@ def test_demos_run_quick_on_the_tiny_model(name):
     assert any(r.get("n_preemptions", 0) > 0 for r in report.data.get("sweep", report.data.get("runs", [])))
 
 
+@pytest.mark.notebook("08_preemption.ipynb")
 def test_notebook_runs():
     import re
     from tests.nbrun import run_notebook

@@ -376,6 +376,7 @@ def test_serve_command_is_wired():
     assert modal_run.serve_api._is_web_endpoint()  # `modal serve modal_run.py` serves it
 
 
+@pytest.mark.notebook("09_serving.ipynb")
 def test_notebook_runs():
     import re
     from tests.nbrun import run_notebook
