@@ -42,14 +42,19 @@ def random_prompts(vocab: int, batch: int, prompt_len: int | tuple[int, int],
     return [torch.randint(FIRST_TOKEN_ID, vocab, (n,), generator=gen).tolist() for n in lengths]
 
 
+def prefill_everything(engine) -> None:
+    """Step `engine` until every request is admitted and prefilled: its next step is a decode-only step."""
+    while engine.waiting or any(s.status.name == "PREFILLING" for s in engine.running):
+        engine.step()
+
+
 def decode_step_ms(make_engine: Callable, lm, batch: int, prompt_len: int | tuple[int, int], steps: int) -> dict:
     """Median (and p90) wall ms of one decode step of `batch` sequences, after warm-up. prompt_len: one length
     for every prompt, or (lo, hi) for lengths drawn in that range (the same draw for every engine)."""
     engine = make_engine(lm, batch)
     for ids in random_prompts(lm.vocab_size, batch, prompt_len):
         engine.add(ids, WARMUP_STEPS + steps + 2, ignore_eos=True)
-    while engine.waiting or any(s.status.name == "PREFILLING" for s in engine.running):
-        engine.step()
+    prefill_everything(engine)
     for _ in range(WARMUP_STEPS):
         engine.step()
     if getattr(engine, "overlaps_steps", False):

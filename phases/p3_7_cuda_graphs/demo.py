@@ -34,10 +34,9 @@ from common.harness import EngineRun, EngineRunner, measure, pool_problems, subm
 from common.hf_peers import HF_COMPILED, HF_STATIC
 from common.kernel_bench import CALLS_PER_GRAPH, GRAPH_REPLAY, PER_CALL, gpu_time, median_ms
 from common.report import Report
-from common.step_bench import FIRST_TOKEN_ID, decode_step_ms, replay_ms
+from common.step_bench import FIRST_TOKEN_ID, decode_step_ms, prefill_everything, replay_ms
 from common.workload import Request
 from common.workload_bench import run_workload_bench, workload_options
-from phases.p2_2_scheduler.sequence import Status
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, blocks_for
 from phases.p3_5_paged_attention.demo import ALL_ENGINES as P3_5_ENGINES
 from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton
@@ -321,8 +320,7 @@ def prefilled_graph_engine(lm, requests: list[Request], engine_cls: type = Stati
     engine = engine_cls(lm, max_running=len(requests), n_blocks=workload_pool_blocks(lm, requests, DEFAULT_BLOCK_SIZE))
     for r in requests:
         engine.add(r.prompt_ids, r.max_new_tokens, ignore_eos=True)
-    while engine.waiting or any(s.status is Status.PREFILLING for s in engine.running):
-        engine.step()
+    prefill_everything(engine)
     engine.step()
     return engine
 
