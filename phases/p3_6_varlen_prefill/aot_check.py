@@ -33,6 +33,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 
+from common.report import Report, environment_meta  # noqa: E402
 from phases.p3_6_varlen_prefill import kernel  # noqa: E402
 
 H100_ARCH = 90
@@ -55,6 +56,13 @@ class KernelCost:
     registers: int        # per thread
     spill_bytes: int      # spill stores per thread (0 = everything fits in registers)
     shared_bytes: int     # per program (Triton's staging buffers for tl.dot and pipelining)
+
+
+def compiled_report(name: str, model: str, dtype: str, arch: int = H100_ARCH) -> Report:
+    """A report of kernels compiled, not run, for sm_<arch> (its device named so, for results/ file names)."""
+    report = Report(name, meta=environment_meta(device=f"sm_{arch} (compiled, not run)", model=model, dtype=dtype))
+    report.meta["device_name"] = f"sm{arch}-compiled"
+    return report
 
 
 def compile_for_gpu(fn, signature: dict[str, str], constants: dict, arch: int = H100_ARCH,

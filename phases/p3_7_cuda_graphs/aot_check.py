@@ -29,8 +29,9 @@ if "phases.p3_7_cuda_graphs.decode_kernel" not in sys.modules:
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from common.report import Report, environment_meta, print_report, save_report  # noqa: E402
-from phases.p3_6_varlen_prefill.aot_check import H100_ARCH, TRITON_DTYPES, KernelCost, compile_for_gpu  # noqa: E402
+from common.report import print_report, save_report  # noqa: E402
+from phases.p3_6_varlen_prefill.aot_check import (H100_ARCH, TRITON_DTYPES, KernelCost, compile_for_gpu,  # noqa: E402
+                                                  compiled_report)
 from phases.p3_7_cuda_graphs import decode_kernel, merge_kernel  # noqa: E402
 from phases.p3_7_cuda_graphs.decode_kernel import DEFAULT_CONFIG, MIN_DOT, LaunchConfig, launch_config  # noqa: E402
 from phases.p3_7_cuda_graphs.tuning import SPLIT_CHOICES, config_grid  # noqa: E402
@@ -97,9 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     shape = f"head_dim {args.head_dim}, group {args.group}, block_size {BLOCK_SIZE}"
     qwen3 = (args.head_dim, args.group) == (QWEN3_HEAD_DIM, QWEN3_GROUP)
     model = "qwen3-0.6b-shape" if qwen3 else f"head-dim-{args.head_dim}-group-{args.group}"
-    report = Report("decode_aot", meta=environment_meta(device=f"sm_{H100_ARCH} (compiled, not run)",
-                                                        model=model, dtype=args.dtype))
-    report.meta["device_name"] = f"sm{H100_ARCH}-compiled"
+    report = compiled_report("decode_aot", model, args.dtype)
     columns = ["tile blocks", "warps", "stages", "split-KV", "registers", "spill B / thread", "shared B"]
     t = report.table(f"the decode kernel over tuning.py's grid, compiled for sm_{H100_ARCH} ({shape}, {args.dtype})",
                      columns)

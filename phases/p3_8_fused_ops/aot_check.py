@@ -26,8 +26,9 @@ if "phases.p3_8_fused_ops.kernels" not in sys.modules:
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from common.report import Report, environment_meta, print_report, save_report  # noqa: E402
-from phases.p3_6_varlen_prefill.aot_check import H100_ARCH, TRITON_DTYPES, KernelCost, compile_for_gpu  # noqa: E402
+from common.report import print_report, save_report  # noqa: E402
+from phases.p3_6_varlen_prefill.aot_check import (H100_ARCH, TRITON_DTYPES, KernelCost, compile_for_gpu,  # noqa: E402
+                                                  compiled_report)
 from phases.p3_8_fused_ops import kernels  # noqa: E402
 
 QWEN3_HIDDEN, QWEN3_HEAD_DIM = 1024, 128
@@ -78,9 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m phases.p3_8_fused_ops.aot_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--results-dir", default=None, help="also save the report there (json + md)")
     args = p.parse_args(argv)
-    report = Report("fused_aot", meta=environment_meta(device=f"sm_{H100_ARCH} (compiled, not run)",
-                                                       model="qwen3-0.6b-shape", dtype="bf16 and fp32"))
-    report.meta["device_name"] = f"sm{H100_ARCH}-compiled"
+    report = compiled_report("fused_aot", "qwen3-0.6b-shape", "bf16 and fp32")
     t = report.table(f"the fused kernels, compiled for sm_{H100_ARCH} (Qwen3-0.6B's widths)",
                      ["kernel", "dtype", "registers", "spill B / thread", "shared B"])
     rows = []
