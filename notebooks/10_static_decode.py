@@ -396,31 +396,23 @@ print(f"from batch {next(b for b in range(1, 257) if b * KV_HEADS >= H100_SMS)} 
 # %%
 import os
 
-from common.kernel_count import count_launches
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
+from phases.p3_8_fused_ops.demo import count_decode_step
 from phases.p3_8_fused_ops.engine import FusedDecodeEngine
 
 os.environ[FORCE_KERNELS_ENV] = "1"          # the Triton paths on this CPU (the interpreter)
 qwen = load_model("tiny-qwen3", device="cpu", dtype=torch.float32)
-counts, fused_out = {}, {}
 for cls in (StaticDecodeEngine, FusedDecodeEngine):
-    engine = cls(qwen, max_running=2, block_size=4, n_blocks=32, cuda_graphs=False)
+    launches = count_decode_step(qwen, cls, batch=2, prompt_len=6, block_size=4)
+    print(f"{cls.__name__:>18}: {launches.total} kernels per decode step ({launches.triton} Triton), top: "
+          + ", ".join(f"{op.removeprefix('triton:')} {n}" for op, n in launches.by_op.most_common(5)))
+fused_out = {}
+for cls in (StaticDecodeEngine, FusedDecodeEngine):
+    engine = cls(qwen, max_running=2, block_size=4, n_blocks=32)
     seqs = [engine.add(p, 3, ignore_eos=True) for p in prompts[:2]]
-    engine.step()                            # the prefill pass
-    forward = engine._static_forward
-
-    def counted(batch, forward=forward, cls=cls):
-        with count_launches() as launches:
-            out = forward(batch)
-        counts[cls.__name__] = launches
-        return out
-    engine._static_forward = counted
     engine.run()
     fused_out[cls.__name__] = [s.output_ids for s in seqs]
 del os.environ[FORCE_KERNELS_ENV]
-for name, launches in counts.items():
-    print(f"{name:>18}: {launches.total} kernels per decode step ({launches.triton} Triton), top: "
-          + ", ".join(f"{op.removeprefix('triton:')} {n}" for op, n in launches.by_op.most_common(5)))
 print("same tokens:", fused_out["StaticDecodeEngine"] == fused_out["FusedDecodeEngine"])
 full = json.loads((RESULTS / "fused-bench_cpu_dummy-qwen3-0.6b.json").read_text())["data"]["kernels"]
 print("Qwen3-0.6B (28 layers), committed count:",
