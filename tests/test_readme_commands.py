@@ -1,5 +1,6 @@
 """The READMEs are a promise: every command they show must name things that exist and parse as written.
-(The notebooks' text is read too: their markdown quotes commands the same way.)
+(The notebooks' text is read too: their markdown quotes commands the same way. So are the commands
+that scripts/*.sh run in their parts, which only a borrowed GPU runs.)
 
 Nothing is run (the demos' own tests do that). Each command found in a README's code, fenced or inline,
 is checked against what it names:
@@ -34,6 +35,9 @@ from common.__main__ import build_parser
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted([REPO_ROOT / "README.md", *(REPO_ROOT / "phases").glob("*/README.md"),
                   *(REPO_ROOT / "docs").glob("*.md"), *(REPO_ROOT / "notebooks").glob("*.py")])
+SCRIPTS = sorted((REPO_ROOT / "scripts").glob("*.sh"))
+SCRIPT_VARIABLES = {'"${PYTEST[@]}"': "python -m pytest", "$PY": "python", '"$MODEL"': "dummy:qwen3-0.6b",
+                    '"$OUT"': "/tmp/out"}
 STARTS = ("python -m ", "modal run ", "modal serve ", "make ", "bash scripts/")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 INLINE = re.compile(r"`([^`\n]+)`")
@@ -67,10 +71,25 @@ def commands_in(text: str) -> list[str]:
     return commands
 
 
+def script_commands(text: str) -> list[str]:
+    """The commands a GPU script's parts run (`step NAME CMD...` in scripts/*.sh), its variables filled in as
+    its defaults fill them: a part that cannot parse would cost a borrowed GPU's run."""
+    commands = []
+    for line in text.replace("\\\n", " ").splitlines():
+        step = re.match(r"^\s*step \S+ (.*?)\s*(;;)?$", line)
+        if step:
+            command = step.group(1)
+            for variable, value in SCRIPT_VARIABLES.items():
+                command = command.replace(variable, value)
+            commands.append(" ".join(command.split()))
+    return commands
+
+
 def every_command() -> list[tuple[str, str]]:
     found = []
-    for path in SOURCES:
-        for command in dict.fromkeys(commands_in(path.read_text())):
+    for path in SOURCES + SCRIPTS:
+        text = path.read_text()
+        for command in dict.fromkeys(script_commands(text) if path.suffix == ".sh" else commands_in(text)):
             if not PLACEHOLDER.search(command):
                 found.append((str(path.relative_to(REPO_ROOT)), command))
     return found
@@ -172,6 +191,8 @@ def test_the_readmes_show_commands_of_every_kind():
     for start in STARTS:
         assert any(c.startswith(start) for c in commands), f"no README command starts with {start!r}"
     assert len(commands) > 50
+    gpu_script = script_commands((REPO_ROOT / "scripts" / "gpu_p3_7.sh").read_text())
+    assert len(gpu_script) >= 9 and all(c.startswith("python -m ") for c in gpu_script), gpu_script
 
 
 def test_every_readme_command_names_what_exists_and_parses():
