@@ -44,7 +44,7 @@ def build_parser(demo: registry.Demo) -> argparse.ArgumentParser:
                        help="CPU intra-op threads (0: torch's default); 1 is steadier on a shared CPU")
     for o in demo.options:
         flag = "--" + o.name.replace("_", "-")
-        p.add_argument(flag, dest=o.name, type=o.type, nargs="+" if o.many else None, default=None,
+        p.add_argument(flag, dest=o.name, type=o.type, nargs="+" if o.many else None, default=None, choices=o.choices,
                        help=f"{o.help} (default: {o.cpu} on CPU, {o.gpu if o.gpu is not None else o.cpu} on GPU)")
     return p
 

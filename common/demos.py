@@ -71,6 +71,14 @@ class Option:
     gpu: Any = None
     help: str = ""
     many: bool = False  # a list: `--batch-sizes 1 2 4`
+    choices: tuple | None = None   # the values it takes, if a fixed set: refused at parsing otherwise
+
+    def refusal(self, value: Any) -> str | None:
+        """Why `value` (one, or a list for `many`) is not among the choices; None when it is, or when any goes."""
+        if self.choices is None:
+            return None
+        bad = [v for v in (value if self.many else [value]) if v not in self.choices]
+        return f"option '{self.name}' takes {list(self.choices)}, not {bad}" if bad else None
 
     def default(self, on_gpu: bool) -> Any:
         return self.gpu if (on_gpu and self.gpu is not None) else self.cpu
@@ -139,6 +147,9 @@ class Demo:
         if unknown:
             raise ValueError(f"demo '{self.name}' has no option(s) {sorted(unknown)}; "
                              f"it takes {[o.name for o in self.options]}")
+        for o in self.options:
+            if o.name in given and (why := o.refusal(given[o.name])):
+                raise ValueError(f"demo '{self.name}': {why}")
         return {o.name: given.get(o.name, o.default(on_gpu)) for o in self.options}
 
 

@@ -49,7 +49,7 @@ def prefill_options(block_size: int) -> list[Option]:
     """The demo's options; `block_size` is the engines' default block size."""
     return [
         Option("sections", str, cpu=["attention", "engine", "latency"], gpu=SECTIONS, many=True,
-               help="from: " + " ".join(SECTIONS)),
+               help="from: " + " ".join(SECTIONS), choices=tuple(SECTIONS)),
         Option("packs", str, cpu=["1x1024", "8x128", "32x16-128"], gpu=["1x4096", "16x256", "256x16-128"],
                many=True, help="packed prefills: NxL or NxA-B segments"),
         Option("engine_packs", str, cpu=["1x512", "16x8-64"], gpu=["1x4096", "16x256", "256x16-128"],

@@ -51,7 +51,7 @@ def bench_serve_options() -> list[Option]:
         Option("max_running", int, cpu=8, gpu=64,
                help="the engine's running-batch cap (below n_requests, so a burst has to queue)"),
         Option("seed", int, cpu=0, help="seed of the arrival times"),
-        Option("workload", str, cpu="chat", help=f"one of {', '.join(WORKLOADS)}"),
+        Option("workload", str, cpu="chat", help=f"one of {', '.join(WORKLOADS)}", choices=WORKLOADS),
         Option("pool_fraction", float, cpu=0.5,
                help="undersized: the KV pool as a fraction of what max_running requests need at once"),
     ]

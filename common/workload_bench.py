@@ -53,9 +53,10 @@ def workload_options(engines_cpu: list[str], engines_gpu: list[str], engine_name
         Option("output_len", int, cpu=64, help="new tokens per request, equal workload"),
         Option("mixed_min", int, cpu=16, help="shortest output, mixed workload"),
         Option("mixed_max", int, cpu=256, help="longest output, mixed workload"),
-        Option("workloads", str, cpu=["equal", "mixed"], many=True, help="equal and/or mixed"),
+        Option("workloads", str, cpu=["equal", "mixed"], many=True, help="equal and/or mixed",
+               choices=("equal", "mixed")),
         Option("engines", str, cpu=engines_cpu, gpu=engines_gpu, many=True,
-               help="from: " + " ".join(engine_names)),
+               help="from: " + " ".join(engine_names), choices=tuple(engine_names)),
         Option("hf_cb_configs", str, cpu=HF_CB_CONFIGS, many=True, help="page_size:max_batch_tokens for hf_cb"),
     ]
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from common import demos as registry
+from common.__main__ import build_parser
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SERVER_PACKAGES = ["fastapi", "uvicorn", "starlette", "httpx", "openai"]
@@ -125,3 +126,20 @@ def test_bad_input_is_one_line_and_exit_status_2(args, words):
 def test_a_demo_outside_the_table_is_refused_at_definition():
     with pytest.raises(ValueError, match="DEMO_MODULES"):
         registry.demo("not_in_the_table", phase="p9", help="")
+
+
+def test_an_option_with_choices_refuses_any_other_value_before_a_model_loads():
+    loaded, _ = registry.load_all()
+    with_choices = [(d, o) for d in loaded.values() for o in d.options if o.choices]
+    assert {d.name for d, _ in with_choices} >= {"graph_bench", "fused_bench", "prefill_bench", "workload_bench",
+                                                 "graph_workload", "fused_workload", "bench_serve"}
+    for d, o in with_choices:      # the defaults themselves are choices, on either device
+        assert o.refusal(o.default(on_gpu=False)) is None and o.refusal(o.default(on_gpu=True)) is None, (d.name, o)
+    graph_bench = registry.get("graph_bench")
+    with pytest.raises(SystemExit) as parsed:
+        build_parser(graph_bench).parse_args(["--sections", "step", "kernal"])
+    assert parsed.value.code == 2
+    # The same check where options come as a dict (run_demo, Modal's --opts): one message naming the choices.
+    with pytest.raises(ValueError, match=r"option 'sections' takes \['kernel', 'step', 'host', 'tune'\], not \['kernal'\]"):
+        graph_bench.resolve(False, {"sections": ["step", "kernal"]})
+    assert graph_bench.resolve(False, {"sections": ["tune"]})["sections"] == ["tune"]

@@ -244,7 +244,7 @@ def tune_section(cfg: RunConfig, lm, report: Report) -> None:
       help="the decode step: eager vs static buffers vs CUDA graphs per batch size; the tuned decode kernel vs "
            "phase 3.5's and SDPA (GB/s, share of HBM); the launch-config sweep",
       options=[Option("sections", str, cpu=["kernel", "step", "host"], gpu=["kernel", "step", "host"], many=True,
-                      help="kernel, step, host and/or tune"),
+                      help="kernel, step, host and/or tune", choices=("kernel", "step", "host", "tune")),
                Option("batch_sizes", int, cpu=[1, 4, 16], gpu=[1, 8, 32, 64, 128, 256], many=True,
                       help="decode-step batch sizes"),
                Option("prompt_len", int, cpu=32, gpu=256, help="prompt tokens per sequence in the step section"),

@@ -126,7 +126,8 @@ def fused_step_section(cfg: RunConfig, lm, report: Report) -> None:
 
 @demo("fused_bench", phase="p3_8",
       help="kernels per decode step, phase 3.7's vs the fused step (any device); the step's wall and GPU time (CUDA)",
-      options=[Option("sections", str, cpu=["kernels"], gpu=["kernels", "step"], many=True, help="kernels and/or step"),
+      options=[Option("sections", str, cpu=["kernels"], gpu=["kernels", "step"], many=True, help="kernels and/or step",
+                      choices=("kernels", "step")),
                Option("count_batches", int, cpu=[1, 4], gpu=[1, 64], many=True,
                       help="batch sizes of the kernel count (on a CPU the Triton kernels run in the interpreter: keep them small)"),
                Option("prompt_len_count", int, cpu=16, help="prompt tokens per sequence in the kernel count"),
