@@ -13,6 +13,11 @@
 #                                       the graph's GPU time, phase 3.7's graph against the fused one)
 #   bash scripts/gpu_p3_7.sh fused_workload   phase 3.8: fused_workload, the fused engines against HF compiled
 #
+# With a 30-minute GPU budget (three parts at most), the order that answers the most: `fused` (phase 3.7's graph
+# against the fused and the fused overlapped graph, ms/step and GPU time: are the fused kernels faster, is the
+# host hidden), then `fused_workload` (the equal and mixed targets against HF compiled), then `kernel` (the
+# decode kernel's share of HBM by graph replay). `step`, `workload`, `tune` and `tier` after those.
+#
 # Reports go to $OUT (default /tmp/gpu_p3_7), each part's output to $OUT/<part>.log; copy the reports into
 # results/ and quote them in the phase README. Model: dummy:qwen3-0.6b (random weights, nothing to download).
 # A wheel directory .whl/ (e.g. transformers==5.23.0, the version the repo pins, fetched elsewhere with
