@@ -2,7 +2,7 @@
 
 On an H100 phase 3.5/3.6's decode step with 256 sequences took ~33 ms, of which
 the GPU worked ~11 ms: the rest was Python building tensors from lists and
-launching some 400 kernels one by one. This phase keeps every scheduling
+launching some 1,500 kernels one by one. This phase keeps every scheduling
 decision of phase 3.6 and changes how a decode-only step runs:
 
 static buffers  the step's inputs live in tensors allocated once (buffers.py), one
@@ -16,7 +16,7 @@ buckets         the batch is padded up to the next bucket (1, 2, 4, ..., max_run
                 eager pass only adds work); tests pass buckets to pad on CPU too.
 CUDA graphs     on CUDA, each (bucket, split count) is captured once, at first use
                 (graphs.py), and replayed every step after: one call instead of
-                ~400 launches. On CPU the same static step runs eagerly.
+                ~1,500 launches. On CPU the same static step runs eagerly.
 the kernel      the decode attention is phase 3.7's tuned kernel (decode_kernel.py),
                 its split count chosen by split_rule.py from the batch, the KV
                 heads, the SMs and the longest context.
