@@ -31,9 +31,10 @@ NO_TOP_K = -1                       # vLLM's "no top-k cut" (0 means the same he
 MAX_TEMPERATURE = 2.0               # OpenAI's range is [0, 2]
 DEFAULT_TEMPERATURE = 1.0           # OpenAI's default: sampling, not greedy
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-# OpenAI's chat default is "until the context is full". Here admission reserves
-# blocks for max_tokens up front, so an unbounded default would let one chat
-# request hold the pool; the default is bounded and documented instead.
+# OpenAI's chat default is "until the context is full". Here `add()` refuses a
+# request whose prompt + max_tokens could outgrow the whole pool, so an unbounded
+# default would refuse every chat request on a pool smaller than the context (and
+# one long answer could take the pool over); the default is bounded and documented.
 DEFAULT_CHAT_MAX_TOKENS = 256
 
 
