@@ -34,8 +34,8 @@ of the GQA group served from one load of K/V, online softmax in fp32):
 
 A sequence of length 0 (a padding row of a bucket) has no blocks: its programs
 write zeros (and lse -inf), and read nothing. The launch settings (TILE_BLOCKS,
-num_warps, num_stages) are `LaunchConfig`; DEFAULT_CONFIG is what `tune` in
-demo.py measured best on an H100 (see the README), and `launch_config` keeps
+num_warps, num_stages) are `LaunchConfig`; DEFAULT_CONFIG is what tuning.py's
+sweep measured best on an H100 (see the README), and `launch_config` keeps
 it wherever it compiles without spilling registers.
 """
 
@@ -73,7 +73,7 @@ class LaunchConfig:
         return max(self.tile_blocks, -(-MIN_DOT // block_size))
 
 
-# Measured best on an H100 for Qwen3-0.6B's shape in bf16 at batch 32-256 (demo.py `tune`; README).
+# Measured best on an H100 for Qwen3-0.6B's shape in bf16 at batch 32-256 (tuning.py; README).
 DEFAULT_CONFIG = LaunchConfig(tile_blocks=4, num_warps=2, num_stages=3)
 
 # Where DEFAULT_CONFIG spills registers once compiled for an H100 (aot_check.py, triton 3.7): an fp32 pool

@@ -1,6 +1,6 @@
 """Phase 3.7's demos: `graph_bench` (the decode step and its kernel) and `graph_workload` (the engine among all).
 
-graph_bench, three sections (`--sections`):
+graph_bench, four sections (`--sections`; tune only when named):
   kernel  one layer's decode attention, the model's shape, mixed lengths in [context / 2, context]:
           SDPA on contiguous K/V, phase 3.5's kernel and this phase's (launch_config, split count
           from split_rule.py); median GPU ms per call from CUDA-graph replays (no host launch latency,

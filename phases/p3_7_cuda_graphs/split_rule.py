@@ -15,7 +15,8 @@ programs to switch between while their loads are in flight. So:
   context length, and a graph replays one grid).
 
 On a CPU there are no SMs to fill (the PyTorch path ignores splits): one split.
-The constants are what the tuning sweep in demo.py measured on an H100 (README).
+The constants are what the split sweep of tuning.py (`python -m
+phases.p3_7_cuda_graphs.tuning`) measured on an H100 (README).
 """
 
 from __future__ import annotations
