@@ -1,9 +1,10 @@
 """`AsyncEngine`: the served engine, stepped by one thread while requests come and go on an asyncio loop.
 
 The engine (phase 4.4's, the last of the line: samples.py) is synchronous:
-`add_group()` queues, `step()` runs one prefill and one decode pass (tens of
-ms on a CPU, a few on a GPU) and returns the tokens it made. A server has many clients at once, each waiting on its own tokens, on
-an asyncio event loop that must never block for a forward pass.
+`add_group()` queues, `step()` runs one forward pass, decode tokens and prefill
+chunks together (tens of ms on a CPU, a few on a GPU), and returns the tokens it
+made. A server has many clients at once, each waiting on its own tokens, on an
+asyncio event loop that must never block for a forward pass.
 
 So the engine lives in its own thread and nothing else touches it:
 

@@ -32,14 +32,14 @@ their arrival position. A sequence with outputs is PREEMPTED and
 recomputed (prompt + outputs in one prefill; nothing is sampled or streamed
 twice); a request that had made nothing is un-admitted: its samples are
 un-forked (phase 4.1's `_unfork`) and its parent is WAITING again with a
-fresh generator, so a seeded request still draws what it would have drawn.
+fresh generator of the same seed, so a seeded request still draws what it would have drawn.
 The KV of a failed pass is never trusted: it is dropped, never swapped.
 
 Limits: a beam-search group in a failing pass fails with it (its search
 state moved on in the pass and cannot be rolled back; the server never makes
-beams). A seeded sample in a pass whose sampling raised part-way may have
-drawn a number it never used, so its later tokens may differ from an
-undisturbed run. A failure with no group to blame (nothing running) is
+beams). Seeded samples are not among the limits: since phase 3.7 each draw
+is keyed on (seed, token index), not taken from a generator's state, so a
+pass whose sampling raised part-way leaves nothing drawn behind. A failure with no group to blame (nothing running) is
 raised as it is: the caller must fail everything.
 """
 
