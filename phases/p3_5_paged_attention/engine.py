@@ -160,7 +160,7 @@ class BatchedPagedEngine(PagedScheduler):
         """Every admitted sequence's tokens not in the pool yet, packed into ONE forward pass: input_ids [1, N]."""
         ids, positions, slots, segments = [], [], [], []
         for row, seq in enumerate(seqs):
-            tokens = seq.all_ids          # the prompt (and, phase 4.4, the outputs of a recomputed sequence)
+            tokens = seq.all_ids          # the prompt (or, recomputed after a preemption, prompt + outputs)
             start = self._prefill_from(seq)
             slots += self._append_slots(seq, len(tokens) - start)
             segments.append(Segment(start=len(ids), length=len(tokens) - start, context_len=start, row=row))

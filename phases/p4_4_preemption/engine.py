@@ -285,7 +285,7 @@ class PreemptingEngine(PrefixCachingEngine):
 
     # --- recovery: recompute --------------------------------------------------------------------
     def _cacheable_ids(self, seq: Sequence) -> list[int]:
-        return seq.all_ids  # what `_prefill` feeds: the prompt, or prompt + outputs when recomputing
+        return seq.all_ids  # what its prefill chunks feed: the prompt, or prompt + outputs when recomputing
 
     @staticmethod
     def _recomputing(seq: Sequence) -> bool:
