@@ -130,9 +130,8 @@ plt.show()
 
 # %% [markdown]
 # The no-cache line climbs: step *i* re-embeds, re-projects and re-attends over all `len(prompt) + i`
-# tokens, so its cost grows with the position and a whole generation costs O(n²). The KV-cache line stays
-# flat: each step projects one token and only the attention read grows (by one cached row per step),
-# which at these lengths is too little to see.
+# tokens, so its cost grows with the position and a whole generation costs O(n²). The KV-cache line grows far
+# more slowly: each step projects one token and only the attention read grows (by one cached row per step).
 #
 # To see the gap widen, run the full sweep (longer generations, tables and a saved plot):
 #

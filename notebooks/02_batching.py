@@ -138,7 +138,7 @@ draw_timelines(d, png)
 display(Image(filename=str(png)))
 
 # %% [markdown]
-# Short answers come back much sooner under continuous batching. The long ones do not get faster, and on the
+# Short answers come back much sooner under continuous batching. The long ones gain little or lose, and on the
 # total they can get slower: each running sequence now has its **own** KV cache at its own length, so a step is
 # one forward pass *per sequence* instead of one batched pass. Phase 3 (paged KV blocks and a kernel that reads
 # many block tables at once) wins the batched forward pass back, and `python -m common wall` shows the other

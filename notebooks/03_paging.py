@@ -199,4 +199,4 @@ plt.show()
 # sequence's K/V out of the pool block by block in Python (`gather_python`). The `tput` demo shows the cost:
 # PagedCache holds about the same KV memory as DynamicCache but runs a little slower. Phase 3.4 replaces the
 # gather with one kernel launch for the whole batch, and phase 3.5 lets attention read the pool in place, which
-# brings back one batched forward pass per step.
+# brings back one batched decode pass per step.

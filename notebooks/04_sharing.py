@@ -47,7 +47,7 @@ BLOCK_SIZE = 8   # small blocks, so a short prompt spans several of them
 # `engine.add_group(prompt, max_new_tokens, n=3)` returns a *group*. Its first `step()` runs **one** prefill pass over the prompt
 # (one sequence), then forks: samples 1 and 2 get tables listing the very same block ids (each block's
 # refcount is now 3), and all three draw their first token from the same logits, each with its own
-# generator (seed + sample index).
+# seed (seed + sample index).
 
 # %%
 engine = SharingEngine(lm, block_size=BLOCK_SIZE, n_blocks=64)

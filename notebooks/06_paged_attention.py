@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # Phase 3.5: paged decode attention, and one forward pass for everyone
+# # Phase 3.5: paged decode attention, and one batched decode pass for everyone
 #
 # Phase 3.3 gave every sequence its own forward pass and gathered its K/V block by block in Python.
 # Here attention reads K/V **in place** from the pool, through each sequence's block table, for a whole
@@ -112,7 +112,7 @@ print("reference vs SDPA   max |diff|:", (ref - sdpa).abs().max().item())
 print("kernel    vs reference max |diff|:", (kern - ref).abs().max().item())
 
 # %% [markdown]
-# ## 4. One forward pass per step: engines side by side
+# ## 4. One batched decode pass per step: engines side by side
 #
 # A few requests on the tiny random model (2 layers), EOS ignored so every engine does the same work.
 # The numbers here are only a sanity check on a laptop-sized run; the phase README quotes the measured

@@ -316,4 +316,4 @@ plt.show()
 # The gather is now one launch per layer for the whole batch, but what it produces is still a **copy**: a contiguous,
 # padded K/V per sequence, written out only to be read once by attention. Phase 3.5 drops the copy altogether: its
 # attention kernel walks the same block tables and reads K/V tiles straight from the pool, which also brings back
-# one batched forward pass per step with no padded stack.
+# one batched decode pass per step with no padded stack.

@@ -134,7 +134,7 @@ ax.eventplot(arrivals, lineoffsets=0, linelengths=0.8, color="tab:blue")
 for x, piece in zip(arrivals, pieces):
     ax.text(x, 0.5, repr(piece), rotation=60, fontsize=8, ha="left", va="bottom")
 ax.axvline(arrivals[0], color="tab:red", ls="--", lw=1)
-ax.text(arrivals[0], -0.75, f" first piece: {arrivals[0] * 1e3:.0f} ms (prefill + first decode)", color="tab:red",
+ax.text(arrivals[0], -0.75, f" first piece: {arrivals[0] * 1e3:.0f} ms (the prefill pass samples it)", color="tab:red",
         fontsize=8)
 ax.set_ylim(-0.9, 2.2); ax.set_yticks([])
 ax.set_xlabel("seconds since the request was sent")

@@ -16,7 +16,7 @@
 # # 10 · One pass per step, then a step the GPU can replay (phases 3.6 to 3.8)
 #
 # On an H100 the engine of phase 3.5 spent ~33 ms on a decode step of 256 sequences, while the GPU worked ~11 ms of
-# it. The rest was the host: Python turning lists into tensors, and ~400 kernels launched one at a time. Two phases
+# it. The rest was the host: Python turning lists into tensors, and some 1,500 kernels launched one at a time. Two phases
 # take that apart:
 #
 # * **phase 3.6** runs every step as **one forward pass**: the decode tokens and the prefill work share one packed
@@ -321,8 +321,8 @@ for r in rows:
               f"wall / GPU {r['ms'] / r['gpu_ms']:.2f}")
 
 # %% [markdown]
-# At batch 256 the host's share shows again: 12.6 and 10.3 ms per step in two runs that day (the line is the first,
-# the printed figures the second, which timed batches 64 and 256 again with their GPU time) for 4.6 ms of GPU work.
+# At batch 256 the host's share shows again: 12.6 and 10.3 ms per step in two runs that day (the line is the first;
+# the printed figures at 64 and 256 are the second, which timed those batches again with their GPU time) for 4.6 ms of GPU work.
 # That is the per-sequence Python of the previous section, run in series with the GPU. The eager steps are
 # 30-55 ms whatever the batch, and vary that much between runs: on that host they are launch-bound Python.
 #
