@@ -22,3 +22,14 @@ def hf_greedy(lm, prompt_ids: list[int], max_new_tokens: int, ignore_eos: bool =
                                 min_new_tokens=max_new_tokens if ignore_eos else None)
         _MEMO[key] = tuple(out[0, len(prompt_ids):].tolist())
     return list(_MEMO[key])
+
+
+def run_ignoring_eos(engine, prompts: list[list[int]], new_tokens: int | list[int]) -> list[list[int]]:
+    """Add every prompt (EOS ignored: each runs its full `new_tokens`, one count or one per prompt), run the
+    engine until it has no work, and check that every block went back to the pool. Returns each output's ids."""
+    counts = [new_tokens] * len(prompts) if isinstance(new_tokens, int) else list(new_tokens)
+    seqs = [engine.add(p, n, ignore_eos=True) for p, n in zip(prompts, counts)]
+    engine.run()
+    assert engine.allocator.n_free == engine.allocator.n_blocks, "blocks leaked"
+    engine.allocator.check_invariants()
+    return [s.output_ids for s in seqs]

@@ -10,7 +10,7 @@ from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
 from phases.p3_8_fused_ops import layers
 from phases.p3_8_fused_ops.engine import FusedDecodeEngine, FusedOverlappedEngine
 from phases.p3_8_fused_ops.kernels import rms_norm, rotary, silu_and_mul
-from tests.oracles import hf_greedy
+from tests.oracles import hf_greedy, run_ignoring_eos
 from tests.test_p3_6_engine import random_prompts
 
 # fp32: the kernels sum in another order than PyTorch. bf16: rotary rounds once where PyTorch rounds thrice, and
@@ -76,10 +76,7 @@ def test_bad_shapes_are_refused_with_the_shapes_named():
 # --- the engine ------------------------------------------------------------------------------------
 def run(lm, engine_cls, prompts, new_tokens, **kwargs):
     engine = engine_cls(lm, max_running=4, block_size=4, n_blocks=64, **kwargs)
-    seqs = [engine.add(p, n, ignore_eos=True) for p, n in zip(prompts, new_tokens)]
-    engine.run()
-    assert engine.allocator.n_free == engine.allocator.n_blocks, "blocks leaked"
-    return engine, [s.output_ids for s in seqs]
+    return engine, run_ignoring_eos(engine, prompts, new_tokens)
 
 
 @pytest.mark.parametrize("model,fused", [("tiny", dict(norms=5, mlps=2)), ("tiny-qwen3", dict(norms=9, mlps=2))])

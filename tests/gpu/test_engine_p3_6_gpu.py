@@ -27,7 +27,7 @@ from phases.p3_5_paged_attention.engine import BatchedPagedEngine
 from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
 from phases.p3_6_varlen_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillEngine
 from tests.gpu.conftest import tier_runs_on_cuda
-from tests.oracles import hf_greedy
+from tests.oracles import hf_greedy, run_ignoring_eos
 
 pytestmark = pytest.mark.gpu
 
@@ -51,20 +51,12 @@ def random_prompts(lengths, seed: int = 0) -> list[list[int]]:
     return [torch.randint(*TOKEN_RANGE, (n,), generator=gen).tolist() for n in lengths]
 
 
-def run(engine, prompts, new_tokens) -> list[list[int]]:
-    seqs = [engine.add(p, new_tokens, ignore_eos=True) for p in prompts]
-    engine.run()
-    assert engine.allocator.n_free == engine.allocator.n_blocks, "blocks leaked"
-    engine.allocator.check_invariants()
-    return [s.output_ids for s in seqs]
-
-
 @pytest.mark.parametrize("budget", BUDGETS)
 def test_chunked_prefill_engine_equals_hf_generate(tier_lm, no_tf32, budget):
     prompts = random_prompts(PROMPT_LENGTHS)
     engine = ChunkedPrefillEngine(tier_lm, max_running=MAX_RUNNING, block_size=BLOCK_SIZE, n_blocks=POOL_BLOCKS,
                                   max_num_batched_tokens=budget)
-    assert run(engine, prompts, NEW_TOKENS) == [hf_greedy(tier_lm, p, NEW_TOKENS, ignore_eos=True) for p in prompts]
+    assert run_ignoring_eos(engine, prompts, NEW_TOKENS) == [hf_greedy(tier_lm, p, NEW_TOKENS, ignore_eos=True) for p in prompts]
     assert engine.n_forward_passes == engine.n_steps
     if budget < max(PROMPT_LENGTHS):
         assert engine.n_chunks > len(prompts) and engine.n_mixed_passes > 0
@@ -105,7 +97,7 @@ def test_window_and_softcap_models_equal_hf_generate(window_models, no_tf32, nam
     prompts = random_prompts((3, TINY_WINDOW + 2, 14, 23), seed=3)
     kwargs = {} if budget is None else dict(max_num_batched_tokens=budget)
     engine = engine_cls(lm, max_running=MAX_RUNNING, block_size=BLOCK_SIZE, n_blocks=POOL_BLOCKS, **kwargs)
-    assert run(engine, prompts, WINDOW_NEW_TOKENS) == [hf_greedy(lm, p, WINDOW_NEW_TOKENS, ignore_eos=True)
+    assert run_ignoring_eos(engine, prompts, WINDOW_NEW_TOKENS) == [hf_greedy(lm, p, WINDOW_NEW_TOKENS, ignore_eos=True)
                                                        for p in prompts]
 
 

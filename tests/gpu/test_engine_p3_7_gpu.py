@@ -21,7 +21,7 @@ from phases.p3_7_cuda_graphs.engine import StaleGraphs, StaticDecodeEngine
 from phases.p3_7_cuda_graphs.overlap import OverlappedDecodeEngine
 from tests.gpu.conftest import tier_runs_on_cuda
 from tests.gpu.test_engine_p3_6_gpu import TOL, random_prompts
-from tests.oracles import hf_greedy
+from tests.oracles import hf_greedy, run_ignoring_eos
 
 pytestmark = pytest.mark.gpu
 
@@ -39,11 +39,9 @@ def test_graph_decode_equals_hf_generate(tier_lm, no_tf32, buckets, budget, engi
     engine = engine_cls(tier_lm, max_running=4, block_size=4, n_blocks=256, buckets=buckets,
                         max_num_batched_tokens=budget)
     prompts = random_prompts(PROMPT_LENGTHS, seed=11)
-    seqs = [engine.add(p, n, ignore_eos=True) for p, n in zip(prompts, NEW_TOKENS)]
-    engine.run()
-    assert engine.allocator.n_free == engine.allocator.n_blocks, "blocks leaked"
-    for p, n, s in zip(prompts, NEW_TOKENS, seqs):
-        assert s.output_ids == hf_greedy(tier_lm, p, n, ignore_eos=True)
+    outputs = run_ignoring_eos(engine, prompts, NEW_TOKENS)
+    for p, n, out in zip(prompts, NEW_TOKENS, outputs):
+        assert out == hf_greedy(tier_lm, p, n, ignore_eos=True)
     assert engine.n_static_steps > 0
     if engine_cls is OverlappedDecodeEngine:
         assert engine.n_overlapped_steps > 0

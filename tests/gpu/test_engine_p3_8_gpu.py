@@ -17,7 +17,7 @@ from phases.p3_8_fused_ops.engine import FusedDecodeEngine, FusedOverlappedEngin
 from phases.p3_8_fused_ops.kernels import rms_norm, rotary, silu_and_mul
 from tests.gpu.conftest import tier_runs_on_cuda
 from tests.gpu.test_engine_p3_6_gpu import random_prompts
-from tests.oracles import hf_greedy
+from tests.oracles import hf_greedy, run_ignoring_eos
 from tests.test_p3_8_fused_ops import TOL
 
 # Compiled, fp32 -> bf16 rounds to nearest: rms_norm and silu_and_mul round where the model rounds, so they
@@ -63,11 +63,9 @@ def test_fused_graph_decode_equals_hf_generate(gpu_device, no_tf32, monkeypatch,
     assert engine.fused_ops
     before = layers.fused_calls.copy()
     prompts = random_prompts(PROMPT_LENGTHS, seed=13)
-    seqs = [engine.add(p, n, ignore_eos=True) for p, n in zip(prompts, NEW_TOKENS)]
-    engine.run()
-    assert engine.allocator.n_free == engine.allocator.n_blocks, "blocks leaked"
-    for p, n, s in zip(prompts, NEW_TOKENS, seqs):
-        assert s.output_ids == hf_greedy(lm, p, n, ignore_eos=True)
+    outputs = run_ignoring_eos(engine, prompts, NEW_TOKENS)
+    for p, n, out in zip(prompts, NEW_TOKENS, outputs):
+        assert out == hf_greedy(lm, p, n, ignore_eos=True)
     calls = layers.fused_calls - before
     # Every fused kind ran: on CUDA while each graph was captured (replays run no Python), else every step.
     assert set(calls) == {"rms_norm", "rotary", "silu_and_mul"}
