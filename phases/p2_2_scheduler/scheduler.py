@@ -145,11 +145,12 @@ class Scheduler:
         """Pick each sequence's next token from logits [S, V] (row i is seqs[i]); advance its status."""
         tokens = self._sample(seqs, logits)
         t = self._clock()
+        eos_ids = self.lm.eos_token_ids
         outputs = []
         for seq, token in zip(seqs, tokens):
             if seq.status is Status.PREFILLING:
                 seq.move(Status.DECODING)   # the prompt is in the cache; from here on it decodes
-            done = seq.append_token(token, self.lm.eos_token_ids, t)
+            done = seq.append_token(token, eos_ids, t)
             if done:
                 self._finish(seq)
             outputs.append(StepOutput(seq, token, done))

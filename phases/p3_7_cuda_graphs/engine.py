@@ -208,12 +208,11 @@ class StaticDecodeEngine(ChunkedPrefillEngine):
     def _draw(self, seqs: list[Sequence], logits: torch.Tensor, ahead: int = 0) -> torch.Tensor:
         """Each row's next token id [S], on the device. ahead: tokens a row has drawn that the host has not
         appended yet (an overlapped step, overlap.py), so each draw keeps its output index."""
-        params = [s.sampling for s in seqs]
-        rows = None
-        if any(not p.greedy for p in params):
-            seeds = [seed_of(self._generators.get(s.seq_id), self._seeds, s.seq_id) for s in seqs]
-            rows = sampling_rows(params, seeds, [len(s.output_ids) + ahead for s in seqs], logits.shape[-1],
-                                 logits.device)
+        if all(s.sampling.greedy for s in seqs):
+            return sample_rows(logits, None)          # one argmax: no per-row parameters to send
+        seeds = [seed_of(self._generators.get(s.seq_id), self._seeds, s.seq_id) for s in seqs]
+        rows = sampling_rows([s.sampling for s in seqs], seeds, [len(s.output_ids) + ahead for s in seqs],
+                             logits.shape[-1], logits.device)
         return sample_rows(logits, rows)
 
     def _finish(self, seq: Sequence) -> None:

@@ -128,20 +128,21 @@ class OverlappedDecodeEngine(StaticDecodeEngine):
         """The sequences of the next overlapped decode step, or None when the next step must wait for the
         pass in flight (or is not a decode-only step): prefill still due, or a waiting request the pool
         could take now."""
-        if any(s.status is Status.PREFILLING for s in self.running):
+        statuses = [s.status for s in self.running]     # one pass; `in` and `count` below scan it in C
+        if Status.PREFILLING in statuses:
             return None
         if self.waiting and self.n_free_slots and self.can_admit(self.waiting[0]):
             return None
-        decoding = [s for s in self.running if s.status is Status.DECODING]
         if previous is None:
-            return decoding or None
-        in_flight = {id(s) for s in previous.rows}
-        if any(id(s) not in in_flight for s in decoding):
+            return [s for s in self.running if s.status is Status.DECODING] or None
+        # Every decoding sequence must be in flight. Those of the rows in flight that still decode are among
+        # them (a row holds one sequence), so equal counts mean the same sequences.
+        live = [s for s in previous.rows if s.status is Status.DECODING]
+        if len(live) != statuses.count(Status.DECODING):
             return None
         # A sequence whose token in flight is its last (by length) is left out; one that ended on an EOS
         # in flight cannot be known yet and keeps its row.
-        rows = [s for s in previous.rows if s.status is Status.DECODING and len(s.output_ids) + 1 < s.max_new_tokens]
-        return rows or None
+        return [s for s in live if len(s.output_ids) + 1 < s.max_new_tokens] or None
 
     def _launch(self, seqs: list[Sequence], ahead: bool) -> InFlight:
         """Run one static decode step and draw its tokens, all queued on the device; start their copy home."""
