@@ -8,7 +8,10 @@ The engine is built by `make_engine(lm, max_running)`, given `batch` requests of
 captures its graphs there), then `steps` timed ones, each ended by a device
 synchronise (an engine with `overlaps_steps`, whose step() launches one step and
 reads the one before, is timed over the run of steps instead, its mean per step).
-ms per step is the blog's ms/tok: the time of one decode step, in
+With `runs` > 1 the timed steps are cut into that many consecutive runs, and
+"best_run_ms" is the fastest run's mean per step: on a shared machine, where
+other work steals the CPU now and then, the fastest run is the closest reading
+of the step's own cost. ms per step is the blog's ms/tok: the time of one decode step, in
 which every sequence makes one token. tok/s = batch / that time.
 
 `replay_ms(graph)` times a captured CUDA graph's replay with CUDA events: the
@@ -48,24 +51,33 @@ def prefill_everything(engine) -> None:
         engine.step()
 
 
-def decode_step_ms(make_engine: Callable, lm, batch: int, prompt_len: int | tuple[int, int], steps: int) -> dict:
+def decode_step_ms(make_engine: Callable, lm, batch: int, prompt_len: int | tuple[int, int], steps: int,
+                   runs: int = 1) -> dict:
     """Median (and p90) wall ms of one decode step of `batch` sequences, after warm-up. prompt_len: one length
-    for every prompt, or (lo, hi) for lengths drawn in that range (the same draw for every engine)."""
+    for every prompt, or (lo, hi) for lengths drawn in that range (the same draw for every engine). runs: cut
+    the timed steps into this many runs; best_run_ms is the fastest run's mean per step."""
+    if not 1 <= runs <= steps:
+        raise ValueError(f"runs must be between 1 and steps ({steps}), got {runs}")
     engine = make_engine(lm, batch)
     for ids in random_prompts(lm.vocab_size, batch, prompt_len):
         engine.add(ids, WARMUP_STEPS + steps + 2, ignore_eos=True)
     prefill_everything(engine)
     for _ in range(WARMUP_STEPS):
         engine.step()
+    run_lengths = [steps // runs + (i < steps % runs) for i in range(runs)]   # as equal as they can be
+    run_means = []
     if getattr(engine, "overlaps_steps", False):
         # Each step() launches one step and reads the one before: a synchronise after each would undo the
-        # overlap it is measured for. Time the run of steps as a whole; ms per step is its mean.
-        sync(lm.device)
-        start = time.perf_counter()
-        for _ in range(steps):
-            engine.step()
-        sync(lm.device)
-        times = [(time.perf_counter() - start) * 1e3 / steps]
+        # overlap it is measured for. Time each run of steps as a whole; ms per step is its mean.
+        for n in run_lengths:
+            sync(lm.device)
+            start = time.perf_counter()
+            for _ in range(n):
+                engine.step()
+            sync(lm.device)
+            run_means.append((time.perf_counter() - start) * 1e3 / n)
+        times = [statistics.fmean(run_means)] if runs == 1 else run_means
+        mean_ms = sum(m * n for m, n in zip(run_means, run_lengths)) / steps
     else:
         times = []
         for _ in range(steps):
@@ -74,9 +86,12 @@ def decode_step_ms(make_engine: Callable, lm, batch: int, prompt_len: int | tupl
             engine.step()
             sync(lm.device)
             times.append((time.perf_counter() - start) * 1e3)
+        ends = [sum(run_lengths[:i + 1]) for i in range(runs)]
+        run_means = [statistics.fmean(times[end - n:end]) for end, n in zip(ends, run_lengths)]
+        mean_ms = statistics.fmean(times)
     ms = statistics.median(times)
     return dict(batch=batch, ms=ms, p90_ms=sorted(times)[int(0.9 * (len(times) - 1))], tok_s=batch / ms * 1e3,
-                mean_ms=statistics.fmean(times), engine=engine)
+                mean_ms=mean_ms, best_run_ms=min(run_means), engine=engine)
 
 
 def replay_ms(graph: torch.cuda.CUDAGraph, iters: int = 20) -> float:

@@ -340,6 +340,38 @@ def test_median_ms_warms_up_then_times_every_call():
     assert len(calls) == 7 and ms >= 0
 
 
+class ClockedEngine:
+    """A stand-in engine for decode_step_ms: each step() moves a fake clock on by the next of `costs` (ms)."""
+
+    def __init__(self, clock: list, costs: list[float], overlaps: bool):
+        self.clock, self.costs, self.overlaps_steps = clock, iter(costs), overlaps
+        self.waiting, self.running, self.n_added = [], [], 0
+
+    def add(self, ids, max_new_tokens, ignore_eos):
+        self.n_added += 1
+
+    def step(self):
+        self.clock[0] += next(self.costs) / 1e3
+
+
+@pytest.mark.parametrize("overlaps", [False, True])
+def test_decode_step_ms_cuts_the_timed_steps_into_runs_and_reports_the_fastest(monkeypatch, overlaps):
+    import common.step_bench as sb
+    clock = [0.0]
+    monkeypatch.setattr(sb.time, "perf_counter", lambda: clock[0])
+    lm = SimpleNamespace(vocab_size=1000, device="cpu")
+    # 3 warm-up steps (not timed), then 10 timed ones in runs of 4, 3, 3: means 2.5, 1.0, 4.0 ms.
+    costs = [50.0] * sb.WARMUP_STEPS + [1, 2, 3, 4] + [1, 1, 1] + [4, 4, 4]
+    r = sb.decode_step_ms(lambda lm_, n: ClockedEngine(clock, costs, overlaps), lm, 2, 8, 10, runs=3)
+    assert r["engine"].n_added == 2
+    assert r["best_run_ms"] == pytest.approx(1.0)
+    assert r["mean_ms"] == pytest.approx(sum(costs[sb.WARMUP_STEPS:]) / 10)    # every timed step, once
+    one = sb.decode_step_ms(lambda lm_, n: ClockedEngine(clock, costs, overlaps), lm, 2, 8, 10)
+    assert one["best_run_ms"] == pytest.approx(one["mean_ms"])                  # one run: its mean
+    with pytest.raises(ValueError, match="runs must be between 1 and steps"):
+        sb.decode_step_ms(lambda lm_, n: ClockedEngine(clock, costs, overlaps), lm, 2, 8, 10, runs=11)
+
+
 def test_gpu_time_on_cpu_times_each_call_and_says_so():
     from common.kernel_bench import PER_CALL, gpu_time
     calls = []
