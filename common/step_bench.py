@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from itertools import accumulate
 from typing import Callable
 
 import torch
@@ -76,7 +77,7 @@ def decode_step_ms(make_engine: Callable, lm, batch: int, prompt_len: int | tupl
                 engine.step()
             sync(lm.device)
             run_means.append((time.perf_counter() - start) * 1e3 / n)
-        times = [statistics.fmean(run_means)] if runs == 1 else run_means
+        times = run_means
         mean_ms = sum(m * n for m, n in zip(run_means, run_lengths)) / steps
     else:
         times = []
@@ -86,8 +87,7 @@ def decode_step_ms(make_engine: Callable, lm, batch: int, prompt_len: int | tupl
             engine.step()
             sync(lm.device)
             times.append((time.perf_counter() - start) * 1e3)
-        ends = [sum(run_lengths[:i + 1]) for i in range(runs)]
-        run_means = [statistics.fmean(times[end - n:end]) for end, n in zip(ends, run_lengths)]
+        run_means = [statistics.fmean(times[end - n:end]) for end, n in zip(accumulate(run_lengths), run_lengths)]
         mean_ms = statistics.fmean(times)
     ms = statistics.median(times)
     return dict(batch=batch, ms=ms, p90_ms=sorted(times)[int(0.9 * (len(times) - 1))], tok_s=batch / ms * 1e3,

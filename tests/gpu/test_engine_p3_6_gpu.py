@@ -56,7 +56,8 @@ def test_chunked_prefill_engine_equals_hf_generate(tier_lm, no_tf32, budget):
     prompts = random_prompts(PROMPT_LENGTHS)
     engine = ChunkedPrefillEngine(tier_lm, max_running=MAX_RUNNING, block_size=BLOCK_SIZE, n_blocks=POOL_BLOCKS,
                                   max_num_batched_tokens=budget)
-    assert run_ignoring_eos(engine, prompts, NEW_TOKENS) == [hf_greedy(tier_lm, p, NEW_TOKENS, ignore_eos=True) for p in prompts]
+    assert run_ignoring_eos(engine, prompts, NEW_TOKENS) == [hf_greedy(tier_lm, p, NEW_TOKENS, ignore_eos=True)
+                                                             for p in prompts]
     assert engine.n_forward_passes == engine.n_steps
     if budget < max(PROMPT_LENGTHS):
         assert engine.n_chunks > len(prompts) and engine.n_mixed_passes > 0
@@ -97,8 +98,8 @@ def test_window_and_softcap_models_equal_hf_generate(window_models, no_tf32, nam
     prompts = random_prompts((3, TINY_WINDOW + 2, 14, 23), seed=3)
     kwargs = {} if budget is None else dict(max_num_batched_tokens=budget)
     engine = engine_cls(lm, max_running=MAX_RUNNING, block_size=BLOCK_SIZE, n_blocks=POOL_BLOCKS, **kwargs)
-    assert run_ignoring_eos(engine, prompts, WINDOW_NEW_TOKENS) == [hf_greedy(lm, p, WINDOW_NEW_TOKENS, ignore_eos=True)
-                                                       for p in prompts]
+    assert run_ignoring_eos(engine, prompts, WINDOW_NEW_TOKENS) == [
+        hf_greedy(lm, p, WINDOW_NEW_TOKENS, ignore_eos=True) for p in prompts]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
