@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from phases.p3_5_paged_attention.kernels import merge_splits
+from phases.p3_7_cuda_graphs.decode_kernel import LAUNCH_CONFIGS
 from phases.p3_7_cuda_graphs.merge_kernel import merge_splits_triton
 from tests.test_p3_6_prefill_kernel import H100_SHARED_BYTES, REPO_ROOT
 
@@ -59,20 +60,24 @@ def test_bad_inputs_are_refused():
         merge_splits_triton(partial, lse[:, :, :1])
 
 
-def test_the_merge_and_the_default_decode_kernel_compile_for_an_h100():
+def test_the_merge_and_every_decode_launch_compile_for_an_h100_without_spilling():
     """Built for sm_90 ahead of time (phase 3.6's aot_check, no GPU needed), in a fresh process: this one
-    has the kernels under the interpreter. The merge and the decode kernel, as launched (`launch_config`) for
-    Qwen3-0.6B's shape in bf16 and in fp32 with split-KV, keep everything in registers."""
+    has the kernels under the interpreter. The merge, and the decode kernel as launched for every entry of
+    `LAUNCH_CONFIGS` (the tuned bf16 default, the wider head_dim, fp32 pools), one split and split-KV, keep
+    everything in registers."""
     script = ("import torch\n"
-              "from phases.p3_7_cuda_graphs.aot_check import compile_decode_kernel, compile_merge_kernel\n"
-              "for cost in (compile_merge_kernel(torch.bfloat16, 128, 8), compile_decode_kernel(torch.bfloat16, 128, 2,"
-              " split=False), compile_decode_kernel(torch.float32, 128, 2, split=True)):\n"
-              "    print(cost.registers, cost.spill_bytes, cost.shared_bytes)\n")
+              "from phases.p3_7_cuda_graphs.aot_check import compile_launch_configs, compile_merge_kernel\n"
+              "cost = compile_merge_kernel(torch.bfloat16, 128, 8)\n"
+              "print('merge', cost.registers, cost.spill_bytes, cost.shared_bytes)\n"
+              "for dtype, head_dim, split, config, cost in compile_launch_configs():\n"
+              "    print(f'{dtype}-{head_dim}-split={split}', cost.registers, cost.spill_bytes, cost.shared_bytes)\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    costs = [tuple(map(int, line.split())) for line in done.stdout.strip().splitlines()[-3:]]
-    assert len(costs) == 3 and all(0 < registers <= 255 and shared <= H100_SHARED_BYTES
-                                   for registers, _, shared in costs)
-    assert costs[0][1] == 0, "the merge kernel spills registers"
-    assert costs[1][1] == 0 and costs[2][1] == 0, "the decode kernel spills registers on Qwen3-0.6B's shape"
+    variants = 1 + 2 * len(LAUNCH_CONFIGS)
+    lines = done.stdout.strip().splitlines()[-variants:]
+    costs = {name: tuple(map(int, numbers)) for name, *numbers in map(str.split, lines)}
+    assert len(costs) == variants
+    assert all(0 < registers <= 255 and shared <= H100_SHARED_BYTES for registers, _, shared in costs.values())
+    spilled = [name for name, (_, spill_bytes, _) in costs.items() if spill_bytes]
+    assert not spilled, f"these launches spill registers: {spilled}"

@@ -3,8 +3,9 @@
 Phase 3.6's aot_check compiles a kernel ahead of time for sm_90 (Triton IR ->
 PTX -> `ptxas -v`, all inside the triton wheel, no GPU). This runs the same
 compile step over the decode kernel's tuning grid (tuning.py: every
-LaunchConfig, with one split and with split-KV) and over the merge kernel, for
-a model's shape. It cannot say how fast a variant runs; it says which ones
+LaunchConfig, with one split and with split-KV) for a model's shape, over what
+`launch_config` picks away from that shape (fp32 pools, head_dim 256), and over
+the merge kernel. It cannot say how fast a variant runs; it says which ones
 spill registers to local memory, which a timing on a GPU should then explain,
 and that every variant builds.
 
@@ -33,7 +34,8 @@ from common.report import print_report, save_report  # noqa: E402
 from phases.p3_6_varlen_prefill.aot_check import (H100_ARCH, TRITON_DTYPES, KernelCost, compile_for_gpu,  # noqa: E402
                                                   compiled_report)
 from phases.p3_7_cuda_graphs import decode_kernel, merge_kernel  # noqa: E402
-from phases.p3_7_cuda_graphs.decode_kernel import DEFAULT_CONFIG, MIN_DOT, LaunchConfig, launch_config  # noqa: E402
+from phases.p3_7_cuda_graphs.decode_kernel import (DEFAULT_CONFIG, LAUNCH_CONFIGS, MIN_DOT,  # noqa: E402
+                                                  LaunchConfig, launch_config)
 from phases.p3_7_cuda_graphs.tuning import SPLIT_CHOICES, config_grid  # noqa: E402
 
 # Qwen3-0.6B (the GPU runs' model): 16 query heads over 8 KV heads of 128 dims; the pool's block size.
@@ -74,6 +76,22 @@ def compile_decode_kernel(dtype: torch.dtype, head_dim: int, group: int, split: 
                            num_stages=config.num_stages)
 
 
+def compile_launch_configs(group: int = QWEN3_GROUP) -> list[tuple[torch.dtype, int, bool, LaunchConfig, KernelCost]]:
+    """Every launch `launch_config` can pick: each LAUNCH_CONFIGS entry at the largest head_dim it covers, in
+    its dtype (bf16 for the 16-bit entries), with one split and with split-KV.
+    Returns (dtype, head_dim, split-KV?, config, cost) per variant."""
+    variants = []
+    for (fp32, head_dim), config in LAUNCH_CONFIGS.items():
+        dtype = torch.float32 if fp32 else torch.bfloat16
+        for split in (False, True):
+            variants.append((dtype, head_dim, split, config, compile_decode_kernel(dtype, head_dim, group, split)))
+    return variants
+
+
+def split_label(split: bool) -> str:
+    return "split-KV" if split else "one split"
+
+
 def compile_merge_kernel(out_dtype: torch.dtype, head_dim: int, n_splits: int, arch: int = H100_ARCH) -> KernelCost:
     """The merge kernel as `merge_splits_triton` launches it (Triton's default warps and stages)."""
     _require_compiler()
@@ -99,7 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     qwen3 = (args.head_dim, args.group) == (QWEN3_HEAD_DIM, QWEN3_GROUP)
     model = "qwen3-0.6b-shape" if qwen3 else f"head-dim-{args.head_dim}-group-{args.group}"
     report = compiled_report("decode_aot", model, args.dtype)
-    columns = ["tile blocks", "warps", "stages", "split-KV", "registers", "spill B / thread", "shared B"]
+    columns = ["tile blocks", "warps", "stages", "splits", "registers", "spill B / thread", "shared B"]
     t = report.table(f"the decode kernel over tuning.py's grid, compiled for sm_{H100_ARCH} ({shape}, {args.dtype})",
                      columns)
     rows = []
@@ -107,14 +125,24 @@ def main(argv: list[str] | None = None) -> None:
         for split in (False, True):
             cost = compile_decode_kernel(dtype, args.head_dim, args.group, split, config)
             mark = " (DEFAULT_CONFIG)" if config == DEFAULT_CONFIG else ""
-            t.add_row(f"{config.tile_blocks}{mark}", config.num_warps, config.num_stages, split, cost.registers,
-                      cost.spill_bytes, cost.shared_bytes)
+            t.add_row(f"{config.tile_blocks}{mark}", config.num_warps, config.num_stages, split_label(split),
+                      cost.registers, cost.spill_bytes, cost.shared_bytes)
             rows.append(dict(config=vars(config), split=split, **vars(cost)))
             print(f"  {config} split={split}: {cost}", flush=True)
     t.notes.append("registers are per thread (255 is the most a thread may have: past it, values spill to local "
                    "memory); spill B is ptxas's spill stores per thread; nothing here is timed")
     t.notes.append(f"triton {triton.__version__} and the ptxas in its wheel; pointers and head_dim-sized strides "
                    "marked divisible by 16, unit strides constant, as a launch specialises them")
+    picks = report.table(f"launch_config's picks, compiled for sm_{H100_ARCH} (each at the largest head_dim it "
+                         f"covers, group {args.group})",
+                         ["pool", "head_dim", "tile blocks", "warps", "stages", "splits", "registers",
+                          "spill B / thread", "shared B"])
+    for pool_dtype, head_dim, split, config, cost in compile_launch_configs(args.group):
+        picks.add_row(TRITON_DTYPES[pool_dtype], head_dim, config.tile_blocks, config.num_warps, config.num_stages,
+                      split_label(split), cost.registers, cost.spill_bytes, cost.shared_bytes)
+        rows.append(dict(launch_config=vars(config), pool=TRITON_DTYPES[pool_dtype], head_dim=head_dim, split=split,
+                         **vars(cost)))
+    picks.notes.append("what the kernel launches outside the tuned shape: bf16 stands for fp16 too (same widths)")
     m = report.table(f"the split-KV merge kernel, compiled for sm_{H100_ARCH} (head_dim {args.head_dim}, output "
                      f"{args.dtype})", ["splits", "registers", "spill B / thread", "shared B"])
     for n_splits in SPLIT_CHOICES[1:]:
