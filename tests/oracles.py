@@ -2,26 +2,33 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
-# (id of the LoadedModel, prompt ids, max_new_tokens, ignore_eos) -> new token ids.
+# (id of the LoadedModel, prompt ids, max_new_tokens, ignore_eos) -> (a weak reference to that model, new ids).
 # Several test files check their engines on the same prompts with the same
 # session-scoped models; the oracle's answer cannot change, so compute it once.
-_MEMO: dict[tuple, tuple[int, ...]] = {}
+# An id alone is not enough: tests that load a model of their own free it, and
+# the next model loaded can get the freed id. The weak reference tells whether
+# an entry's model is the one asked about (a dead one answers None).
+_MEMO: dict[tuple, tuple[weakref.ref, tuple[int, ...]]] = {}
 
 
 @torch.inference_mode()
 def hf_greedy(lm, prompt_ids: list[int], max_new_tokens: int, ignore_eos: bool = False) -> list[int]:
     """Greedy new tokens of one unpadded prompt, stopping at EOS like the engines (EOS included)."""
     key = (id(lm), tuple(prompt_ids), max_new_tokens, ignore_eos)
-    if key not in _MEMO:
+    model_ref, new_ids = _MEMO.get(key, (None, None))
+    if model_ref is None or model_ref() is not lm:
         ids = torch.tensor([prompt_ids], device=lm.device)
         eos = None if ignore_eos else (sorted(lm.eos_token_ids) or None)
         out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
                                 do_sample=False, eos_token_id=eos, pad_token_id=lm.pad_token_id,
                                 min_new_tokens=max_new_tokens if ignore_eos else None)
-        _MEMO[key] = tuple(out[0, len(prompt_ids):].tolist())
-    return list(_MEMO[key])
+        new_ids = tuple(out[0, len(prompt_ids):].tolist())
+        _MEMO[key] = (weakref.ref(lm), new_ids)
+    return list(new_ids)
 
 
 def run_ignoring_eos(engine, prompts: list[list[int]], new_tokens: int | list[int]) -> list[list[int]]:

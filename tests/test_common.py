@@ -10,6 +10,7 @@ import math
 import os
 import subprocess
 import sys
+import weakref
 from types import SimpleNamespace
 
 import pytest
@@ -325,3 +326,17 @@ def test_save_report_writes_json_and_markdown(tmp_path):
     assert path.parent == tmp_path and path.suffix == ".json"
     assert Report.from_dict(json.loads(path.read_text())).tables[0].title == "speed"
     assert path.with_suffix(".md").read_text().startswith("_decode_sweep: tiny on cpu")
+
+
+def test_the_oracles_memo_answers_only_for_the_model_it_ran():
+    """hf_greedy remembers answers under the model's id. A freed model's id can come back on the next model
+    loaded (tests that load their own models free them), so an entry made for another model is run again."""
+    from tests import oracles
+    tiny, qwen = load_model("tiny", dtype=torch.float32), load_model("tiny-qwen3", dtype=torch.float32)
+    prompt, n = [5, 6, 7], 4
+    tiny_ids, qwen_ids = (oracles.hf_greedy(lm, prompt, n, ignore_eos=True) for lm in (tiny, qwen))
+    assert tiny_ids != qwen_ids                           # else a stale answer could not be told apart
+    key = (id(qwen), tuple(prompt), n, True)
+    oracles._MEMO[key] = (weakref.ref(tiny), tuple(tiny_ids))   # as if tiny had held qwen's id, then been freed
+    assert oracles.hf_greedy(qwen, prompt, n, ignore_eos=True) == qwen_ids
+    assert oracles._MEMO[key][0]() is qwen
