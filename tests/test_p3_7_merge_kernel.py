@@ -62,9 +62,9 @@ def test_bad_inputs_are_refused():
 
 def test_the_merge_and_every_decode_launch_compile_for_an_h100_without_spilling():
     """Built for sm_90 ahead of time (phase 3.6's aot_check, no GPU needed), in a fresh process: this one
-    has the kernels under the interpreter. The merge, and the decode kernel as launched for every entry of
-    `LAUNCH_CONFIGS` (the tuned bf16 default, the wider head_dim, fp32 pools), one split and split-KV, keep
-    everything in registers."""
+    has the kernels under the interpreter. The merge, and the decode kernel launched with every entry of
+    `LAUNCH_CONFIGS` (the tuned bf16 default, head_dim 256, fp32 pools) at the largest head_dim the entry
+    covers, one split and split-KV, keep everything in registers."""
     script = ("import torch\n"
               "from phases.p3_7_cuda_graphs.aot_check import compile_launch_configs, compile_merge_kernel\n"
               "cost = compile_merge_kernel(torch.bfloat16, 128, 8)\n"

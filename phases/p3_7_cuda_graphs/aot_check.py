@@ -77,14 +77,16 @@ def compile_decode_kernel(dtype: torch.dtype, head_dim: int, group: int, split: 
 
 
 def compile_launch_configs(group: int = QWEN3_GROUP) -> list[tuple[torch.dtype, int, bool, LaunchConfig, KernelCost]]:
-    """Every launch `launch_config` can pick: each LAUNCH_CONFIGS entry at the largest head_dim it covers, in
-    its dtype (bf16 for the 16-bit entries), with one split and with split-KV.
-    Returns (dtype, head_dim, split-KV?, config, cost) per variant."""
+    """Each LAUNCH_CONFIGS entry, the tuned default included, at the largest head_dim it covers, in its dtype
+    (bf16 for the 16-bit entries), with one split and with split-KV. (Smaller head_dims under an entry need
+    fewer registers; they are not compiled here.) Returns (dtype, head_dim, split-KV?, config, cost)."""
     variants = []
     for (fp32, head_dim), config in LAUNCH_CONFIGS.items():
         dtype = torch.float32 if fp32 else torch.bfloat16
+        assert launch_config(head_dim, dtype) == config, "the entry is what the kernel picks for its own shape"
         for split in (False, True):
-            variants.append((dtype, head_dim, split, config, compile_decode_kernel(dtype, head_dim, group, split)))
+            cost = compile_decode_kernel(dtype, head_dim, group, split, config)
+            variants.append((dtype, head_dim, split, config, cost))
     return variants
 
 
@@ -133,16 +135,17 @@ def main(argv: list[str] | None = None) -> None:
                    "memory); spill B is ptxas's spill stores per thread; nothing here is timed")
     t.notes.append(f"triton {triton.__version__} and the ptxas in its wheel; pointers and head_dim-sized strides "
                    "marked divisible by 16, unit strides constant, as a launch specialises them")
-    picks = report.table(f"launch_config's picks, compiled for sm_{H100_ARCH} (each at the largest head_dim it "
-                         f"covers, group {args.group})",
+    picks = report.table(f"every LAUNCH_CONFIGS entry, compiled for sm_{H100_ARCH} (each at the largest head_dim "
+                         f"it covers, group {args.group})",
                          ["pool", "head_dim", "tile blocks", "warps", "stages", "splits", "registers",
                           "spill B / thread", "shared B"])
     for pool_dtype, head_dim, split, config, cost in compile_launch_configs(args.group):
         picks.add_row(TRITON_DTYPES[pool_dtype], head_dim, config.tile_blocks, config.num_warps, config.num_stages,
                       split_label(split), cost.registers, cost.spill_bytes, cost.shared_bytes)
-        rows.append(dict(launch_config=vars(config), pool=TRITON_DTYPES[pool_dtype], head_dim=head_dim, split=split,
-                         **vars(cost)))
-    picks.notes.append("what the kernel launches outside the tuned shape: bf16 stands for fp16 too (same widths)")
+        rows.append(dict(config=vars(config), pick=True, pool=TRITON_DTYPES[pool_dtype], head_dim=head_dim,
+                         split=split, **vars(cost)))
+    picks.notes.append("what launch_config picks per pool dtype and head_dim, the tuned default (bf16, 128) first; "
+                       "bf16 stands for fp16 too (same widths)")
     m = report.table(f"the split-KV merge kernel, compiled for sm_{H100_ARCH} (head_dim {args.head_dim}, output "
                      f"{args.dtype})", ["splits", "registers", "spill B / thread", "shared B"])
     for n_splits in SPLIT_CHOICES[1:]:

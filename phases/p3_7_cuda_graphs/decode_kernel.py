@@ -92,7 +92,7 @@ LAUNCH_CONFIGS = {
 
 def launch_config(head_dim: int, dtype: torch.dtype) -> LaunchConfig:
     """The launch for a pool of this head_dim and dtype: the smallest entry of LAUNCH_CONFIGS that covers it
-    (past 256, the largest: its 16 warps spread the most registers)."""
+    (past 256, the largest entry for that dtype: the most warps, which spread the registers most)."""
     fp32 = dtype == torch.float32
     sizes = sorted(largest for is_fp32, largest in LAUNCH_CONFIGS if is_fp32 == fp32)
     return LAUNCH_CONFIGS[fp32, next((n for n in sizes if head_dim <= n), sizes[-1])]
