@@ -151,24 +151,28 @@ def workload_tables(report: Report, traces: dict, results: dict, focus: str, war
 
 
 def targets_table(report: Report, results: dict, targets: Targets) -> None:
-    """The targets whose two engines both ran, as a table. With none (the CPU's default engines leave out the
-    GPU peers), a note on the last workload table says which engines the targets need, not an empty table."""
-    measured = []
+    """The targets whose two engines both ran, as a table, and a note naming the others. With none measured (the
+    CPU's default engines leave out the GPU peers), the note goes on the last workload table, not an empty table."""
+    measured, missing = [], []
     for (wname, fast, slow), target in targets.items():
         rows = results.get(wname, {})
         if fast in rows and slow in rows and rows[slow]["tok_s"]:
             ratio = rows[fast]["tok_s"] / rows[slow]["tok_s"]
             measured.append((wname, f"{fast} / {slow} tok/s", f"{ratio:.2f}x", f">= {target:.1f}x", ratio >= target))
+        else:
+            missing.append(f"{fast} and {slow} ({wname})")
+    missing = sorted(set(missing))
     if not measured:
-        if targets and report.tables:
-            needed = sorted({f"{fast} and {slow} ({wname})" for wname, fast, slow in targets})
+        if missing and report.tables:
             report.tables[-1].notes.append("no target measured: each compares two engines on one workload, "
-                                           "and this run had no such pair; they need " + "; ".join(needed))
+                                           "and this run had no such pair; they need " + "; ".join(missing))
         return
     t = report.table("Ratios the phase aims for (same requests, one run)",
                      ["workload", "comparison", "measured", "target", "met"])
     for row in measured:
         t.add_row(*row)
+    if missing:
+        t.notes.append("not measured, one of the two engines did not run: " + "; ".join(missing))
 
 
 def roofline_table(report: Report, lm, results: dict, focus: str, quick: bool) -> None:

@@ -327,7 +327,8 @@ def test_workload_bench_runs_every_named_engine_and_keeps_hf_cbs_best_config(tin
 
 def test_targets_without_both_engines_leave_a_note_not_an_empty_table():
     """The CPU's default engines leave out the GPU peers: no target can be measured, and the report says which
-    engines the targets need instead of printing a table with no rows."""
+    engines the targets need instead of printing a table with no rows. Where some are measured, the table
+    names the others."""
     from common.report import Report
     from common.workload_bench import targets_table
     targets = {("equal", "graphs", "hf_compiled"): 1.5, ("mixed", "graphs", "hf_compiled"): 3.0}
@@ -337,8 +338,10 @@ def test_targets_without_both_engines_leave_a_note_not_an_empty_table():
     assert [t.title for t in report.tables] == ["equal work"]
     assert any("no target measured" in n and "graphs and hf_compiled (mixed)" in n for n in report.tables[0].notes)
     targets_table(report, {"mixed": {"graphs": dict(tok_s=30.0), "hf_compiled": dict(tok_s=10.0)}}, targets)
-    assert report.tables[-1].title.startswith("Ratios") and report.tables[-1].rows == [
+    ratios = report.tables[-1]
+    assert ratios.title.startswith("Ratios") and ratios.rows == [
         ["mixed", "graphs / hf_compiled tok/s", "3.00x", ">= 3.0x", True]]
+    assert ratios.notes == ["not measured, one of the two engines did not run: graphs and hf_compiled (equal)"]
 
 
 # --- the kernel-bench sweep -----------------------------------------------------------------------
