@@ -4,6 +4,7 @@ and reports that survive JSON."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib.util
 import json
 import math
@@ -337,6 +338,12 @@ def test_the_oracles_memo_answers_only_for_the_model_it_ran():
     tiny_ids, qwen_ids = (oracles.hf_greedy(lm, prompt, n, ignore_eos=True) for lm in (tiny, qwen))
     assert tiny_ids != qwen_ids                           # else a stale answer could not be told apart
     key = (id(qwen), tuple(prompt), n, True)
-    oracles._MEMO[key] = (weakref.ref(tiny), tuple(tiny_ids))   # as if tiny had held qwen's id, then been freed
+    oracles._MEMO[key] = (weakref.ref(tiny), tuple(tiny_ids))   # an entry made for another model, under qwen's id
     assert oracles.hf_greedy(qwen, prompt, n, ignore_eos=True) == qwen_ids
     assert oracles._MEMO[key][0]() is qwen
+    gone = load_model("tiny", dtype=torch.float32)               # and one whose model has been freed
+    oracles._MEMO[key] = (weakref.ref(gone), tuple(tiny_ids))
+    del gone
+    gc.collect()
+    assert oracles._MEMO[key][0]() is None
+    assert oracles.hf_greedy(qwen, prompt, n, ignore_eos=True) == qwen_ids
