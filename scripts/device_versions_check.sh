@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
-# The CPU suite under the borrowed GPU machine's library versions, so that a GPU run is not the first to meet them.
+# The CPU suite under the GPU machine's library versions, so that a GPU run is not the first to meet them.
 #
 #   bash scripts/device_versions_check.sh                        # the whole suite (about 6 minutes here)
 #   bash scripts/device_versions_check.sh tests/test_p3_7_merge_kernel.py   # pytest's arguments, if any
 #
-# The repo pins torch 2.13.0 and triton 3.7.1 (requirements.txt). The H100 that sessions borrow has torch 2.11
+# The repo pins torch 2.13.0 and triton 3.7.1 (requirements.txt). The H100 of phase 3.7's figures has torch 2.11
 # and triton 3.6.0, and runs the gpu tier with them (scripts/gpu_p3_7.sh carries only transformers). This builds
 # a venv with those two versions and everything else as pinned, compiles the Triton kernels for sm_90 with
 # triton 3.6.0's compiler (registers and spills, as the GPU will build them), then runs the tests on the CPU.
 # numpy is held at 2.2: triton 3.6's interpreter, which the CPU tests run the kernels in, fails on numpy 2.4
 # (it converts a one-element array to an int). The download is large (torch 2.11's PyPI build brings its CUDA
-# libraries, about 3 GB); the venv is kept and reused.
+# libraries, about 3 GB); the venv is kept and reused, and the compile reports are saved in it ($VENV/aot).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-/tmp/device-versions-venv}
@@ -27,9 +27,11 @@ sed -e "s/^torch==.*/torch==$DEVICE_TORCH/" -e "s/^triton==.*/triton==$DEVICE_TR
 print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__,
       'numpy', numpy.__version__)"
 
-for check in phases.p3_6_varlen_prefill.aot_check phases.p3_7_cuda_graphs.aot_check phases.p3_8_fused_ops.aot_check; do
-    echo "=== $check (compiled with triton $DEVICE_TRITON)"
-    "$VENV/bin/python" -m "$check" | tail -n 25
+echo "=== phase 3.6's prefill tiles, compiled with triton $DEVICE_TRITON"
+"$VENV/bin/python" -m phases.p3_6_varlen_prefill.aot_check
+for check in phases.p3_7_cuda_graphs.aot_check phases.p3_8_fused_ops.aot_check; do
+    echo "=== $check, compiled with triton $DEVICE_TRITON (report in $VENV/aot)"
+    COLUMNS=160 "$VENV/bin/python" -m "$check" --results-dir "$VENV/aot"
 done
 echo "=== the test suite"
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"

@@ -23,7 +23,7 @@
 # A wheel directory .whl/ (e.g. transformers==5.23.0, the version the repo pins, fetched elsewhere with
 # `pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl transformers==5.23.0`) is
 # installed into a scratch folder first, for machines whose image has other versions and no network.
-# Such a machine's torch and triton stay its own (the borrowed H100: torch 2.11, triton 3.6.0);
+# Such a machine's torch and triton stay its own (the H100 of phase 3.7's figures: torch 2.11, triton 3.6.0);
 # `bash scripts/device_versions_check.sh` runs the CPU suite and the sm_90 compiles under those first.
 set -uo pipefail
 cd "$(dirname "$0")/.."
