@@ -161,7 +161,7 @@ def targets_table(report: Report, results: dict, targets: Targets) -> None:
             measured.append((wname, f"{fast} / {slow} tok/s", f"{ratio:.2f}x", f">= {target:.1f}x", ratio >= target))
         else:
             missing.append(f"{fast} and {slow} ({wname})")
-    missing = sorted(set(missing))
+    missing.sort()
     if not measured:
         if missing and report.tables:
             report.tables[-1].notes.append("no target measured: each compares two engines on one workload, "

@@ -17,6 +17,7 @@ VENV=${VENV:-/tmp/device-versions-venv}
 DEVICE_TORCH=2.11.0
 DEVICE_TRITON=3.6.0
 INTERPRETER_NUMPY=2.2.6
+REPORT_COLUMNS=160     # wide enough that rich prints the compile tables unwrapped
 
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 sed -e "s/^torch==.*/torch==$DEVICE_TORCH/" -e "s/^triton==.*/triton==$DEVICE_TRITON/" \
@@ -31,7 +32,7 @@ echo "=== phase 3.6's prefill tiles, compiled with triton $DEVICE_TRITON"
 "$VENV/bin/python" -m phases.p3_6_varlen_prefill.aot_check
 for check in phases.p3_7_cuda_graphs.aot_check phases.p3_8_fused_ops.aot_check; do
     echo "=== $check, compiled with triton $DEVICE_TRITON (report in $VENV/aot)"
-    COLUMNS=160 "$VENV/bin/python" -m "$check" --results-dir "$VENV/aot"
+    COLUMNS=$REPORT_COLUMNS "$VENV/bin/python" -m "$check" --results-dir "$VENV/aot"
 done
 echo "=== the test suite"
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"

@@ -3,9 +3,9 @@
 Phase 3.6's aot_check compiles a kernel ahead of time for sm_90 (Triton IR ->
 PTX -> `ptxas -v`, all inside the triton wheel, no GPU). This runs the same
 compile step over the decode kernel's tuning grid (tuning.py: every
-LaunchConfig, with one split and with split-KV) for a model's shape, over what
-`launch_config` picks away from that shape (fp32 pools, head_dim 256), and over
-the merge kernel. It cannot say how fast a variant runs; it says which ones
+LaunchConfig, with one split and with split-KV) for a model's shape, over every
+entry of LAUNCH_CONFIGS (what `launch_config` picks: the tuned default, fp32
+pools, head_dim 256), and over the merge kernel. It cannot say how fast a variant runs; it says which ones
 spill registers to local memory, which a timing on a GPU should then explain,
 and that every variant builds.
 
