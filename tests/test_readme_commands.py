@@ -216,3 +216,26 @@ def test_every_readme_command_names_what_exists_and_parses():
 ])
 def test_the_check_catches_a_broken_command(command, words):
     assert words in (check(command) or "")
+
+
+BARE_INTERPRETER = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(python3?|pytest)\s")
+
+
+def bare_interpreter_lines(text: str) -> list[str]:
+    """Lines of a fenced block that start with `python` or `pytest` off the PATH: on a fresh clone, after
+    `make install`, only .venv/bin/python has torch, so a block to copy and paste must name it. (Inline spans
+    such as `python -m common <demo>` name a command in prose and are left alone.)"""
+    return [line.strip() for block in FENCE.findall(text) for line in block.splitlines()[1:-1]
+            if BARE_INTERPRETER.match(line.strip())]
+
+
+def test_command_blocks_run_the_venvs_python():
+    bare = [f"{path.relative_to(REPO_ROOT)}: {line}" for path in SOURCES if path.suffix == ".md"
+            for line in bare_interpreter_lines(path.read_text())]
+    assert not bare, "command blocks that need .venv/bin/python:\n" + "\n".join(bare)
+
+
+def test_the_interpreter_check_catches_a_bare_python():
+    text = "```bash\n.venv/bin/python -m common sweep\nOMP_NUM_THREADS=1 python -m common tput\npytest -q tests\n```\n" \
+           "and `python -m common sweep` inline"
+    assert bare_interpreter_lines(text) == ["OMP_NUM_THREADS=1 python -m common tput", "pytest -q tests"]
