@@ -18,14 +18,12 @@ from __future__ import annotations
 
 from common.demos import Option, RunConfig, demo
 from common.harness import run_prompts
-from common.prompts import (LATENCY_DEMO_MAX_RUNNING, LATENCY_DEMO_MAX_TOKENS, STATIC_RESERVATION_TOKENS,
-                            interleaved_latency_prompts)
+from common.prompts import (LATENCY_DEMO_MAX_RUNNING, LATENCY_DEMO_MAX_TOKENS, LATENCY_DEMO_MAX_TOKENS_GPU,
+                            STATIC_RESERVATION_TOKENS, interleaved_latency_prompts)
 from common.report import Report, shorten
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, blocks_for
 from phases.p3_1_block_allocator.budget import DEFAULT_MEMORY_FRACTION, MiB, kv_budget_bytes
 
-# The blog's GPU run let the long answers go to 2048 tokens (its table shows a 1,295-token answer).
-GPU_MAX_NEW_TOKENS = 2048
 CPU_BUDGET_MB = 1024
 QUICK_PROMPTS = 4          # tests: two short and two long prompts ...
 QUICK_MAX_NEW_TOKENS = 8   # ... with a few tokens each
@@ -35,7 +33,7 @@ PROMPT_WIDTH = 34          # characters of prompt shown in the table
 def workload_options() -> list[Option]:
     """The latency workload's knobs, shared with phase 3.2's block_size_study."""
     return [
-        Option("max_new_tokens", int, cpu=LATENCY_DEMO_MAX_TOKENS, gpu=GPU_MAX_NEW_TOKENS,
+        Option("max_new_tokens", int, cpu=LATENCY_DEMO_MAX_TOKENS, gpu=LATENCY_DEMO_MAX_TOKENS_GPU,
                help="cap on generated tokens per sequence"),
         Option("max_running", int, cpu=LATENCY_DEMO_MAX_RUNNING, help="sequences running at once"),
     ]
