@@ -136,7 +136,8 @@ def print_report(report: Report, console=None) -> None:
 def to_markdown(report: Report) -> str:
     """The tables as GitHub markdown, with the measurement context, for READMEs."""
     m = report.meta
-    lines = [f"_{report.demo}: {m.get('model')} on {m.get('device_name', m.get('device'))}, {m.get('dtype')}, "
+    dtype = f"{m['dtype']}, " if m.get("dtype") else ""     # a demo that runs no model has none
+    lines = [f"_{report.demo}: {m.get('model')} on {m.get('device_name', m.get('device'))}, {dtype}"
              f"torch {m.get('torch')}, transformers {m.get('transformers')}, {m.get('date')}, commit {m.get('commit')}_", ""]
     for t in report.tables:
         lines += [f"**{t.title}**", "", "| " + " | ".join(t.columns) + " |",

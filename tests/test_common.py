@@ -319,6 +319,13 @@ def test_markdown_export():
     assert "| 16 | 1.50 | pass |" in md
     assert "| 32 | - | FAIL |" in md       # NaN prints as "-", False as FAIL
     assert "measured on a test" in md
+    assert md.startswith("_decode_sweep: tiny on cpu, float32, torch ")
+
+
+def test_markdown_header_leaves_out_a_dtype_a_demo_does_not_have():
+    report = make_report()
+    report.meta["dtype"] = None           # e.g. vm_analogy, which runs no model
+    assert to_markdown(report).startswith("_decode_sweep: tiny on cpu, torch ")
 
 
 def test_save_report_writes_json_and_markdown(tmp_path):
