@@ -33,8 +33,11 @@
 # %matplotlib inline
 import os
 os.environ["TRITON_INTERPRET"] = "1"   # before any kernel module is imported: Triton runs each program in Python
+import json
+import re
 import statistics
 import time
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -216,17 +219,20 @@ print("kernel == reference here too:", torch.equal(k_big, k_ref_big) and torch.e
 #
 # On a GPU each of phase 3.3's slices is a kernel launch of its own, and that launch overhead is what one batched
 # launch removes. `gather_bench` measured this on an H100 80GB (`dummy:qwen3-0.6b` shapes: 8 KV heads x head_dim 128,
-# bf16, blocks of 16; commit 9956c96, file `gather-bench_nvidia-h100-80gb-hbm3_dummy-qwen3-0.6b.md` in the shared GPU
-# baseline). The rows below are copied from that table, not measured by this notebook: the Python loop over the
-# kernel goes from **10.7x** (one sequence of 512 tokens: 0.60 ms vs 0.06 ms) to **262.7x** (64 sequences of up to
-# 8192 tokens: 382 ms vs 1.45 ms), and the kernel beats the torch reference by 2.3-9.4x.
+# bf16, blocks of 16; the report `results/gpu-baseline/gather-bench_nvidia-h100-80gb-hbm3_dummy-qwen3-0.6b.md`,
+# whose header names its commit). The cell below reads that report's table; this notebook does not measure it. The
+# Python loop over the kernel goes from **10.7x** (one sequence of 512 tokens: 0.60 ms vs 0.06 ms) to **262.7x**
+# (64 sequences of up to 8192 tokens: 382 ms vs 1.45 ms), and the kernel beats the torch reference by 2.3-9.4x.
 
 # %%
-# (batch, context, python ms, reference ms, kernel ms): gather-bench on an H100 80GB HBM3, commit 9956c96
-H100 = [(1, 512, 0.60, 0.14, 0.06), (1, 2048, 2.14, 0.35, 0.09), (1, 8192, 4.75, 0.23, 0.06),
-        (8, 512, 2.07, 0.26, 0.05), (8, 2048, 6.98, 0.37, 0.08), (8, 8192, 26.65, 0.87, 0.20),
-        (32, 512, 7.93, 0.71, 0.08), (32, 2048, 27.58, 1.09, 0.20), (32, 8192, 114.50, 3.35, 0.76),
-        (64, 512, 14.67, 1.13, 0.12), (64, 2048, 54.88, 2.42, 0.39), (64, 8192, 382.26, 6.27, 1.45)]
+# (batch, context, python ms, reference ms, kernel ms), read from the H100 report's markdown table
+h100_report = Path("results/gpu-baseline/gather-bench_nvidia-h100-80gb-hbm3_dummy-qwen3-0.6b.md").read_text()
+h100_commit = re.search(r"commit ([0-9a-f]+)", h100_report.splitlines()[0]).group(1)
+header, *rows = [[c.strip() for c in line.strip("|").split("|")] for line in h100_report.splitlines()
+                 if line.startswith("|") and not line.startswith("|---")]
+H100 = [(int(r[header.index("batch")]), int(r[header.index("context")]),
+         *(float(r[header.index(col)]) for col in ("python ms", "ref ms", "kernel ms"))) for r in rows]
+print(f"{len(H100)} rows from the H100 report (commit {h100_commit}); the largest:", H100[-1])
 
 fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw={"width_ratios": [1, 2]})
 left.bar(list(timed), list(timed.values()), color=["tab:red", "tab:blue", "lightgrey"], hatch=["", "", "//"])
@@ -239,7 +245,7 @@ for i, (name, color) in enumerate([("python per-block", "tab:red"), ("torch refe
     right.bar(x + (i - 1) * 0.27, [row[2 + i] for row in H100], 0.27, label=name, color=color)
 right.set_yscale("log"); right.set_xticks(x, labels, rotation=45)
 right.set_xlabel("batch x context"); right.set_ylabel("ms (log)")
-right.set_title("H100 80GB, bf16 (copied from gather-bench at 9956c96)")
+right.set_title(f"H100 80GB, bf16 (gather-bench's report, commit {h100_commit})")
 right.legend()
 fig.tight_layout()
 plt.show()
@@ -292,9 +298,6 @@ print("same greedy tokens:", outputs["PagedScheduler"] == outputs["PadStackSched
 # weight matmuls, which N passes run N times. Phase 3.5 keeps the one pass and drops the padded copy.
 
 # %%
-import json
-from pathlib import Path
-
 res = json.loads(Path("results/stack-bench_cpu_smollm2-135m.json").read_text())
 rows, meta = res["data"]["rows"], res["meta"]
 print(f"stack_bench: {meta['model']} on {meta['device']}, {meta['dtype']}, {meta['date']}, commit {meta['commit']}")

@@ -30,6 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 PAIRING = "ipynb,py:percent"            # jupytext's name for the pair: the executed notebook + the text copy
 CELL_TIMEOUT_S = 600
+# tqdm.auto (imported by the model stack) and rich's live progress warn in a kernel without ipywidgets, naming
+# the site-packages path of whoever ran them; that says nothing about the lesson, so the notebooks leave it out.
+QUIET_WARNINGS = ("ignore:IProgress not found", 'ignore:install "ipywidgets" for Jupyter support')
 
 
 def text_copies(prefixes: list[str] | None = None) -> list[Path]:
@@ -54,6 +57,8 @@ def run(py_path: Path, timeout: int = CELL_TIMEOUT_S) -> nbformat.NotebookNode:
     pythonpath = os.environ.get("PYTHONPATH", "")
     if str(ROOT) not in pythonpath.split(os.pathsep):
         os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{pythonpath}" if pythonpath else str(ROOT)
+    warnings = [w for w in os.environ.get("PYTHONWARNINGS", "").split(",") if w]
+    os.environ["PYTHONWARNINGS"] = ",".join(warnings + [w for w in QUIET_WARNINGS if w not in warnings])
     # record_timing=False: no per-cell timestamps in the metadata, so re-running changes only outputs.
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                             resources={"metadata": {"path": str(ROOT)}})
@@ -85,6 +90,9 @@ def problems_with(py_path: Path) -> list[str]:
     images = sum("image/png" in o.get("data", {}) for c in code for o in c.outputs)
     if images < shows:
         found.append(f"{name}: {shows} plots drawn but {images} stored")
+    local = [str(ROOT), "site-packages"]      # where the run's machine keeps things: noise to every reader
+    if any(path in str(o) for c in code for o in c.outputs for path in local):
+        found.append(f"{name}: an output names a path of the machine that ran it (a library's warning?)")
     return found
 
 

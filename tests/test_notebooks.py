@@ -37,3 +37,19 @@ def test_check_catches_a_stripped_notebook(tmp_path, monkeypatch):
     monkeypatch.setattr(run_notebooks, "ROOT", tmp_path)
     problems = run_notebooks.problems_with(tmp_path / src.name)
     assert any("without outputs" in p for p in problems)
+
+
+def test_check_catches_a_warning_that_names_a_local_path(tmp_path, monkeypatch):
+    import nbformat
+    import shutil
+
+    src = run_notebooks.text_copies()[0]
+    shutil.copy(src, tmp_path / src.name)
+    nb = nbformat.read(src.with_suffix(".ipynb"), as_version=4)
+    first_code = next(c for c in nb.cells if c.cell_type == "code")
+    first_code.outputs.append(nbformat.v4.new_output(
+        "stream", name="stderr", text="/home/x/.venv/lib/python3.12/site-packages/tqdm/auto.py:21: TqdmWarning\n"))
+    nbformat.write(nb, tmp_path / src.with_suffix(".ipynb").name)
+    monkeypatch.setattr(run_notebooks, "ROOT", tmp_path)
+    problems = run_notebooks.problems_with(tmp_path / src.name)
+    assert any("names a path" in p for p in problems)
