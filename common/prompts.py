@@ -47,9 +47,9 @@ LONG_PROMPTS = [
 ]
 LATENCY_DEMO_MAX_RUNNING = 4
 LATENCY_DEMO_MAX_TOKENS = 128          # CPU: long answers run to this cap in ~40 s per batch on 2 cores
-# GPU: room for the blog's table. Its listing says 128, but its long answers ran to EOS after
-# ~1,300-1,600 steps and short ones after ~10, which is what makes continuous batching's 15-36x
-# for short prompts show; 2048 lets a real model's answers stop by themselves.
+# GPU: the blog's cap (its prose says 2048; its code listing shows 128). Its long answers stopped at
+# EOS after ~1,300-1,600 steps and short ones after ~10, which is what makes continuous batching's
+# 15-36x for short prompts show.
 LATENCY_DEMO_MAX_TOKENS_GPU = 2048
 # The blog's wall demo reserves this many slots per sequence (StaticCache's
 # worst-case reservation, "MAX_SEQ_LENGTH_DOOMSDAY_PREPARATION").

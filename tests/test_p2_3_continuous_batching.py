@@ -113,7 +113,7 @@ def test_notebook_runs():
 
 
 def test_latency_demo_runs_to_the_blogs_cap_on_a_gpu():
-    # The blog's long answers ran ~1,300-1,600 steps, so the GPU default leaves them room; the CPU default stays short.
+    # The blog's long answers ran ~1,300-1,600 steps under a 2048-token cap; the CPU default stays short.
     from common.demos import get
     from common.prompts import LATENCY_DEMO_MAX_TOKENS
     demo = get("latency_demo")

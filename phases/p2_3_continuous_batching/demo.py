@@ -78,7 +78,7 @@ def plot_latency(report, png_path) -> None:
       help="per sequence: finish time under static vs continuous batching (short + long prompts; fp32 unless --dtype)",
       options=[Option("max_running", int, cpu=LATENCY_DEMO_MAX_RUNNING, help="sequences running at once"),
                Option("max_new_tokens", int, cpu=LATENCY_DEMO_MAX_TOKENS, gpu=LATENCY_DEMO_MAX_TOKENS_GPU,
-                      help="cap on new tokens per prompt (GPU default: 2048, room for the blog's long answers)")],
+                      help="cap on new tokens per prompt (GPU: the blog's 2048)")],
       plot=plot_latency)
 def latency_demo(cfg: RunConfig):
     if cfg.dtype is None:
