@@ -7,7 +7,6 @@ sequences finish and join mid-stream cross bucket boundaries in both directions.
 replayed as CUDA graphs is checked in the gpu tier (tests/gpu/test_engine_p3_7_gpu.py).
 """
 
-import bisect
 import traceback
 
 import pytest
@@ -18,6 +17,7 @@ from common.sampling import SamplingParams, filter_logits
 from phases.p2_2_scheduler.sequence import Status
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
 from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
+from phases.p3_7_cuda_graphs.attention import StaticDecodeBatch
 from phases.p3_7_cuda_graphs.buffers import EMPTY_SLOT
 from phases.p3_7_cuda_graphs.engine import StaleGraphs, StaticDecodeEngine, decode_buckets
 from phases.p3_7_cuda_graphs.sampler import filter_rows, sample_rows, sampling_rows, uniform_noise
@@ -250,20 +250,20 @@ def test_forked_samples_and_beams_are_the_same_padded_or_not(tiny):
 
 
 def buckets_seen(engine) -> list[int]:
-    """Spy on an engine's static steps: the list fills with the bucket each step ran at."""
+    """Spy on an engine's static decode passes: the list fills with the rows each pass ran (its bucket)."""
     seen = []
-    static_pass = engine._static_pass
+    forward = engine._forward
 
-    def recording(seqs):
-        rows, logits = static_pass(seqs)
-        seen.append(engine.buckets[bisect.bisect_left(engine.buckets, len(rows))])
-        return rows, logits
+    def recording(input_ids, position_ids, batch, *args, **kwargs):
+        if isinstance(batch, StaticDecodeBatch):
+            seen.append(batch.block_tables.shape[0])
+        return forward(input_ids, position_ids, batch, *args, **kwargs)
 
-    engine._static_pass = recording
+    engine._forward = recording
     return seen
 
 
-SHARED_PREFIX = list(range(200, 213))     # 3 full blocks of 4 and one token: later requests hit the first 3
+SHARED_PREFIX = list(range(200, 200 + 3 * BLOCK_SIZE + 1))   # 3 full blocks and a token: later requests hit 3
 
 
 @pytest.mark.parametrize("buckets", [[1, 2, 4, 8], [1, 3, 8]])
@@ -282,7 +282,8 @@ def test_prefix_cache_hits_map_into_padded_rows_and_equal_hf(tiny, buckets):
         engine.step()
         engine.step()
     engine.run()
-    assert engine.cache_stats.blocks_hit > 0 and len(set(seen)) >= 2 and engine.n_padded_rows > 0
+    assert engine.cache_stats.blocks_hit > 0 and engine.n_padded_rows > 0
+    assert len(set(seen)) >= 2 and set(seen) <= set(buckets)
     for p, n, s in zip(prompts, new_tokens, seqs):
         assert s.output_ids == hf_greedy(tiny, p, n, ignore_eos=True)
     assert engine.allocator.n_free == engine.allocator.n_blocks
@@ -310,7 +311,7 @@ def test_preemption_and_forks_across_buckets_change_no_token(tiny, mode, engine_
         assert engine.stats.n_preemptions >= 1
         assert engine.allocator.n_free == engine.allocator.n_blocks
         runs.append([g.outputs for g in groups])
-    assert len(set(seen)) >= 2 and engine.n_padded_rows > 0
+    assert len(set(seen)) >= 2 and set(seen) <= set(engine.buckets) and engine.n_padded_rows > 0
     assert runs[0] == runs[1]
     for p, outputs in zip(prompts[2:], runs[1][2:]):
         assert outputs[0] == hf_greedy(tiny, p, 10, ignore_eos=True)
@@ -318,6 +319,8 @@ def test_preemption_and_forks_across_buckets_change_no_token(tiny, mode, engine_
 
 HOST_READS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy")
 CPU_ONLY_CHECKS = "kernel_checks.py"    # the kernels' slot range checks read values only when the pool is on a CPU
+CALLER_FRAMES = 8          # how far up from a read to look for those checks (they read one or two frames up)
+STEPS_WATCHED = 6
 
 
 def host_read(name: str, reads: list[str]):
@@ -325,7 +328,7 @@ def host_read(name: str, reads: list[str]):
     original = getattr(torch.Tensor, name)
 
     def counted(self, *args, **kwargs):
-        if not any(frame.filename.endswith(CPU_ONLY_CHECKS) for frame in traceback.extract_stack(limit=8)):
+        if not any(frame.filename.endswith(CPU_ONLY_CHECKS) for frame in traceback.extract_stack(limit=CALLER_FRAMES)):
             reads.append(name)
         return original(self, *args, **kwargs)
     return counted
@@ -350,11 +353,11 @@ def test_a_static_step_reads_the_device_once(tiny, engine_name, sampling, monkey
     for name in HOST_READS:
         monkeypatch.setattr(torch.Tensor, name, host_read(name, reads))
     steps_before = engine.n_static_steps
-    for _ in range(6):
+    for _ in range(STEPS_WATCHED):
         engine.step()
     steps = engine.n_static_steps - steps_before
     monkeypatch.undo()
-    assert steps == 6 and reads == ["tolist"] * steps
+    assert steps == STEPS_WATCHED and reads == ["tolist"] * steps
 
 
 # --- the demos ----------------------------------------------------------------------------------------
