@@ -54,22 +54,46 @@ def run(py_path: Path, timeout: int = CELL_TIMEOUT_S) -> nbformat.NotebookNode:
     nb = jupytext.read(py_path)
     nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
     nb.metadata.setdefault("jupytext", {})["formats"] = PAIRING
-    pythonpath = os.environ.get("PYTHONPATH", "")
-    if str(ROOT) not in pythonpath.split(os.pathsep):
-        os.environ["PYTHONPATH"] = f"{ROOT}{os.pathsep}{pythonpath}" if pythonpath else str(ROOT)
-    warnings = [w for w in os.environ.get("PYTHONWARNINGS", "").split(",") if w]
-    os.environ["PYTHONWARNINGS"] = ",".join(warnings + [w for w in QUIET_WARNINGS if w not in warnings])
-    # record_timing=False: no per-cell timestamps in the metadata, so re-running changes only outputs.
+    # record_timing=False: no per-cell timestamps in the metadata (execute() keeps the cells' ids), so
+    # re-running changes only outputs.
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                             resources={"metadata": {"path": str(ROOT)}})
-    client.execute()
+    client.execute(env=kernel_environment())
     return nb
+
+
+def kernel_environment() -> dict[str, str]:
+    """This process's environment for the kernel, plus the repo on PYTHONPATH and the quiet warnings; the
+    calling process (a test session, say) keeps its own."""
+    env = dict(os.environ)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths if str(ROOT) in paths else [str(ROOT), *paths])
+    warnings = [w for w in env.get("PYTHONWARNINGS", "").split(",") if w]
+    env["PYTHONWARNINGS"] = ",".join(warnings + [w for w in QUIET_WARNINGS if w not in warnings])
+    return env
+
+
+def keep_cell_ids(nb: nbformat.NotebookNode, previous: Path) -> None:
+    """Give every cell whose (type, source) the previous .ipynb also has that cell's id: jupytext makes new
+    ids on each read, and an unchanged cell should not show up in the diff for its id alone."""
+    if not previous.exists():
+        return
+    old_ids: dict[tuple[str, str], list[str]] = {}
+    for cell in nbformat.read(previous, as_version=4).cells:
+        if "id" in cell:
+            old_ids.setdefault((cell.cell_type, cell.source.strip()), []).append(cell.id)
+    for cell in nb.cells:
+        ids = old_ids.get((cell.cell_type, cell.source.strip()))
+        if ids:
+            cell.id = ids.pop(0)
 
 
 def execute(py_path: Path) -> Path:
     """Run one notebook from its .py copy; write the executed .ipynb beside it."""
     out = py_path.with_suffix(".ipynb")
-    nbformat.write(run(py_path), out)
+    nb = run(py_path)
+    keep_cell_ids(nb, out)
+    nbformat.write(nb, out)
     return out
 
 

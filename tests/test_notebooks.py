@@ -53,3 +53,25 @@ def test_check_catches_a_warning_that_names_a_local_path(tmp_path, monkeypatch):
     monkeypatch.setattr(run_notebooks, "ROOT", tmp_path)
     problems = run_notebooks.problems_with(tmp_path / src.name)
     assert any("names a path" in p for p in problems)
+
+
+def test_rerunning_keeps_the_ids_of_unchanged_cells(tmp_path):
+    import nbformat
+
+    previous = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_markdown_cell("# a")])
+    nbformat.write(previous, tmp_path / "nb.ipynb")
+    fresh = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# a"), nbformat.v4.new_code_cell("x = 2")])
+    fresh_code_id = fresh.cells[1].id
+    run_notebooks.keep_cell_ids(fresh, tmp_path / "nb.ipynb")
+    assert fresh.cells[0].id == previous.cells[1].id          # unchanged (moved) cell: its old id
+    assert fresh.cells[1].id == fresh_code_id                 # edited cell: a new id
+
+
+def test_the_kernels_environment_leaves_the_callers_alone(monkeypatch):
+    monkeypatch.setenv("PYTHONWARNINGS", "default")
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    env = run_notebooks.kernel_environment()
+    assert env["PYTHONWARNINGS"].split(",") == ["default", *run_notebooks.QUIET_WARNINGS]
+    assert env["PYTHONPATH"] == str(run_notebooks.ROOT)
+    import os
+    assert os.environ["PYTHONWARNINGS"] == "default" and "PYTHONPATH" not in os.environ
