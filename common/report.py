@@ -147,6 +147,31 @@ def to_markdown(report: Report) -> str:
     return "\n".join(lines)
 
 
+# to_markdown's first line, read back: the dtype is left out by a demo that runs no model.
+MARKDOWN_HEADER = re.compile(r"^_(?P<demo>\w+): (?P<model>\S+) on (?P<device>[^,]+), (?:(?P<dtype>[^,]+), )?"
+                             r"torch .*commit (?P<commit>[\w+]+)_$")
+
+
+def read_markdown(path: Path | str) -> tuple[dict, dict[str, list[list[str]]]]:
+    """A saved report's markdown read back (for a report kept only as markdown, such as the GPU baseline's):
+    its header's fields (demo, model, device, dtype or None, commit) and its tables as cell text,
+    {title: [header row, body rows...]}."""
+    path = Path(path)
+    lines = path.read_text().splitlines()
+    header = MARKDOWN_HEADER.match(lines[0].strip()) if lines else None
+    if not header:
+        raise ValueError(f"{path}: no report header on its first line")
+    tables: dict[str, list[list[str]]] = {}
+    title = None
+    for line in lines[1:]:
+        if line.startswith("**") and line.rstrip().endswith("**"):
+            title = line.strip().strip("*")
+            tables[title] = []
+        elif line.startswith("|") and title is not None and not set(line) <= set("|-: "):
+            tables[title].append([c.strip() for c in line.strip().strip("|").split("|")])
+    return header.groupdict(), tables
+
+
 def save_report(report: Report, results_dir: Path | str = RESULTS_DIR) -> Path:
     """Write `<stem>.json` and `<stem>.md` under results/; return the JSON path."""
     results_dir = Path(results_dir)

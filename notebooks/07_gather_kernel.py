@@ -34,7 +34,6 @@
 import os
 os.environ["TRITON_INTERPRET"] = "1"   # before any kernel module is imported: Triton runs each program in Python
 import json
-import re
 import statistics
 import time
 from pathlib import Path
@@ -43,6 +42,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from common.report import read_markdown
 from phases.p3_3_paged_cache.gather import gather_python
 from phases.p3_4_gather_kernel.batch import random_paged_batch
 from phases.p3_4_gather_kernel.kernel import gather_triton
@@ -226,10 +226,9 @@ print("kernel == reference here too:", torch.equal(k_big, k_ref_big) and torch.e
 
 # %%
 # (batch, context, python ms, reference ms, kernel ms), read from the H100 report's markdown table
-h100_report = Path("results/gpu-baseline/gather-bench_nvidia-h100-80gb-hbm3_dummy-qwen3-0.6b.md").read_text()
-h100_commit = re.search(r"commit ([0-9a-f]+)", h100_report.splitlines()[0]).group(1)
-header, *rows = [[c.strip() for c in line.strip("|").split("|")] for line in h100_report.splitlines()
-                 if line.startswith("|") and not line.startswith("|---")]
+h100_meta, h100_tables = read_markdown("results/gpu-baseline/gather-bench_nvidia-h100-80gb-hbm3_dummy-qwen3-0.6b.md")
+h100_commit = h100_meta["commit"]
+header, *rows = next(iter(h100_tables.values()))            # the report's one table
 H100 = [(int(r[header.index("batch")]), int(r[header.index("context")]),
          *(float(r[header.index(col)]) for col in ("python ms", "ref ms", "kernel ms"))) for r in rows]
 print(f"{len(H100)} rows from the H100 report (commit {h100_commit}); the largest:", H100[-1])

@@ -15,13 +15,16 @@ phase (it stops at a sketch of the gather kernel), the blog column says what it 
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))        # run as a script: common/ is the repo's, beside scripts/
+from common.report import read_markdown  # noqa: E402
+
 RESULTS = ROOT / "results"
 NOT_RUN = "not run yet"
-HEADER = re.compile(r"^_(?P<demo>[\w]+): (?P<model>\S+) on (?P<device>[^,]+), (?P<dtype>[^,]+),.*commit (?P<commit>[\w+]+)_$")
 
 
 @dataclass(frozen=True)
@@ -57,20 +60,7 @@ class Comparison:
 
 def read_tables(report: str) -> tuple[dict, dict[str, list[list[str]]]]:
     """A report's header fields and its tables ({title: [header row, body rows...]})."""
-    path = RESULTS / f"{report}.md"
-    lines = path.read_text().splitlines()
-    m = HEADER.match(lines[0].strip())
-    if not m:
-        raise ValueError(f"results/{report}.md: no report header on its first line")
-    tables: dict[str, list[list[str]]] = {}
-    title = None
-    for line in lines[1:]:
-        if line.startswith("**") and line.rstrip().endswith("**"):
-            title = line.strip().strip("*")
-            tables[title] = []
-        elif line.startswith("|") and title is not None and not set(line) <= set("|-: "):
-            tables[title].append([c.strip() for c in line.strip().strip("|").split("|")])
-    return m.groupdict(), tables
+    return read_markdown(RESULTS / f"{report}.md")
 
 
 def lookup(cell: Cell | Note) -> tuple[str, dict]:

@@ -21,7 +21,7 @@ import common.model as model_mod
 from common.bench import MB, PeakMemory, SeqTiming, kv_bytes_per_token, ms_per_step, percentile, rss_bytes, summarize
 from common.model import KNOWN_NAMES, PACKAGE_INSTALL, ModelNotAvailable, load_model, pick_device, pick_dtype
 from common.prompts import DEFAULT_SYSTEM_PROMPT, format_prompt
-from common.report import REPO_ROOT, Report, save_report, to_markdown
+from common.report import REPO_ROOT, Report, read_markdown, save_report, to_markdown
 from common.sampling import GREEDY, SamplingParams, filter_logits, make_generator, sample
 from common.tokenizer import BYTE_TOKENIZER_NAME, IM_END, IM_START, byte_tokenizer
 
@@ -326,6 +326,20 @@ def test_markdown_header_leaves_out_a_dtype_a_demo_does_not_have():
     report = make_report()
     report.meta["dtype"] = None           # e.g. vm_analogy, which runs no model
     assert to_markdown(report).startswith("_decode_sweep: tiny on cpu, torch ")
+
+
+@pytest.mark.parametrize("dtype", ["float32", None])
+def test_markdown_reads_back(tmp_path, dtype):
+    report = make_report()
+    report.meta.update(dtype=dtype, device_name="NVIDIA H100 80GB HBM3", torch="2.13.0", commit="abc1234+dirty")
+    (tmp_path / "r.md").write_text(to_markdown(report))
+    header, tables = read_markdown(tmp_path / "r.md")
+    assert (header["demo"], header["model"], header["device"], header["dtype"], header["commit"]) == \
+        ("decode_sweep", "tiny", "NVIDIA H100 80GB HBM3", dtype, "abc1234+dirty")
+    assert tables == {"speed": [["new_tokens", "ms/tok", "ok"], ["16", "1.50", "pass"], ["32", "-", "FAIL"]]}
+    (tmp_path / "bare.md").write_text("| a |\n|---|\n| 1 |\n")
+    with pytest.raises(ValueError, match="no report header"):
+        read_markdown(tmp_path / "bare.md")
 
 
 def test_save_report_writes_json_and_markdown(tmp_path):
