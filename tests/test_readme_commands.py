@@ -218,15 +218,22 @@ def test_the_check_catches_a_broken_command(command, words):
     assert words in (check(command) or "")
 
 
-BARE_INTERPRETER = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S*\s+)*(python3?|pytest)\s")
+BARE_INTERPRETERS = ("python", "python3", "pytest")
 
 
 def bare_interpreter_lines(text: str) -> list[str]:
     """Lines of a fenced block that start with `python` or `pytest` off the PATH: on a fresh clone, after
     `make install`, only .venv/bin/python has torch, so a block to copy and paste must name it. (Inline spans
     such as `python -m common <demo>` name a command in prose and are left alone.)"""
-    return [line.strip() for block in FENCE.findall(text) for line in block.splitlines()[1:-1]
-            if BARE_INTERPRETER.match(line.strip())]
+    found = []
+    for block in FENCE.findall(text):
+        for line in block.splitlines()[1:-1]:
+            words = line.split()
+            while words and ENV_ASSIGNMENT.match(words[0]):
+                words.pop(0)
+            if words and words[0] in BARE_INTERPRETERS:
+                found.append(line.strip())
+    return found
 
 
 def test_command_blocks_run_the_venvs_python():
