@@ -82,20 +82,23 @@ def run_remote(demo: str, model: str = DEFAULT_REMOTE_MODEL, options: dict | Non
     return report.to_dict()
 
 
-def show_and_save(demo: str, report_dict: dict, results_dir: Path | str | None = None) -> None:
-    """Print a report that came back from a container, and save it here (with the demo's plot)."""
-    from common.__main__ import save_outputs
-    from common.report import RESULTS_DIR, Report, git_commit, print_report, save_report
+def show_and_save(demo: str, report_dict: dict, results_dir: Path | str | None = None,
+                  reference: bool = False) -> None:
+    """Print a report that came back from a container, and save it here (with the demo's plot): under
+    runs/ (git-ignored), or results/ with `reference`, as `python -m common` does."""
+    from common.__main__ import output_dir, save_outputs, where_saved
+    from common.report import Report, git_commit, print_report, save_report
 
     report = Report.from_dict(report_dict)
     if report.meta.get("commit", "unknown") == "unknown":
         # A container holds the code, not the git checkout: the commit is the one that launched the run.
         report.meta["commit"] = git_commit()
     print_report(report)
-    results_dir = results_dir or RESULTS_DIR
-    paths = save_outputs(demo, report, results_dir) if demo in registry.names() else [save_report(report, results_dir)]
+    folder = output_dir(results_dir, reference)
+    paths = save_outputs(demo, report, folder) if demo in registry.names() else [save_report(report, folder)]
     for path in paths:
         print(f"saved {path}")
+    print(where_saved(folder))
 
 
 @app.function(gpu=GPU, volumes={HF_CACHE_PATH: hf_cache}, timeout=REMOTE_TIMEOUT_S)
@@ -114,28 +117,29 @@ def gpu_tier_remote(model: str = GPU_RESULTS_MODEL) -> dict:
 def gpu_check():
     """`modal run modal_run.py::gpu_check`: the gpu test tier on a Modal GPU; its summary saved under results/."""
     report = gpu_tier_remote.remote()
-    show_and_save("gpu_check", report)
+    show_and_save("gpu_check", report, reference=True)
     tier = report["data"]["tier"]
     if tier["failed"] or tier["errors"]:
         raise SystemExit(f"gpu tier: {tier['failed']} failed, {tier['errors']} errors")
 
 
 @app.local_entrypoint(name="all_demos")
-def all_demos(model: str = GPU_RESULTS_MODEL, demos: str = "", quick: bool = False):
+def all_demos(model: str = GPU_RESULTS_MODEL, demos: str = "", quick: bool = False, reference: bool = False):
     """`modal run modal_run.py::all_demos`: every demo at once, one GPU container each, every report saved here.
 
-    demos: space-separated names (default: all). A demo that fails is reported and the rest are still saved."""
+    demos: space-separated names (default: all). A demo that fails is reported and the rest are still saved.
+    reference: save under results/ (the reference runs the READMEs quote) instead of runs/."""
     names = demos.split() or registry.names()
     unknown = set(names) - set(registry.names())
     if unknown:
         raise SystemExit(f"unknown demo(s) {sorted(unknown)}; demos: {' '.join(registry.names())}")
     outputs = run_remote.map(names, kwargs=dict(model=model, device="cuda", quick=quick), return_exceptions=True)
-    failed = save_each(names, outputs)
+    failed = save_each(names, outputs, reference=reference)
     print(f"[all_demos] {len(names) - len(failed)}/{len(names)} demos saved from {GPU} containers with {model}"
           + (f"; failed: {', '.join(failed)}" if failed else ""))
 
 
-def save_each(names: list[str], outputs, results_dir: Path | str | None = None) -> list[str]:
+def save_each(names: list[str], outputs, results_dir: Path | str | None = None, reference: bool = False) -> list[str]:
     """Show and save each demo's report; an output that is an exception is reported. Returns the failed names."""
     failed = []
     for name, out in zip(names, outputs):   # .map gives outputs in the order of its inputs
@@ -143,16 +147,16 @@ def save_each(names: list[str], outputs, results_dir: Path | str | None = None) 
             failed.append(name)
             print(f"[all_demos] {name} failed: {type(out).__name__}: {out}")
         else:
-            show_and_save(name, out, results_dir)
+            show_and_save(name, out, results_dir, reference)
     return failed
 
 
 def _make_entrypoint(demo_name: str):
-    def entrypoint(model: str = DEFAULT_REMOTE_MODEL, opts: str = "", dtype: str = ""):
-        """opts: JSON of demo options, e.g. '{"batch_sizes": [1, 2, 4]}'."""
+    def entrypoint(model: str = DEFAULT_REMOTE_MODEL, opts: str = "", dtype: str = "", reference: bool = False):
+        """opts: JSON of demo options, e.g. '{"batch_sizes": [1, 2, 4]}'; reference: save under results/."""
         options = json.loads(opts) if opts else {}
         report = run_remote.remote(demo_name, model=model, options=options, dtype=dtype or None)
-        show_and_save(demo_name, report)
+        show_and_save(demo_name, report, reference=reference)
     entrypoint.__name__ = entrypoint.__qualname__ = demo_name
     return entrypoint
 
@@ -236,7 +240,8 @@ def vllm_workload_remote(n_requests: int, prompt_len: tuple[int, int], output_le
 
 @app.local_entrypoint(name="vllm_peer")
 def vllm_peer(n_requests: int = 256, prompt_min: int = 16, prompt_max: int = 128, output_len: int = 64,
-              mixed_min: int = 16, mixed_max: int = 256):
-    """`modal run modal_run.py::vllm_peer`: vLLM on workload_bench's GPU-default requests; saved under results/."""
+              mixed_min: int = 16, mixed_max: int = 256, reference: bool = False):
+    """`modal run modal_run.py::vllm_peer`: vLLM on workload_bench's GPU-default requests; saved under runs/
+    (results/ with --reference)."""
     report = vllm_workload_remote.remote(n_requests, (prompt_min, prompt_max), output_len, (mixed_min, mixed_max))
-    show_and_save("vllm_peer", report)
+    show_and_save("vllm_peer", report, reference=reference)

@@ -1,7 +1,9 @@
 """`python -m common <demo> [--model M --device D --dtype T --<option> ...]`
 
 Runs any registered demo locally, prints its tables, saves JSON + markdown
-(and a PNG when the demo has a plot) under results/. `--list` lists demos.
+(and a PNG when the demo has a plot) under runs/, which git ignores; with
+`--reference` under results/, the reference runs the READMEs quote.
+`--list` lists demos.
 `python -m common serve [--model M --port 8000 ...]` starts the OpenAI-compatible
 server of phase 5 instead (see phases/p5_serving).
 
@@ -20,7 +22,7 @@ from pathlib import Path
 from common import demos as registry
 from common.bench import cpu_threads
 from common.model import ModelNotAvailable, pick_device, pick_dtype
-from common.report import RESULTS_DIR, print_report, save_report
+from common.report import REPO_ROOT, RESULTS_DIR, RUNS_DIR, print_report, save_report
 
 USAGE_ERROR = 2   # exit status for bad input, as argparse uses
 SERVE = "serve"
@@ -35,8 +37,11 @@ def build_parser(demo: registry.Demo) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"python -m common {demo.name}", description=f"[{demo.phase}] {demo.help}")
     p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), tiny, dummy:<arch>, or a HF id/path")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    p.add_argument("--dtype", default=None, help="bf16 (default), fp16 or fp32")
-    p.add_argument("--results-dir", default=str(RESULTS_DIR), help="where JSON/markdown/PNG go")
+    p.add_argument("--dtype", default=None,
+                   help="bf16, fp16 or fp32 (default: bf16 on a GPU or a CPU with native bf16, else fp32)")
+    p.add_argument("--reference", action="store_true",
+                   help="save under results/, the reference runs the READMEs quote (default: runs/, git-ignored)")
+    p.add_argument("--results-dir", default=None, help="save JSON/markdown/PNG in this folder instead")
     p.add_argument("--no-save", action="store_true", help="print only, save nothing")
     p.add_argument("--quick", action="store_true", help="the smallest settings that still run every code path")
     if "threads" not in {o.name for o in demo.options}:
@@ -67,7 +72,22 @@ def run_demo(name: str, model: str = "smollm2-135m", device: str | None = None, 
         return demo.run(cfg)
 
 
-def save_outputs(name: str, report, results_dir: Path | str = RESULTS_DIR) -> list[Path]:
+def output_dir(results_dir: str | None = None, reference: bool = False) -> Path:
+    """Where a run's reports go: the folder named, else results/ for a reference run, else runs/."""
+    return Path(results_dir) if results_dir else RESULTS_DIR if reference else RUNS_DIR
+
+
+def where_saved(folder: Path) -> str:
+    """The last line a demo prints: the folder its reports went to, and what that folder is."""
+    shown = folder.relative_to(REPO_ROOT) if folder.is_relative_to(REPO_ROOT) else folder
+    if folder.resolve() == RUNS_DIR.resolve():
+        return f"reports saved in {shown}/ (your own runs, ignored by git; results/ holds the reference runs)"
+    if folder.resolve() == RESULTS_DIR.resolve():
+        return f"reports saved in {shown}/ (the reference runs the READMEs quote)"
+    return f"reports saved in {shown}/"
+
+
+def save_outputs(name: str, report, results_dir: Path | str = RUNS_DIR) -> list[Path]:
     """JSON + markdown, and the demo's plot if it has one. Without the packages the plot needs (matplotlib,
     or the demo's own module, for a report made on another machine), one line says so and the rest is saved."""
     paths = [save_report(report, results_dir)]
@@ -140,8 +160,10 @@ def run_command(argv: list[str]) -> int:
                       threads=getattr(args, "threads", 0) or 0)
     print_report(report)
     if not args.no_save:
-        for path in save_outputs(name, report, args.results_dir):
+        folder = output_dir(args.results_dir, args.reference)
+        for path in save_outputs(name, report, folder):
             print(f"saved {path}")
+        print(where_saved(folder))
     return 0
 
 

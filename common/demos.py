@@ -127,6 +127,9 @@ class RunConfig:
         lm = self._lm
         meta = environment_meta(device=lm.device if lm else self.device, model=self.model,
                                 dtype=str(lm.dtype).removeprefix("torch.") if lm else self.dtype)
+        if lm is not None:
+            from common.model import dtype_and_reason
+            meta["dtype_reason"] = dtype_and_reason(self.dtype, lm.device)[1]
         meta["options"] = {k: v for k, v in self.options.items()}
         return Report(demo_name, meta=meta)
 

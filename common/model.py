@@ -31,6 +31,7 @@ decode to nothing.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 from dataclasses import dataclass, field
@@ -148,19 +149,56 @@ def pick_device(device: str | None = None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+# CPU features that compute bf16 in hardware, as torch.cpu.get_capabilities() names them: Intel's AMX
+# tiles and AVX512-BF16 (Sapphire Rapids, Zen 4 and later), Arm's BF16 extension. Without one of
+# them a bf16 matmul is emulated, element by element, and runs many times slower than fp32.
+NATIVE_BF16_FEATURES = ("amx_bf16", "avx512_bf16", "bf16")
+DTYPE_NAMES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+               "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+
+
+@functools.cache
+def cpu_capabilities() -> dict[str, Any]:
+    """What torch knows of this CPU's instruction sets ({} where this torch cannot say)."""
+    get = getattr(torch.cpu, "get_capabilities", None)
+    try:
+        return dict(get()) if get else {}
+    except RuntimeError:
+        return {}
+
+
+def native_bf16_feature(capabilities: dict[str, Any] | None = None) -> str | None:
+    """The first of NATIVE_BF16_FEATURES this CPU has, or None."""
+    caps = cpu_capabilities() if capabilities is None else capabilities
+    return next((f for f in NATIVE_BF16_FEATURES if caps.get(f)), None)
+
+
+def default_dtype(device: str, capabilities: dict[str, Any] | None = None) -> tuple[torch.dtype, str]:
+    """(dtype, why) when none is asked for: bf16 where the hardware computes it (a GPU, a CPU with
+    NATIVE_BF16_FEATURES), since it halves the bytes every step reads; fp32 on any other CPU, where
+    bf16 would be emulated. Tests that compare token for token pass float32 themselves."""
+    if not device.startswith("cpu"):
+        return torch.bfloat16, "default on a GPU"
+    feature = native_bf16_feature(capabilities)
+    if feature:
+        return torch.bfloat16, f"default on a CPU with native bf16 ({feature})"
+    return torch.float32, "default on a CPU without native bf16 (no AMX or AVX512-BF16)"
+
+
 def pick_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
-    """bf16 by default: on a GPU it is the native inference type, and on this
-    project's CPUs SmolLM2 decodes ~1.8x faster in bf16 than in fp32. Tests
-    that compare token-for-token pass float32."""
+    """The dtype asked for (a name or a torch.dtype), else `default_dtype` for this device."""
+    return dtype_and_reason(dtype, device)[0]
+
+
+def dtype_and_reason(dtype: str | torch.dtype | None, device: str) -> tuple[torch.dtype, str]:
+    """`pick_dtype`, with the reason a report records beside the dtype."""
     if isinstance(dtype, torch.dtype):
-        return dtype
+        return dtype, "asked for"
     if dtype is None:
-        return torch.bfloat16
-    names = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-             "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
-    if dtype not in names:
-        raise ValueError(f"unknown dtype '{dtype}'; use one of {sorted(names)}")
-    return names[dtype]
+        return default_dtype(device)
+    if dtype not in DTYPE_NAMES:
+        raise ValueError(f"unknown dtype '{dtype}'; use one of {sorted(DTYPE_NAMES)}")
+    return DTYPE_NAMES[dtype], "asked for with --dtype"
 
 
 def packaged_model_dir() -> Path:

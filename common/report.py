@@ -18,7 +18,11 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# Two folders, so a reader's runs never touch what git tracks: runs/ (git-ignored) takes every
+# report by default; results/ holds the reference runs the READMEs quote, and changes only on
+# purpose (`--reference`, scripts/measure_all.sh).
 RESULTS_DIR = REPO_ROOT / "results"
+RUNS_DIR = REPO_ROOT / "runs"
 
 
 @dataclass
@@ -120,8 +124,9 @@ def print_report(report: Report, console=None) -> None:
 
     console = console or Console()
     m = report.meta
+    why = f" ({m['dtype_reason']})" if m.get("dtype_reason") else ""
     console.print(f"[bold]{report.demo}[/bold]  model={m.get('model')}  device={m.get('device_name', m.get('device'))}"
-                  f"  dtype={m.get('dtype')}  commit={m.get('commit')}")
+                  f"  dtype={m.get('dtype')}{why}  commit={m.get('commit')}")
     for t in report.tables:
         rt = RichTable(title=t.title, title_justify="left")
         for i, c in enumerate(t.columns):
@@ -139,6 +144,8 @@ def to_markdown(report: Report) -> str:
     dtype = f"{m['dtype']}, " if m.get("dtype") else ""     # a demo that runs no model has none
     lines = [f"_{report.demo}: {m.get('model')} on {m.get('device_name', m.get('device'))}, {dtype}"
              f"torch {m.get('torch')}, transformers {m.get('transformers')}, {m.get('date')}, commit {m.get('commit')}_", ""]
+    if m.get("dtype_reason"):
+        lines += [f"_dtype {m['dtype']}: {m['dtype_reason']}_", ""]
     for t in report.tables:
         lines += [f"**{t.title}**", "", "| " + " | ".join(t.columns) + " |",
                   "|" + "|".join("---:" for _ in t.columns) + "|"]
@@ -172,8 +179,8 @@ def read_markdown(path: Path | str) -> tuple[dict, dict[str, list[list[str]]]]:
     return header.groupdict(), tables
 
 
-def save_report(report: Report, results_dir: Path | str = RESULTS_DIR) -> Path:
-    """Write `<stem>.json` and `<stem>.md` under results/; return the JSON path."""
+def save_report(report: Report, results_dir: Path | str = RUNS_DIR) -> Path:
+    """Write `<stem>.json` and `<stem>.md` under `results_dir` (runs/ by default); return the JSON path."""
     results_dir = Path(results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / f"{report.stem()}.json"

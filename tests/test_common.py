@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import common.model as model_mod
+from common.demos import RunConfig
 from common.bench import MB, PeakMemory, SeqTiming, kv_bytes_per_token, ms_per_step, percentile, rss_bytes, summarize
 from common.model import KNOWN_NAMES, PACKAGE_INSTALL, ModelNotAvailable, load_model, pick_device, pick_dtype
 from common.prompts import DEFAULT_SYSTEM_PROMPT, format_prompt
@@ -138,10 +139,45 @@ def test_cuda_without_a_gpu_is_a_clear_error():
 
 
 def test_dtype_names():
-    assert pick_dtype(None, "cpu") is torch.bfloat16
     assert pick_dtype("fp32", "cpu") is torch.float32
+    assert pick_dtype("bf16", "cpu") is torch.bfloat16
     with pytest.raises(ValueError, match="unknown dtype 'int3'"):
         pick_dtype("int3", "cpu")
+
+
+# torch.cpu.get_capabilities() as an AVX2-only CPU (no bf16 hardware) and a Sapphire Rapids one report them.
+AVX2_CPU = {"avx2": True, "avx512_f": False, "avx512_bf16": False, "amx_bf16": False}
+AMX_CPU = {"avx2": True, "avx512_f": True, "avx512_bf16": True, "amx_bf16": True}
+
+
+@pytest.mark.parametrize("caps, want, feature", [(AVX2_CPU, torch.float32, None),
+                                                  (AMX_CPU, torch.bfloat16, "amx_bf16"),
+                                                  ({"avx512_bf16": True}, torch.bfloat16, "avx512_bf16"),
+                                                  ({}, torch.float32, None)])
+def test_the_default_dtype_is_bf16_only_where_the_cpu_computes_it(caps, want, feature):
+    dtype, why = model_mod.default_dtype("cpu", caps)
+    assert dtype is want
+    assert (feature in why) if feature else ("without native bf16" in why)
+
+
+def test_the_default_dtype_on_a_gpu_is_bf16_whatever_the_cpu():
+    assert model_mod.default_dtype("cuda", AVX2_CPU)[0] is torch.bfloat16
+
+
+def test_pick_dtype_follows_this_machines_cpu_and_a_report_says_why(monkeypatch):
+    monkeypatch.setattr(model_mod, "cpu_capabilities", lambda: AVX2_CPU)
+    assert pick_dtype(None, "cpu") is torch.float32
+    assert pick_dtype("bf16", "cpu") is torch.bfloat16            # --dtype still overrides
+    monkeypatch.setattr(model_mod, "cpu_capabilities", lambda: AMX_CPU)
+    assert pick_dtype(None, "cpu") is torch.bfloat16
+    cfg = RunConfig(model="tiny", device="cpu")
+    cfg.load()
+    report = cfg.new_report("x")
+    assert report.meta["dtype"] == "bfloat16" and "amx_bf16" in report.meta["dtype_reason"]
+    assert "_dtype bfloat16: default on a CPU with native bf16 (amx_bf16)_" in to_markdown(report)
+    cfg = RunConfig(model="tiny", device="cpu", dtype="fp32")
+    cfg.load()
+    assert cfg.new_report("x").meta["dtype_reason"] == "asked for with --dtype"
 
 
 def test_tiny_model_shape_and_kv_bytes(tiny32):

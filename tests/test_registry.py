@@ -74,6 +74,38 @@ def test_sweep_runs_without_the_server_packages(tmp_path):
     assert (tmp_path / "sweep_cpu_tiny.png").exists()
 
 
+def git_state() -> tuple[str, str]:
+    """(tracked files that differ from HEAD, untracked files git does not ignore), as `git status` lists them."""
+    def status(*args: str) -> str:
+        return subprocess.run(["git", "status", "--porcelain", *args], cwd=REPO_ROOT, capture_output=True,
+                              text=True, check=True).stdout
+    return status("--untracked-files=no"), status("--untracked-files=all")
+
+
+def test_a_demo_with_its_default_output_leaves_every_tracked_file_alone():
+    """A reader's own run goes to runs/ (git-ignored), named in the last line printed; results/,
+    the reference runs the READMEs quote, changes only with --reference."""
+    before = git_state()
+    reference = {p: p.stat().st_mtime_ns for p in (REPO_ROOT / "results").rglob("*")}
+    done = run_common(TINY_SWEEP)
+    assert done.returncode == 0, done.stderr
+    assert git_state() == before
+    assert {p: p.stat().st_mtime_ns for p in (REPO_ROOT / "results").rglob("*")} == reference
+    assert (REPO_ROOT / "runs" / "sweep_cpu_tiny.json").exists()
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("reports saved in runs/") and "ignored by git" in last
+
+
+def test_reference_runs_go_to_results(tmp_path, monkeypatch):
+    from common import __main__ as cli
+    assert cli.output_dir(None, reference=True) == cli.RESULTS_DIR
+    assert cli.output_dir(None) == cli.RUNS_DIR
+    assert cli.output_dir(str(tmp_path), reference=True) == tmp_path      # a named folder wins
+    assert "reference runs the READMEs quote" in cli.where_saved(cli.RESULTS_DIR)
+    ignored = subprocess.run(["git", "check-ignore", "-q", "runs/x.json"], cwd=REPO_ROOT)
+    assert ignored.returncode == 0, "runs/ must be git-ignored"
+
+
 def test_a_demo_that_needs_a_missing_package_says_which_and_how_to_install_it(tmp_path):
     done = run_common(["bench_serve", "--model", "tiny", "--device", "cpu", "--quick"], hide=["fastapi"],
                       results_dir=tmp_path)

@@ -76,7 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 description="Serve a model over an OpenAI-compatible HTTP API (phase 5).")
     p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), tiny, dummy:<arch>, or a HF id/path")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    p.add_argument("--dtype", default=None, help="bf16 (default), fp16 or fp32")
+    p.add_argument("--dtype", default=None,
+                   help="bf16, fp16 or fp32 (default: bf16 on a GPU or a CPU with native bf16, else fp32)")
     p.add_argument("--host", default=LOCALHOST, help=f"address to listen on (default {LOCALHOST}: this machine only)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--max-running", type=int, default=DEFAULT_MAX_RUNNING, help="sequences decoded together at most")
