@@ -3,15 +3,16 @@
 #   make test   venv + install + the whole test suite
 #   make notebooks   re-execute every notebook in place (outputs committed; see scripts/run_notebooks.py)
 # On a CUDA machine:
-#   make gpu-check   the gpu test tier, then every demo on the GPU; reports under results/
-#                    (GPU_PY=python3 uses an existing CUDA Python instead of the venv)
+#   make gpu-headline  the headline figures in one run of at most 8 minutes (run it first in a short GPU window)
+#   make gpu-check     the gpu test tier, then every demo on the GPU; reports under results/
+#                      (GPU_PY=python3 uses an existing CUDA Python instead of the venv)
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 DEMOS  := decode_sweep sweep waste_demo latency_demo wall alloc_demo table_demo block_size_study vm_analogy snapshot grow_demo tput gather_bench stack_bench attn_bench workload_bench bench_serve prefix_demo cow_demo share_demo preempt_demo stress_demo prefill_bench graph_bench graph_workload fused_bench fused_workload
 
-.PHONY: install demo test notebooks gpu-check list serve $(DEMOS) clean-cache
+.PHONY: install demo test notebooks gpu-check gpu-headline list serve $(DEMOS) clean-cache
 
 install: $(VENV)/.installed
 
@@ -39,6 +40,12 @@ GPU_PY ?= $(PY)
 GPU_CHECK_ARGS ?=
 gpu-check: $(if $(filter $(PY),$(GPU_PY)),install)
 	$(GPU_PY) -m common.gpu_check $(GPU_CHECK_ARGS)
+
+# Correctness, throughput against HF, nano-vllm's workload, decode step, prefill, prefix caching, the blog's demos:
+# each part in its own time box; results/gpu-headline_<gpu>_<model>.md is the summary.
+GPU_HEADLINE_ARGS ?=
+gpu-headline: $(if $(filter $(PY),$(GPU_PY)),install)
+	$(GPU_PY) -m common.gpu_headline $(GPU_HEADLINE_ARGS)
 
 list: install
 	$(PY) -m common --list

@@ -14,6 +14,8 @@ On a machine with a CUDA GPU, one command:
 The demos run on `dummy:qwen3-0.6b` by default: Qwen3-0.6B's architecture with
 random weights, the same FLOPs and bytes per token, nothing to download (the
 machines this runs on may have no network), EOS ignored.
+It takes longer than a short GPU window: there, run `make gpu-headline`
+(common/gpu_headline.py) first, the headline figures in at most 8 minutes.
 `modal run modal_run.py::gpu_check` runs step 1 in the Modal image;
 `modal run modal_run.py::all_demos` runs step 2 fanned out over GPU containers.
 
@@ -50,6 +52,23 @@ def run_tier(python: str, junit: Path, extra: list[str] | None = None) -> tuple[
     return parse_junit(junit), time.perf_counter() - start
 
 
+def junit_outcomes(path: Path) -> list[tuple[str, str, str]]:
+    """(test id, passed | failed | errors | skipped, first line of its message) per test case; [] if no report."""
+    if not path.exists():
+        return []
+    cases = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        test_id = f"{case.get('classname', '')}::{case.get('name', '')}"
+        outcome = next((child for child in case if child.tag in ("failure", "error", "skipped")), None)
+        if outcome is None:
+            cases.append((test_id, "passed", ""))
+            continue
+        message = (outcome.get("message") or outcome.text or "").strip().splitlines()
+        key = {"failure": "failed", "error": "errors", "skipped": "skipped"}[outcome.tag]
+        cases.append((test_id, key, message[0] if message else ""))
+    return cases
+
+
 def parse_junit(path: Path) -> dict:
     """{passed, failed, errors, skipped, failures: [(test id, first line of its message)]}."""
     counts = dict(passed=0, failed=0, errors=0, skipped=0, failures=[])
@@ -57,17 +76,10 @@ def parse_junit(path: Path) -> dict:
         counts["errors"] = 1
         counts["failures"].append(("pytest", "no junit report: pytest did not run to its end"))
         return counts
-    for case in ET.parse(path).getroot().iter("testcase"):
-        test_id = f"{case.get('classname', '')}::{case.get('name', '')}"
-        outcome = next((child for child in case if child.tag in ("failure", "error", "skipped")), None)
-        if outcome is None:
-            counts["passed"] += 1
-            continue
-        key = {"failure": "failed", "error": "errors", "skipped": "skipped"}[outcome.tag]
+    for test_id, key, message in junit_outcomes(path):
         counts[key] += 1
-        if key != "skipped":
-            message = (outcome.get("message") or outcome.text or "").strip().splitlines()
-            counts["failures"].append((test_id, message[0] if message else ""))
+        if key in ("failed", "errors"):
+            counts["failures"].append((test_id, message))
     return counts
 
 

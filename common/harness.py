@@ -35,6 +35,7 @@ server's engine loop would) and `outputs_of` (each request's tokens).
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -200,8 +201,12 @@ def warm_up(lm, runner: EngineRunner, requests: list[Request], max_running: int)
 def measure(lm, runner: EngineRunner, requests: list[Request], max_running: int, warm: bool = True) -> dict:
     """Warm the engine up on these requests' shapes (`warm_up`; skipped with `warm=False` when it has
     just run them), then run `requests` through it, timed; one row of numbers (JSON-serialisable)."""
+    # An engine that an earlier run left in a reference cycle still holds its KV pool (sized to a whole
+    # workload, it can be most of a GPU's memory) until the collector runs: run it before this one builds its own.
+    gc.collect()
     if warm:
         warm_up(lm, runner, requests, max_running)
+        gc.collect()
     warmup = warmup_rule(lm.device) if warm else "warm: an earlier timed run of the same requests"
     start = now(lm.device)
     result = runner.run(lm, requests, max_running)

@@ -4,7 +4,8 @@ A trace is a list of `Request`s. Everything is drawn from a seeded generator,
 so two engines measured on "the same workload" really get the same requests.
 The vLLM-style traces (`equal_work`, `mixed_work`) use random token ids as
 prompts and fixed per-request output lengths with EOS ignored: every engine
-then does exactly the same number of forward-pass tokens.
+then does exactly the same number of forward-pass tokens; `nano_vllm_work` is
+nano-vllm's bench.py in that form (the work small engines publish tok/s on).
 
 Step-timed traces (`TracedRequest`: phase 4.4's preemption and stress demos)
 arrive at an engine *step*, not a second, so a trace means the same thing on a
@@ -32,6 +33,11 @@ EQUAL_WORK_N = 64
 EQUAL_WORK_PROMPT_LEN = (16, 128)
 EQUAL_WORK_OUTPUT_LEN = 64
 MIXED_WORK_OUTPUT_LEN = (16, 256)
+# nano-vllm's bench.py, the workload the small engines publish throughput on: 256 sequences, prompt and output
+# lengths each uniform in [100, 1024], EOS ignored (its prompts are random ids below 10,000, sampled at
+# temperature 0.6; these are greedy, which runs the same forward passes).
+NANO_VLLM_N = 256
+NANO_VLLM_LENGTHS = (100, 1024)
 TRACE_SAMPLE_TEMPERATURE = 0.8  # a step-timed trace's sampled requests
 
 
@@ -93,6 +99,13 @@ def mixed_work(vocab_size: int, n: int = EQUAL_WORK_N, prompt_len: tuple[int, in
     ids = random_prompt_ids(uniform_lengths(n, *prompt_len, seed=seed), vocab_size, seed)
     outs = uniform_lengths(n, *output_len, seed=seed + 3)
     return [Request(prompt_ids=p, max_new_tokens=o, ignore_eos=True) for p, o in zip(ids, outs)]
+
+
+def nano_vllm_work(vocab_size: int, n: int = NANO_VLLM_N, input_len: tuple[int, int] = NANO_VLLM_LENGTHS,
+                   output_len: tuple[int, int] = NANO_VLLM_LENGTHS, seed: int = DEFAULT_SEED) -> list[Request]:
+    """nano-vllm's bench.py workload: n random-token prompts and output lengths, each uniform in its range,
+    EOS ignored. Our seeded draw, not its own: the same shape of work, not the same token ids."""
+    return mixed_work(vocab_size, n, input_len, output_len, seed)
 
 
 def total_output_tokens(requests: list[Request]) -> int:

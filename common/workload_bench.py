@@ -5,7 +5,9 @@ with random-token prompts of 16-128 tokens and fixed per-request output
 lengths, EOS ignored, so every engine does exactly the same work.
   equal: every request wants the same number of tokens (64);
   mixed: the same prompts, output lengths spread over 16-256 - a static
-         batch must carry every row to the longest, continuous engines don't.
+         batch must carry every row to the longest, continuous engines don't;
+  nano_vllm (only when named): nano-vllm's bench.py, 256 requests with prompts
+         and outputs of 100-1024 tokens, the work small engines publish tok/s on.
 Then: how close the `focus` engine gets to this machine's compute roofline,
 and a profile of one full-batch decode step of it (where the time goes).
 
@@ -24,6 +26,7 @@ keeps its best.
 
 from __future__ import annotations
 
+import gc
 from typing import Callable
 
 from common.demos import Option, RunConfig
@@ -32,12 +35,13 @@ from common.hf_peers import hf_cb_runner
 from common.progress import progress_bar
 from common.report import Report
 from common.roofline import MATMUL_N, measure_matmul_flops, profile_decode_step, roofline_tokens_per_s
-from common.workload import EQUAL_WORK_N, Request, equal_work, mixed_work
+from common.workload import EQUAL_WORK_N, Request, equal_work, mixed_work, nano_vllm_work
 
 # (page_size, max_batch_tokens) tried for generate_batch; the table keeps its best.
 HF_CB_CONFIGS = ["16:256", "16:1024", "32:512"]
 HF_CB_NAME = "hf_cb"   # the engine name that runs every --hf-cb-configs setting
 QUICK = dict(n=4, prompt_len=(4, 12), output_len=4, mixed_output=(2, 6))
+WORKLOADS = ("equal", "mixed", "nano_vllm")
 QUICK_MATMUL_N = 512   # the roofline's matmul under `quick` (common/roofline.py's MATMUL_N otherwise)
 
 # (workload, faster engine, slower engine) -> the ratio a phase aims for
@@ -53,8 +57,8 @@ def workload_options(engines_cpu: list[str], engines_gpu: list[str], engine_name
         Option("output_len", int, cpu=64, help="new tokens per request, equal workload"),
         Option("mixed_min", int, cpu=16, help="shortest output, mixed workload"),
         Option("mixed_max", int, cpu=256, help="longest output, mixed workload"),
-        Option("workloads", str, cpu=["equal", "mixed"], many=True, help="equal and/or mixed",
-               choices=("equal", "mixed")),
+        Option("workloads", str, cpu=["equal", "mixed"], many=True, help="from: " + " ".join(WORKLOADS),
+               choices=WORKLOADS),
         Option("engines", str, cpu=engines_cpu, gpu=engines_gpu, many=True,
                help="from: " + " ".join(engine_names), choices=tuple(engine_names)),
         Option("hf_cb_configs", str, cpu=HF_CB_CONFIGS, many=True, help="page_size:max_batch_tokens for hf_cb"),
@@ -66,8 +70,10 @@ def workloads(cfg: RunConfig, vocab: int) -> dict[str, list[Request]]:
     n, plen, out, mixed = cfg.n_requests, (cfg.prompt_min, cfg.prompt_max), cfg.output_len, (cfg.mixed_min, cfg.mixed_max)
     if cfg.quick:
         n, plen, out, mixed = QUICK["n"], QUICK["prompt_len"], QUICK["output_len"], QUICK["mixed_output"]
-    both = {"equal": equal_work(vocab, n, plen, out), "mixed": mixed_work(vocab, n, plen, mixed)}
-    return {k: v for k, v in both.items() if k in cfg.workloads}
+    # nano-vllm's workload is fixed by its bench.py; under `quick` it takes the quick sizes too.
+    make = {"equal": lambda: equal_work(vocab, n, plen, out), "mixed": lambda: mixed_work(vocab, n, plen, mixed),
+            "nano_vllm": lambda: nano_vllm_work(vocab, n, plen, mixed) if cfg.quick else nano_vllm_work(vocab)}
+    return {k: make[k]() for k in cfg.workloads}
 
 
 def run_workload_bench(cfg: RunConfig, engines: list[EngineRunner], focus: str, targets: Targets,
@@ -112,6 +118,7 @@ def run_workload_bench(cfg: RunConfig, engines: list[EngineRunner], focus: str, 
     targets_table(report, results, targets)
     roofline_table(report, lm, results, focus, cfg.quick)
     requests = next(iter(traces.values()))
+    gc.collect()   # the last timed engine's pool, if a reference cycle holds it, before the profile builds one
     profile_table(report, profile_engine(lm, requests))
     report.data["results"] = {w: {e: {k: v for k, v in row.items() if k != "outputs"} for e, row in rows.items()}
                               for w, rows in results.items()}

@@ -5,7 +5,7 @@
 #   bash scripts/device_versions_check.sh tests/test_p3_7_merge_kernel.py   # pytest's arguments, if any
 #
 # The repo pins torch 2.13.0 and triton 3.7.1 (requirements.txt). The H100 of phase 3.7's figures has torch 2.11
-# and triton 3.6.0, and runs the gpu tier with them (scripts/gpu_p3_7.sh carries only transformers). This builds
+# and triton 3.6.0, and runs the gpu tier with them (scripts/gpu_headline.sh carries only the wheels in .whl/). This builds
 # a venv with those two versions and everything else as pinned, compiles the Triton kernels for sm_90 with
 # triton 3.6.0's compiler (registers and spills, as the GPU will build them), then runs the tests on the CPU.
 # numpy is held at 2.2: triton 3.6's interpreter, which the CPU tests run the kernels in, fails on numpy 2.4

@@ -1,0 +1,277 @@
+"""The parts of the headline GPU check (common/gpu_headline.py), most valuable first, each with its time box.
+
+A part is a list of `Step`s, commands run one after another in their own
+processes (`python -m common <demo> ...` or `pytest`), and a function that reads
+the figures back out of the reports the steps saved. Each step writes into its
+own folder, so two runs of one demo (equal work, then mixed) never overwrite
+each other, and a step stopped by the box loses only itself.
+
+The boxes (seconds, sized for an H100 from cold caches: model builds, Triton
+compiles and HF's static-cache compile included) sum to what one short GPU
+window allows. Nothing here imports a phase: engine names are strings, checked
+against the phases by tests/test_gpu_headline.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from common.gpu_check import junit_outcomes
+
+# Time boxes (s), in running order. Sum: 450, inside an 8-minute command with slack for the summary.
+CORRECTNESS_BOX_S = 90
+THROUGHPUT_BOX_S = 130
+NANO_VLLM_BOX_S = 60
+DECODE_STEP_BOX_S = 60
+PREFILL_BOX_S = 45
+PREFIX_BOX_S = 30
+DEMOS_BOX_S = 35
+
+STEP_DIR = "{step_dir}"    # in a step's command: its own folder (reports, junit), filled in when it runs
+HEADLINE_ENGINE = "fused_overlap"     # the end of the decode line: fused kernels, CUDA graphs, overlapped steps
+DECODE_ENGINE = "p3_8 fused, CUDA graph, overlapped"   # the same engine in fused_bench's step section
+HF_CB_CONFIG = "16:1024"   # one generate_batch setting (page size : tokens per batch): each costs a full run
+STEP_OVER_GPU_TARGET = 1.3     # a 256-sequence decode step's wall time over its graph's GPU time
+BATCH1_OVER_HF_TARGET = 1.5    # a batch-1 step against HF compiled's time per token
+# The blog's demos at GPU scale, the cheapest first, so that as many as can fill the box.
+GPU_DEMOS = ["alloc_demo", "wall", "latency_demo", "sweep", "decode_sweep", "tput"]
+
+# Published tok/s on nano-vllm's bench.py workload (common/workload.py's nano_vllm_work), each with its hardware.
+# "reported" rows are figures quoted for this workload whose original page was not checked here.
+NANO_VLLM_PUBLISHED = [
+    ("nano-vllm", "RTX 4070 laptop", 1434, "nano-vllm README"),
+    ("vLLM", "RTX 4070 laptop", 1362, "nano-vllm README"),
+    ("nano-vllm", "A100 40GB", 7660, "vllm.rs docs/performance.md"),
+    ("vllm.rs", "A100 40GB", 10978, "vllm.rs docs/performance.md"),
+    ("nano-vllm", "A100", 8670, "reported (about)"),
+    ("vLLM 0.21", "A100 PCIe", 9530, "reported"),
+    ("nano-vllm, Triton fork", "A800", 10009, "reported"),
+    ("vLLM", "A800", 8588, "reported"),
+]
+
+# The gpu tier's tests the check runs: (what they check, alternatives of substrings a test id must all contain).
+# Every kernel case below is in both the CUDA grid and the interpreter's, so a CPU dry run collects each group.
+TIER_FILES = ["tests/gpu/test_kernels_gpu.py", "tests/gpu/test_prefill_kernel_gpu.py",
+              "tests/gpu/test_engine_p3_7_gpu.py", "tests/gpu/test_engine_p3_8_gpu.py", "tests/gpu/test_engines_gpu.py"]
+CORRECTNESS_GROUPS = {
+    "decode and prefill attention kernels, bf16 and fp32": [("bs16-g8-d128-bf16",), ("bs64-g4-d64-fp32",)],
+    "gather and K/V write kernels, bf16 and fp32": [("bs8-d128-bf16",), ("bs64-d64-fp32",)],
+    "split-KV decode kernel (p3_7), fp32 and bf16": [("test_tuned_kernel_compiled_equals_reference",)],
+    "fused norm, rotary and SwiGLU kernels, fp32 and bf16": [("test_fused_kernels_compiled",)],
+    "served engine (p5), graphs on, = HF generate fp32": [("test_engine_equals_hf_generate", "p5")],
+    "overlapped graph engine (p3_7) = HF generate fp32": [("test_graph_decode_equals_hf_generate", "None-4096",
+                                                           "OverlappedDecodeEngine")],
+    "fused overlapped graph engine (p3_8) = HF generate fp32": [("test_fused_graph_decode", "FusedOverlapped")],
+}
+
+
+@dataclass
+class Setup:
+    device: str      # "cuda", or "cpu" for the dry run
+    model: str
+    dtype: str
+    dry: bool        # every command at its smallest (--quick), the tests collected and not run
+
+
+@dataclass
+class Step:
+    name: str
+    argv: list[str]          # after the interpreter; STEP_DIR stands for the step's folder
+    to_results: bool = False  # reference reports (the blog's demos): also copied into the results folder
+
+
+@dataclass
+class StepResult:
+    name: str
+    status: str      # ok, failed, refused, timeout, or skipped (the box was spent)
+    seconds: float
+    folder: Path
+    detail: str = ""
+
+    def reports(self) -> list[dict]:
+        return [json.loads(p.read_text()) for p in sorted(self.folder.glob("*.json"))]
+
+
+@dataclass
+class Figure:
+    figure: str
+    target: str
+    measured: object
+    met: bool | None = None   # None: no target, the figure is there to be read
+
+
+@dataclass
+class Part:
+    name: str
+    box_s: float
+    steps: Callable[[Setup], list[Step]]
+    figures: Callable[[list[StepResult], Setup], list[Figure]]
+
+
+def demo_step(setup: Setup, name: str, demo: str, *options: str, to_results: bool = False) -> Step:
+    argv = ["-m", "common", demo, "--device", setup.device, "--model", setup.model, "--dtype", setup.dtype,
+            "--results-dir", STEP_DIR, *options, *(["--quick"] if setup.dry else [])]
+    return Step(name, argv, to_results)
+
+
+def data_rows(results: list[StepResult], key: str) -> list:
+    """report.data[key] of every report the steps saved (lists extended, dicts appended)."""
+    rows = []
+    for r in results:
+        for report in r.reports():
+            value = report.get("data", {}).get(key)
+            rows += value if isinstance(value, list) else [value] if value is not None else []
+    return rows
+
+
+def ratio(a: float | None, b: float | None) -> float:
+    return a / b if a and b else math.nan
+
+
+# --- 1. correctness ------------------------------------------------------------------------------------
+def correctness_steps(setup: Setup) -> list[Step]:
+    expr = " or ".join("(" + " and ".join(alt) + ")" for alts in CORRECTNESS_GROUPS.values() for alt in alts)
+    run = ["--collect-only"] if setup.dry else [f"--junitxml={STEP_DIR}/junit.xml"]
+    return [Step("tier", ["-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                          *run, *TIER_FILES, "-k", expr])]
+
+
+def in_group(test_id: str, alternatives: list[tuple[str, ...]]) -> bool:
+    return any(all(s in test_id for s in alt) for alt in alternatives)
+
+
+def correctness_figures(results: list[StepResult], setup: Setup) -> list[Figure]:
+    folder = results[0].folder
+    if setup.dry:   # the collected ids, one a line
+        log = (folder / "output.log").read_text() if (folder / "output.log").exists() else ""
+        cases = [(line.strip(), "collected") for line in log.splitlines() if "::" in line]
+    else:
+        cases = [(test_id, outcome) for test_id, outcome, _ in junit_outcomes(folder / "junit.xml")]
+    figures = []
+    for group, alternatives in CORRECTNESS_GROUPS.items():
+        mine = [outcome for test_id, outcome in cases if in_group(test_id, alternatives)]
+        if setup.dry:
+            figures.append(Figure(group, "collected", f"{len(mine)} tests", bool(mine)))
+        else:
+            passed = mine.count("passed")
+            met = bool(mine) and passed == len(mine)
+            figures.append(Figure(group, "all pass", f"{passed}/{len(mine)} passed", met))
+    return figures
+
+
+# --- 2. throughput on equal and mixed work; 3. nano-vllm's workload ------------------------------------
+def throughput_steps(setup: Setup) -> list[Step]:
+    return [demo_step(setup, "equal", "fused_workload", "--workloads", "equal",
+                      "--engines", HEADLINE_ENGINE, "hf_compiled", "hf_cb", "--hf-cb-configs", HF_CB_CONFIG),
+            demo_step(setup, "mixed", "fused_workload", "--workloads", "mixed",
+                      "--engines", HEADLINE_ENGINE, "hf_compiled")]
+
+
+def throughput_figures(results: list[StepResult], setup: Setup) -> list[Figure]:
+    figures = []
+    for r in results:
+        for report in r.reports():
+            for work, rows in report["data"].get("results", {}).items():
+                figures += [Figure(f"{work} work: {e} tok/s", "-", row["tok_s"]) for e, row in rows.items()]
+            for table in report["tables"]:   # workload_bench's targets: workload, comparison, measured, target, met
+                if table["columns"][-2:] == ["target", "met"]:
+                    figures += [Figure(f"{row[0]}: {row[1]}", row[3], row[2], row[4]) for row in table["rows"]]
+    return figures
+
+
+def nano_vllm_steps(setup: Setup) -> list[Step]:
+    return [demo_step(setup, "nano_vllm", "fused_workload", "--workloads", "nano_vllm", "--engines", HEADLINE_ENGINE)]
+
+
+def nano_vllm_tok_s(results: list[StepResult]) -> float | None:
+    rows = [row for row in data_rows(results, "results") if HEADLINE_ENGINE in row.get("nano_vllm", {})]
+    return rows[0]["nano_vllm"][HEADLINE_ENGINE]["tok_s"] if rows else None
+
+
+def nano_vllm_figures(results: list[StepResult], setup: Setup) -> list[Figure]:
+    ours = nano_vllm_tok_s(results)
+    best = max(tok_s for _, _, tok_s, _ in NANO_VLLM_PUBLISHED)
+    return [Figure(f"nano-vllm bench.py work: {HEADLINE_ENGINE} tok/s", "beside the published (table below)",
+                   ours or math.nan),
+            Figure("... over the best published figure (other GPUs)", "-", ratio(ours, best))]
+
+
+# --- 4. the decode step: wall time against GPU time ---------------------------------------------------
+def decode_step_steps(setup: Setup) -> list[Step]:
+    # Batch 256 first: batch 1 also compiles HF generate's static cache, the slowest thing in the part.
+    return [demo_step(setup, f"batch_{b}", "fused_bench", "--sections", "step", "--batch-sizes", str(b), *extra)
+            for b, extra in ((256, []), (1, ["--hf-new-tokens", "64"]))]
+
+
+def decode_step_figures(results: list[StepResult], setup: Setup) -> list[Figure]:
+    rows = data_rows(results, "step")
+    mine = {r["batch"]: r for r in rows if r["engine"] == DECODE_ENGINE}
+    hf = next((r for r in rows if r["engine"] == "hf_compiled"), None)
+    figures = []
+    for batch, r in sorted(mine.items()):
+        figures += [Figure(f"decode step, batch {batch}: wall ms", "-", r["ms"]),
+                    Figure(f"decode step, batch {batch}: GPU ms (graph replay)", "-", r.get("gpu_ms") or math.nan)]
+    big = mine.get(256)
+    w = ratio(big["ms"], big.get("gpu_ms")) if big else math.nan
+    figures.append(Figure("decode step, batch 256: wall / GPU", f"<= {STEP_OVER_GPU_TARGET}x", w,
+                          None if math.isnan(w) else w <= STEP_OVER_GPU_TARGET))
+    one = ratio(mine[1]["ms"], hf["ms"]) if 1 in mine and hf else math.nan
+    figures.append(Figure("decode step, batch 1: ms/token over HF compiled's", f"<= {BATCH1_OVER_HF_TARGET}x", one,
+                          None if math.isnan(one) else one <= BATCH1_OVER_HF_TARGET))
+    return figures
+
+
+# --- 5. prefill; 6. prefix caching; 7. the blog's demos -----------------------------------------------
+def prefill_steps(setup: Setup) -> list[Step]:
+    return [demo_step(setup, "prefill", "prefill_bench", "--sections", "attention", "latency",
+                      "--packs", "1x4096", "16x256", "--prefix", "0")]
+
+
+def prefill_figures(results: list[StepResult], setup: Setup) -> list[Figure]:
+    figures = [Figure(f"prefill attention {r['pack']}, prefix {r['prefix']}: packed varlen / contiguous bound, "
+                      "tok/s", "-", ratio(r["tok_s"]["varlen"], r["tok_s"]["bound"]))
+               for r in data_rows(results, "attention")]
+    for latency in data_rows(results, "latency"):
+        names = list(latency)
+        figures += [Figure(f"streams' ITL p99 ms as a long prompt arrives: {n}", "-", latency[n]["p99"])
+                    for n in names[-2:]]
+    return figures
+
+
+def prefix_steps(setup: Setup) -> list[Step]:
+    return [demo_step(setup, "prefix", "prefix_demo", "--shots", "5")]   # few-shot: the highest hit rate
+
+
+def prefix_figures(results: list[StepResult], setup: Setup) -> list[Figure]:
+    runs = {r["caching"]: r for r in data_rows(results, "runs")}
+    if set(runs) != {True, False}:
+        return [Figure("prefix caching on / off", "-", math.nan)]
+    on, off = runs[True], runs[False]
+    return [Figure("prefix cache hit rate (few-shot)", "-", on["hit_rate"]),
+            Figure("prefix caching on / off: total tok/s", "-", ratio(on["total_tok_s"], off["total_tok_s"])),
+            Figure("prefix caching off / on: mean TTFT", "-", ratio(off["mean_ttft_ms"], on["mean_ttft_ms"]))]
+
+
+def demos_steps(setup: Setup) -> list[Step]:
+    return [demo_step(setup, name, name, to_results=True) for name in GPU_DEMOS]
+
+
+def demos_figures(results: list[StepResult], setup: Setup) -> list[Figure]:
+    ok = [r.name for r in results if r.status == "ok"]
+    return [Figure("the blog's demos at GPU scale", f"{len(results)} run", f"{len(ok)}: {' '.join(ok) or '-'}",
+                   len(ok) == len(results))]
+
+
+PARTS = [
+    Part("correctness", CORRECTNESS_BOX_S, correctness_steps, correctness_figures),
+    Part("throughput", THROUGHPUT_BOX_S, throughput_steps, throughput_figures),
+    Part("nano_vllm", NANO_VLLM_BOX_S, nano_vllm_steps, nano_vllm_figures),
+    Part("decode_step", DECODE_STEP_BOX_S, decode_step_steps, decode_step_figures),
+    Part("prefill", PREFILL_BOX_S, prefill_steps, prefill_figures),
+    Part("prefix_cache", PREFIX_BOX_S, prefix_steps, prefix_figures),
+    Part("demos", DEMOS_BOX_S, demos_steps, demos_figures),
+]

@@ -1,0 +1,70 @@
+"""The headline GPU check (common/gpu_headline.py), dry-run on the CPU: every part's commands run at their
+smallest, so a GPU window is never lost to a typo; a part over its time box is reported and the summary written."""
+
+from __future__ import annotations
+
+import json
+
+from common import headline_parts as hp
+from common.demos import names as demo_names
+from common.gpu_headline import main
+from common.workload import NANO_VLLM_LENGTHS, NANO_VLLM_N, nano_vllm_work
+
+GPU_WINDOW_S = 8 * 60          # one command in a short GPU window, the machine's start not counted
+SUMMARY_SLACK_S = 30           # the summary and the processes' starts, outside every box
+
+
+def summary_of(tmp_path) -> dict:
+    [path] = tmp_path.glob("gpu-headline_*.json")
+    return json.loads(path.read_text())
+
+
+def test_the_boxes_fit_one_gpu_window():
+    assert sum(p.box_s for p in hp.PARTS) + SUMMARY_SLACK_S <= GPU_WINDOW_S
+    assert [p.name for p in hp.PARTS][:2] == ["correctness", "throughput"]   # the most valuable first
+
+
+def test_the_names_it_runs_exist_in_the_phases():
+    from phases.p3_8_fused_ops.demo import ENGINES, STEP_ENGINES
+    assert hp.HEADLINE_ENGINE in {e.name for e in ENGINES}
+    assert hp.DECODE_ENGINE in STEP_ENGINES
+    assert set(hp.GPU_DEMOS) <= set(demo_names())
+
+
+def test_nano_vllm_work_is_its_bench_py():
+    requests = nano_vllm_work(vocab_size=1000)
+    assert len(requests) == NANO_VLLM_N and all(r.ignore_eos for r in requests)
+    lo, hi = NANO_VLLM_LENGTHS
+    assert all(lo <= len(r.prompt_ids) <= hi and lo <= r.max_new_tokens <= hi for r in requests)
+    assert requests == nano_vllm_work(vocab_size=1000)   # seeded: every engine gets the same work
+
+
+def test_dry_run_runs_every_part_and_writes_every_row(tmp_path):
+    assert main(["--device", "cpu", "--model", "tiny", "--results-dir", str(tmp_path)]) == 0
+    report = summary_of(tmp_path)
+    parts = {p["part"]: p for p in report["data"]["parts"]}
+    assert list(parts) == [p.name for p in hp.PARTS]
+    for name, part in parts.items():
+        assert part["status"] == "ok" and part["figures"], (name, part)
+        assert all(s["status"] == "ok" for s in part["steps"]), part["steps"]
+    figures, published, part_table, steps = report["tables"]
+    assert {row[0] for row in figures["rows"]} == set(parts)
+    assert [row[1] for row in figures["rows"] if row[0] == "correctness"] == list(hp.CORRECTNESS_GROUPS)
+    assert all(row[-1] == "yes" for row in figures["rows"] if row[0] == "correctness")   # each group collected
+    assert any("/ hf_compiled" in row[1] for row in figures["rows"])                      # the targets were read
+    assert len(published["rows"]) == len(hp.NANO_VLLM_PUBLISHED) + 1 and published["rows"][-1][2] > 0
+    assert [row[0] for row in part_table["rows"]] == list(parts)
+    assert len(steps["rows"]) == sum(len(p.steps(hp.Setup("cpu", "tiny", "fp32", True))) for p in hp.PARTS)
+    assert all((tmp_path / f"{demo.replace('_', '-')}_cpu_tiny.json").exists() for demo in hp.GPU_DEMOS)
+    assert (tmp_path / "gpu-headline_cpu_tiny.md").read_text().count("|") > 100
+
+
+def test_a_part_over_its_box_is_reported_and_the_summary_still_written(tmp_path):
+    box_s = 2   # less than any demo takes to start (torch alone takes longer to import)
+    assert main(["--device", "cpu", "--parts", "demos", "--box", f"demos={box_s}", "--results-dir", str(tmp_path)]) == 1
+    [part] = summary_of(tmp_path)["data"]["parts"]
+    assert part["status"] == "timeout" and part["box_s"] == box_s
+    statuses = [s["status"] for s in part["steps"]]
+    # The dry run starts one step per core; each is stopped at the box, and the rest never start.
+    assert statuses[0] == "timeout" and set(statuses[1:]) <= {"timeout", "skipped"} and statuses[-1] == "skipped"
+    assert part["figures"][0]["met"] is False
