@@ -49,13 +49,17 @@ LOG_TAIL_LINES = 3        # lines of a failed step's output kept in the summary
 REFUSED_EXIT_STATUS = 2   # `python -m common` refused the input with one line
 
 
-def run_step(python: str, step: Step, folder: Path, timeout_s: float) -> StepResult:
-    """One step in its own process group (so a kill takes its compile workers too), output in output.log."""
+def run_step(python: str, step: Step, folder: Path, timeout_s: float, threads: int | None = None) -> StepResult:
+    """One step in its own process group (so a kill takes its compile workers too), output in output.log.
+    threads: the CPU threads it may use, when steps run side by side (OpenMP threads that outnumber the
+    cores spin at every barrier, and each step then runs many times slower)."""
     folder.mkdir(parents=True, exist_ok=True)
     argv = [python] + [a.replace(STEP_DIR, str(folder)) for a in step.argv]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads)) if threads else None
     start = time.perf_counter()
     with open(folder / "output.log", "w") as log:
-        proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(argv, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=env)
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -86,12 +90,13 @@ def run_part(part: Part, setup: Setup, python: str, folder: Path, box_s: float, 
         print(f"[gpu-headline] {part.name}/{step.name} ({left:.0f} s left in the box)", flush=True)
         if left < MIN_STEP_S:
             return StepResult(step.name, "skipped", 0.0, folder / step.name, "its part's time box was spent")
-        result = run_step(python, step, folder / step.name, left)
+        result = run_step(python, step, folder / step.name, left, threads)
         print(f"[gpu-headline]   {step.name}: {result.status} in {result.seconds:.0f} s {result.detail}", flush=True)
         return result
 
     steps = part.steps(setup)
     jobs = (os.cpu_count() or 1) if setup.dry else 1
+    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
     with ThreadPoolExecutor(max_workers=jobs) as pool:    # threads only wait: each step is its own process
         results = list(pool.map(run_one, steps))
     for step, result in zip(steps, results):
