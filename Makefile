@@ -28,8 +28,9 @@ $(VENV)/.installed: requirements.txt
 demo: install
 	$(PY) -m common sweep
 
+# One pytest worker per core; the notebook tests share one worker (tests/conftest.py), which runs them side by side.
 test: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --dist loadgroup
 
 # Each notebook is a pair: notebooks/NN_x.py (edit this) and NN_x.ipynb (executed, outputs kept).
 notebooks: install

@@ -9,8 +9,18 @@ checking the tier itself on a machine without a GPU).
 
 import os
 
-import pytest
-import torch
+# Under pytest-xdist (`make test` runs one worker per core) the workers share the cores, so each one, and
+# every process it starts, gets its share of OpenMP threads: a process whose threads outnumber the cores
+# left to it spins at every barrier and runs many times slower. Set before torch is imported.
+XDIST_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if XDIST_WORKERS:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // XDIST_WORKERS))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if XDIST_WORKERS:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 from common.model import load_model
 
@@ -34,6 +44,11 @@ def pytest_collection_finish(session):
 
 
 def pytest_collection_modifyitems(config, items):
+    # The notebook tests go to one worker (with --dist loadgroup), which runs their notebooks side by side
+    # when the first is asked for (tests/nbrun.py); spread over workers, each would run them all.
+    for item in items:
+        if item.get_closest_marker("notebook"):
+            item.add_marker(pytest.mark.xdist_group("notebooks"))
     if gpu_tier_device() is not None:
         return
     skip = pytest.mark.skip(reason=NO_GPU_REASON)
