@@ -27,9 +27,10 @@ Timing, two ways (`Timing.how` names which one a figure is):
   replays are queued back to back with an event between each two, so the GPU
   does not wait on the host (while a replay's calls outlast the host's queueing
   of the next one), and each interval / CALLS_PER_GRAPH is one call's GPU time.
-  It is what a replayed decode step pays (phase 3.7), and what a bandwidth
-  figure needs. A `fn` that cannot be captured (it reads a tensor
-  on the host, say) falls back to per-call timing, and its Timing says why.
+  It is what a replayed decode step pays (phase 3.7, whose graph_capture.py
+  records it here too), and what a bandwidth figure needs. A `fn` that cannot
+  be captured (it reads a tensor on the host, say) falls back to per-call
+  timing, and its Timing says why.
 
 On CPU both are `time.perf_counter` around each call (the call is synchronous).
 Warm-up calls come first (Triton compiles a kernel on its first launch; caches
@@ -51,7 +52,6 @@ import torch
 
 from common.bench import sync
 from common.demos import Option, RunConfig
-from common.graph_capture import record, refuse_a_sync, warm_up_for_capture
 from common.progress import progress_bar
 from common.report import Report, Table, shorten
 
@@ -117,6 +117,8 @@ def timing_cell(t: Timing | None) -> float | str:
 def capture_calls(fn: Callable[[], object], calls: int = CALLS_PER_GRAPH) -> Callable[[], None]:
     """`calls` back-to-back calls of `fn` recorded as one CUDA graph; returns its replay. Raises RuntimeError
     where `fn` cannot be captured (a host read of a device tensor, a synchronize)."""
+    # imported on use: common/ loads no phase, and only a capture on a GPU needs phase 3.7's rules
+    from phases.p3_7_cuda_graphs.graph_capture import record, refuse_a_sync, warm_up_for_capture
     warm_up_for_capture(fn)
     refuse_a_sync(fn)           # a synchronising call is refused here, not found by a failed capture
     graph = torch.cuda.CUDAGraph()

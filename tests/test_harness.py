@@ -21,7 +21,7 @@ from common.report import REPO_ROOT, shorten
 from common.workload import Request
 
 HARNESS_MODULES = ["common.harness", "common.tput", "common.workload_bench", "common.kernel_bench",
-                   "common.graph_capture", "common.hf_peers", "common.roofline", "common.progress", "common.plots",
+                   "common.hf_peers", "common.roofline", "common.progress", "common.plots",
                    "common.prefill_bench", "common.step_bench", "common.grow_bench",
                    "common.prefill_attention", "common.stream_latency", "common.preempt_bench",
                    "common.recovery_bench", "common.stress_bench", "common.serve_bench"]

@@ -13,6 +13,8 @@ The step:
                     updated from what changed; the slot mapping computed on the device
 - attention.py      `static_attention_forward` (AttentionInterface): a decode pass over the buffers with the
                     tuned kernel; any other pass goes to phase 3.6's attention
+- graph_capture.py  warm a call up on a side stream, then record it, the caller's stream put back if the
+                    capture fails (the kernel benches time by graph replay with it too)
 - graphs.py         `capture`: one decode pass recorded as a CUDA graph, in one small function
 - sampler.py        greedy, temperature, top-k, top-p and per-request seeds for the whole batch on the device
                     (Gumbel-max over hashed noise), one host transfer

@@ -23,12 +23,12 @@ from typing import Callable
 
 import torch
 
-from common.graph_capture import record, warm_up_for_capture
+from phases.p3_7_cuda_graphs.graph_capture import record, warm_up_for_capture
 
 
 def capture(forward: Callable[[], torch.Tensor], pool=None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     """Record `forward()` (static inputs -> a tensor) as a CUDA graph; returns (graph, its output tensor)."""
-    warm_up_for_capture(forward)       # common/graph_capture.py: a few calls on a side stream first
+    warm_up_for_capture(forward)       # graph_capture.py: a few calls on a side stream first
     graph = torch.cuda.CUDAGraph()
     out = record(graph, forward, pool)  # torch.cuda.graph, the caller's stream put back even if it fails
     return graph, out

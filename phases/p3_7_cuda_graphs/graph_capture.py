@@ -5,10 +5,9 @@ captured it must already have run: Triton compiles a kernel on its first
 launch, cuBLAS picks its algorithms, the caching allocator grows its pools, and
 none of that may happen while a stream is capturing. PyTorch's rule for these
 warm-up calls is a side stream, ordered after the work already queued and
-before the capture that follows. Phase 3.7's engine captures its decode steps
-this way (phases/p3_7_cuda_graphs/graphs.py), and the kernel benches capture a
-kernel's calls the same way to time them without launch latency
-(common/kernel_bench.py).
+before the capture that follows. This phase's engine captures its decode steps
+this way (graphs.py), and the kernel benches capture a kernel's calls the same
+way to time them without launch latency (common/kernel_bench.py).
 
 A capture can fail: a call that makes the host wait for the GPU (`.item()`,
 `.tolist()`, a synchronize) is illegal while a stream captures. torch's
