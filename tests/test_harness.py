@@ -1,4 +1,4 @@
-"""The benchmark harness in common/: engine runners and `measure`, the `tput` sweep, `workload_bench`, the
+"""The benchmark harness in measure/: engine runners and `measure`, the `tput` sweep, `workload_bench`, the
 kernel-bench sweep, the roofline and step profiler, step-timed traces and `drive`, pool checks, the plots.
 Engines here are stand-ins that record their calls, so each test checks what the harness does, not what
 an engine does; no phase is imported."""
@@ -12,19 +12,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from common.bench import SeqTiming, ceil_div
-from common.demos import RunConfig
-from common.harness import (WARMUP_NEW_TOKENS_CPU, EngineRun, EngineRunner, PeakKV, drive, measure, outputs_of,
-                            pick_engines, pool_problems, run_prompts, warmup_requests, workload_pool_blocks)
+from common.clock import SeqTiming
 from common.prompts import interleaved_latency_prompts
-from common.report import REPO_ROOT, shorten
-from common.workload import Request
+from measure.bench import ceil_div
+from measure.demos import RunConfig
+from measure.harness import (WARMUP_NEW_TOKENS_CPU, EngineRun, EngineRunner, PeakKV, drive, measure, outputs_of,
+                            pick_engines, pool_problems, run_prompts, warmup_requests, workload_pool_blocks)
+from measure.report import REPO_ROOT, shorten
+from measure.workload import Request
 
-HARNESS_MODULES = ["common.harness", "common.tput", "common.workload_bench", "common.kernel_bench",
-                   "common.hf_peers", "common.roofline", "common.progress", "common.plots",
-                   "common.prefill_bench", "common.step_bench", "common.grow_bench",
-                   "common.prefill_attention", "common.stream_latency", "common.preempt_bench",
-                   "common.recovery_bench", "common.stress_bench", "common.serve_bench"]
+# Every module of the measurement package: it sits above the phases, and a demo hands it their engines.
+HARNESS_MODULES = sorted(f"measure.{p.stem}" for p in (REPO_ROOT / "measure").glob("*.py"))
 
 
 def test_the_harness_imports_no_phase():
@@ -49,7 +47,7 @@ def recording_runner(calls: list, name: str = "rec") -> EngineRunner:
 
 
 def test_measure_warms_up_on_the_workloads_own_shapes(tiny32):
-    from common.tput import tput_requests
+    from measure.tput import tput_requests
     calls = []
     requests = tput_requests(interleaved_latency_prompts(), 3, new_tokens=5)
     row = measure(tiny32, recording_runner(calls), requests, 2)
@@ -188,7 +186,7 @@ def test_ceil_div_and_a_timing_cut_to_its_first_tokens():
 
 # --- step-timed traces and `drive` ----------------------------------------------------------------
 def test_traces_are_seeded_and_mix_the_kinds_they_are_asked_for():
-    from common.workload import FIRST_ORDINARY_TOKEN_ID, burst, demand_tokens, stress_trace
+    from measure.workload import FIRST_ORDINARY_TOKEN_ID, burst, demand_tokens, stress_trace
     b = burst(500, 6, (3, 9), (2, 5), seed=4)
     assert b == burst(500, 6, (3, 9), (2, 5), seed=4) and b != burst(500, 6, (3, 9), (2, 5), seed=5)
     assert all(3 <= len(r.prompt_ids) <= 9 and 2 <= r.max_new_tokens <= 5 and r.arrival_step == 0 for r in b)
@@ -236,7 +234,7 @@ class StepEngine:
 
 
 def test_drive_adds_each_request_at_its_step_and_jumps_idle_gaps():
-    from common.workload import TracedRequest
+    from measure.workload import TracedRequest
     trace = [TracedRequest([5, 6], 2, arrival_step=0), TracedRequest([5], 1, arrival_step=10, kind="beam", n=3),
              TracedRequest([7], 1, arrival_step=1, kind="samples", n=2, seed=3)]
     engine, finished = StepEngine(), []
@@ -250,7 +248,7 @@ def test_drive_adds_each_request_at_its_step_and_jumps_idle_gaps():
 
 # --- the tput sweep ---------------------------------------------------------------------------------
 def test_tput_warms_each_cell_once_and_reports_settings(tiny32):
-    from common.tput import run_tput
+    from measure.tput import run_tput
     cfg = RunConfig(model="tiny", device="cpu", dtype="fp32", _lm=tiny32)
     cfg.options = dict(batch_sizes=[1, 2], new_tokens=4, engines=[], repeats=2)
     calls = []
@@ -270,7 +268,7 @@ def test_tput_warms_each_cell_once_and_reports_settings(tiny32):
 
 
 def test_tput_compares_every_engines_outputs_with_the_first(tiny32, tmp_path):
-    from common.tput import plot_tput, run_tput
+    from measure.tput import plot_tput, run_tput
 
     def differs(lm, requests, max_running):
         run = recording_runner([]).run(lm, requests, max_running)
@@ -289,7 +287,7 @@ def test_tput_compares_every_engines_outputs_with_the_first(tiny32, tmp_path):
 
 # --- workload_bench -----------------------------------------------------------------------------------
 def test_workload_bench_runs_every_named_engine_and_keeps_hf_cbs_best_config(tiny32, monkeypatch):
-    import common.workload_bench as wb
+    import measure.workload_bench as wb
     ran = []
 
     def fake_cb(config):
@@ -329,8 +327,8 @@ def test_targets_without_both_engines_leave_a_note_not_an_empty_table():
     """The CPU's default engines leave out the GPU peers: no target can be measured, and the report says which
     engines the targets need instead of printing a table with no rows. Where some are measured, the table
     names the others."""
-    from common.report import Report
-    from common.workload_bench import targets_table
+    from measure.report import Report
+    from measure.workload_bench import targets_table
     targets = {("equal", "graphs", "hf_compiled"): 1.5, ("mixed", "graphs", "hf_compiled"): 3.0}
     report = Report("w", meta={})
     report.table("equal work", ["engine"])
@@ -346,14 +344,14 @@ def test_targets_without_both_engines_leave_a_note_not_an_empty_table():
 
 # --- the kernel-bench sweep -----------------------------------------------------------------------
 def test_lengths_for_mixes_lengths_and_is_reproducible():
-    from common.kernel_bench import lengths_for
+    from measure.kernel_bench import lengths_for
     lens = lengths_for(100, 8)
     assert lens[0] == 100 and all(50 <= n <= 100 for n in lens) and len(lens) == 8
     assert lengths_for(100, 8) == lens and lengths_for(100, 8, seed=1) != lens
 
 
 def test_median_ms_warms_up_then_times_every_call():
-    from common.kernel_bench import median_ms
+    from measure.kernel_bench import median_ms
     calls = []
     ms = median_ms(lambda: calls.append(1), "cpu", warmup=2, iters=5)
     assert len(calls) == 7 and ms >= 0
@@ -375,7 +373,7 @@ class ClockedEngine:
 
 @pytest.mark.parametrize("overlaps", [False, True])
 def test_decode_step_ms_cuts_the_timed_steps_into_runs_and_reports_the_fastest(monkeypatch, overlaps):
-    import common.step_bench as sb
+    import measure.step_bench as sb
     clock = [0.0]
     monkeypatch.setattr(sb.time, "perf_counter", lambda: clock[0])
     lm = SimpleNamespace(vocab_size=1000, device="cpu")
@@ -392,7 +390,7 @@ def test_decode_step_ms_cuts_the_timed_steps_into_runs_and_reports_the_fastest(m
 
 
 def test_gpu_time_on_cpu_times_each_call_and_says_so():
-    from common.kernel_bench import PER_CALL, gpu_time
+    from measure.kernel_bench import PER_CALL, gpu_time
     calls = []
     t = gpu_time(lambda: calls.append(1), "cpu", warmup=2, iters=5)
     assert len(calls) == 7 and t.ms >= 0 and t.how == PER_CALL and not t.replayed
@@ -401,7 +399,7 @@ def test_gpu_time_on_cpu_times_each_call_and_says_so():
 
 def test_gpu_time_replays_a_captured_graph_or_falls_back_to_per_call(monkeypatch):
     # The decisions, without CUDA: the capture, the replay timer and the per-call timer are stand-ins.
-    import common.kernel_bench as kb
+    import measure.kernel_bench as kb
     monkeypatch.setattr(kb, "sync", lambda device=None: None)
     monkeypatch.setattr(kb, "median_ms", lambda fn, device, warmup, iters: 7.0)
     replays = []
@@ -427,7 +425,7 @@ def test_gpu_time_replays_a_captured_graph_or_falls_back_to_per_call(monkeypatch
 
 
 def test_kernel_sweep_walks_the_grid_and_checks_the_kernel_once_on_cpu(tiny32):
-    from common.kernel_bench import NOT_TIMED_CPU, QUICK, kernel_options, kernel_sweep, timing_cell
+    from measure.kernel_bench import NOT_TIMED_CPU, QUICK, kernel_options, kernel_sweep, timing_cell
     cfg = RunConfig(model="tiny", device="cpu", dtype="fp32", _lm=tiny32, quick=True)
     cfg.options = {o.name: o.default(on_gpu=False) for o in kernel_options()}
     seen = []
@@ -450,7 +448,7 @@ def test_kernel_sweep_walks_the_grid_and_checks_the_kernel_once_on_cpu(tiny32):
 
 # --- roofline and step profile --------------------------------------------------------------------
 def test_roofline_ceiling_and_step_profile():
-    from common.roofline import measure_matmul_flops, profile_decode_step, roofline_tokens_per_s
+    from measure.roofline import measure_matmul_flops, profile_decode_step, roofline_tokens_per_s
     assert roofline_tokens_per_s(2e9, 1_000_000) == 1000.0
     assert measure_matmul_flops(torch.float32, "cpu", n=64, repeats=2) > 0
     a = torch.randn(64, 64)
@@ -473,7 +471,7 @@ def test_shorten_and_use_quick():
 
 
 def test_every_plot_helper_writes_a_png(tmp_path):
-    from common import plots
+    from measure import plots
     paths = [
         plots.side_by_side(tmp_path / "a.png", [1, 2, 4], {"y1": {"s": [1, 2, 3]}, "y2": {"s": [3, 2, 1]}}, "x"),
         plots.hbars_used_and_wasted(tmp_path / "b.png", ["p", "q"], [3, 5], [2, 0], "used", "wasted", "steps"),

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import modal_run
-from common import demos as registry
+from measure import demos as registry
 
 
 def test_every_demo_has_an_entrypoint():

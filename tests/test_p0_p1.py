@@ -129,7 +129,7 @@ def test_prompt_longer_than_context_is_refused(tiny32, phase):
 
 
 def test_decode_sweep_quick_on_tiny(tmp_path):
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
     from phases.p1_kv_cache.demo import QUICK_NEW_TOKENS, plot_decode_sweep
 
     report = run_demo("decode_sweep", model="tiny", device="cpu", dtype="fp32", quick=True)
@@ -148,7 +148,7 @@ def test_decode_sweep_quick_on_tiny(tmp_path):
 
 
 def test_decode_sweep_refuses_lengths_past_the_context():
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
     with pytest.raises(ValueError, match="context"):
         run_demo("decode_sweep", model="tiny", device="cpu", dtype="fp32", options={"new_tokens": [10**6]})
 

@@ -102,7 +102,7 @@ def test_too_long_prompt_is_rejected_before_any_work(tiny32, monkeypatch):
 
 # --- demos ----------------------------------------------------------------------------------
 def test_sweep_demo_smoke(tmp_path):
-    from common.__main__ import run_demo, save_outputs
+    from measure.cli import run_demo, save_outputs
     report = run_demo("sweep", model="tiny", device="cpu", dtype="fp32", quick=True)
     rows = report.tables[0].rows
     assert [r[0] for r in rows] == report.meta["options"]["batch_sizes"]
@@ -115,7 +115,7 @@ def test_sweep_demo_smoke(tmp_path):
 
 
 def test_waste_demo_smoke(tmp_path):
-    from common.__main__ import run_demo, save_outputs
+    from measure.cli import run_demo, save_outputs
     report = run_demo("waste_demo", model="tiny", device="cpu", dtype="fp32", quick=True)
     rows = report.tables[0].rows
     assert len(rows) == len(WASTE_DEMO_PROMPTS)

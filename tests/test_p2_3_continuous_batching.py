@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
 
-from common.bench import kv_bytes_per_token
+from measure.bench import kv_bytes_per_token
 from phases.p2_2_scheduler.sequence import Status
 from phases.p2_3_continuous_batching.scheduler import ContinuousScheduler
 from tests.test_p2_1_naive_batching import NEW_TOKENS, PROMPTS, reference
@@ -88,7 +88,7 @@ def test_many_prompts_one_slot_equals_per_prompt_generate(tiny32):
 
 # --- demos and notebook -------------------------------------------------------------------------------
 def test_latency_demo_smoke(tmp_path):
-    from common.__main__ import run_demo, save_outputs
+    from measure.cli import run_demo, save_outputs
     report = run_demo("latency_demo", model="tiny", device="cpu", dtype="fp32", quick=True)
     rows = report.tables[0].rows
     assert len(rows) == len(report.data["prompts"])
@@ -98,7 +98,7 @@ def test_latency_demo_smoke(tmp_path):
 
 
 def test_wall_demo_smoke(tmp_path):
-    from common.__main__ import run_demo, save_outputs
+    from measure.cli import run_demo, save_outputs
     report = run_demo("wall", model="tiny", device="cpu", dtype="fp32", quick=True)
     rows = report.tables[0].rows
     assert [r[0] for r in rows] == report.data["concurrency"]
@@ -114,8 +114,8 @@ def test_notebook_runs():
 
 def test_latency_demo_runs_to_the_blogs_cap_on_a_gpu():
     # The blog's long answers ran ~1,300-1,600 steps under a 2048-token cap; the CPU default stays short.
-    from common.demos import get
     from common.prompts import LATENCY_DEMO_MAX_TOKENS
+    from measure.demos import get
     demo = get("latency_demo")
     assert demo.resolve(on_gpu=True)["max_new_tokens"] == 2048
     assert demo.resolve(on_gpu=False)["max_new_tokens"] == LATENCY_DEMO_MAX_TOKENS

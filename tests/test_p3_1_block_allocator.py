@@ -206,7 +206,7 @@ def test_workload_lengths_are_the_schedulers_real_counts(tiny32):
 
 
 def test_alloc_demo_quick():
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
     report = run_demo("alloc_demo", model="tiny", device="cpu", dtype="fp32", quick=True,
                       options={"cpu_budget_mb": 2})
     d = report.data

@@ -220,7 +220,7 @@ TestManyTables.settings = settings(max_examples=60, stateful_step_count=40, dead
 
 # --- demos (tiny model, quick settings) ------------------------------------------------------
 def test_table_demo_one_sequence():
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
     report = run_demo("table_demo", model="tiny", device="cpu", dtype="fp32", quick=True)
     summary = report.tables[0]
     prompt, generated, total, written, bs, blocks, waste = summary.rows[0]
@@ -233,7 +233,7 @@ def test_table_demo_one_sequence():
 
 
 def test_table_demo_concurrent_reuses_returned_blocks():
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
     report = run_demo("table_demo", model="tiny", device="cpu", dtype="fp32", quick=True,
                       options={"concurrent": 2})
     seqs = report.tables[-1].rows
@@ -246,7 +246,7 @@ def test_table_demo_concurrent_reuses_returned_blocks():
 
 
 def test_block_size_study_trade_off():
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
     report = run_demo("block_size_study", model="tiny", device="cpu", dtype="fp32", quick=True,
                       options={"block_sizes": [1, 4, 16, 64]})
     d = report.data
@@ -258,7 +258,7 @@ def test_block_size_study_trade_off():
 
 
 def test_vm_analogy_walks_a_real_block_table(tmp_path):
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
     from phases.p3_2_block_table.demo import VM_BLOCK_SIZE, VM_TOKEN, plot_vm
     report = run_demo("vm_analogy", device="cpu", quick=True)
     process, sequence = report.data["panels"]

@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
 
-from common.bench import kv_bytes_per_token
 from common.prompts import LONG_PROMPTS, SHORT_PROMPTS, interleaved_latency_prompts
+from measure.bench import kv_bytes_per_token
 from phases.p2_3_continuous_batching.scheduler import ContinuousScheduler
 from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks
 from phases.p3_3_paged_cache.paged_cache import PagedCache
@@ -187,7 +187,7 @@ def test_any_workload_finishes_without_leaks_and_matches_dynamic_cache(tiny32, l
 
 
 def test_snapshot_demo_passes(tiny32):
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
     # A pool too small to run all four at once: some sequences wait, and the output is still identical.
     report = run_demo("snapshot", model="tiny", device="cpu", dtype="fp32", quick=True,
                       options={"block_size": 4, "pool_blocks": 16})
@@ -198,8 +198,8 @@ def test_snapshot_demo_passes(tiny32):
 
 def test_tput_demo_runs_and_accounts_kv_exactly(tiny32, tmp_path):
     # Later phases take the `tput` name over (extends="p3_3"), so call this phase's own function.
-    from common.demos import RunConfig
-    from common.tput import plot_tput, tput_options
+    from measure.demos import RunConfig
+    from measure.tput import plot_tput, tput_options
     from phases.p3_3_paged_cache.demo import tput
     cfg = RunConfig(model="tiny", device="cpu", dtype="fp32", quick=True)
     cfg.options = {o.name: o.default(on_gpu=False) for o in tput_options()}
@@ -225,8 +225,8 @@ def test_tput_demo_runs_and_accounts_kv_exactly(tiny32, tmp_path):
 def test_the_tput_pool_is_exactly_big_enough_that_nobody_waits(tiny32, spare_blocks, waits):
     # The harness's own behaviour (warm-up, engine selection, the sweep) is tested in tests/test_harness.py;
     # here: its pool size for a workload, on this phase's engine, with the KV peak the tput table shows.
-    from common.harness import submit, workload_pool_blocks
-    from common.tput import tput_requests
+    from measure.harness import submit, workload_pool_blocks
+    from measure.tput import tput_requests
     from phases.p3_3_paged_cache.demo import PagedPeakScheduler
     requests = tput_requests(interleaved_latency_prompts(), 4, new_tokens=5)
     n_blocks = workload_pool_blocks(tiny32, requests, 4) + spare_blocks

@@ -121,7 +121,7 @@ def test_interpreter_switch_works_in_a_fresh_process():
 
 
 def test_gather_bench_demo_quick(tmp_path):
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
     from phases.p3_4_gather_kernel.demo import plot_gather
     report = run_demo("gather_bench", model="tiny", device="cpu", dtype="fp32", quick=True)
     rows = report.tables[0].rows

@@ -26,7 +26,7 @@ def test_pad_and_stack_equals_hf_and_phase_3_3():
 
 
 def test_stack_bench_quick():
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
     report = run_demo("stack_bench", model="tiny", device="cpu", dtype="fp32", quick=True)
     (row,) = report.data["rows"]
     assert row["n_calls_ms"] > 0 and row["pad_stack_ms"] > 0 and row["padding_per_token"] >= 0

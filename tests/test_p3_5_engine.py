@@ -188,8 +188,8 @@ def test_bad_input_is_refused_up_front(tiny32):
 
 
 def test_runners_agree_with_each_other(tiny32):
-    from common.workload import mixed_work
-    from common.hf_peers import run_hf_cb, run_hf_compiled, run_hf_static
+    from measure.workload import mixed_work
+    from measure.hf_peers import run_hf_cb, run_hf_compiled, run_hf_static
     from phases.p2_1_naive_batching.demo import run_static
     from phases.p3_5_paged_attention.demo import run_batched
 
@@ -206,8 +206,8 @@ def test_runners_agree_with_each_other(tiny32):
 def test_hf_compiled_peer_runs_a_static_cache_and_equals_hf_greedy(tiny32):
     # On CPU transformers does not compile (only on accelerators), so both calls run the eager
     # static-cache path; the compiled path is for the gpu tier. EOS honoured here, unlike above.
-    from common.workload import Request
-    from common.hf_peers import run_hf_compiled
+    from measure.workload import Request
+    from measure.hf_peers import run_hf_compiled
 
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(100, 40000, (n,), generator=gen).tolist() for n in (2, 7, 12)]
@@ -224,9 +224,9 @@ def test_hf_compiled_peer_runs_a_static_cache_and_equals_hf_greedy(tiny32):
 
 
 def test_peers_run_on_cuda_by_default_and_anywhere_by_name():
-    from common.demos import get
-    from common.harness import pick_engines
-    from common.hf_peers import HF_COMPILED
+    from measure.demos import get
+    from measure.harness import pick_engines
+    from measure.hf_peers import HF_COMPILED
     from phases.p3_5_paged_attention.demo import ALL_ENGINES, ON_REQUEST, default_engines
 
     assert HF_COMPILED not in default_engines(on_gpu=False)
@@ -239,7 +239,7 @@ def test_peers_run_on_cuda_by_default_and_anywhere_by_name():
 
 
 def test_workload_bench_and_tput_demos_run_quick():
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
 
     report = run_demo("workload_bench", model="tiny", device="cpu", dtype="fp32", quick=True)
     titles = [t.title for t in report.tables]

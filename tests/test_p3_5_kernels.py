@@ -240,7 +240,7 @@ def test_kernels_run_when_triton_was_imported_before_the_interpreter_switch():
 
 
 def test_attn_bench_demo_quick(tmp_path):
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
     from phases.p3_5_paged_attention.demo import plot_attn
     report = run_demo("attn_bench", model="tiny", device="cpu", dtype="fp32", quick=True)
     rows = report.data["rows"]

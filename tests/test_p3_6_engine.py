@@ -273,7 +273,7 @@ def test_engine_on_the_triton_kernels_under_the_interpreter(window_models, tiny3
 # --- the demo --------------------------------------------------------------------------------------------
 
 def test_prefill_bench_quick_runs_every_section_and_draws(tmp_path):
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
     from phases.p3_6_varlen_prefill.demo import pack_lengths, plot_prefill
 
     report = run_demo("prefill_bench", model="tiny", device="cpu", dtype="fp32", quick=True)

@@ -362,7 +362,7 @@ def test_a_static_step_reads_the_device_once(tiny, engine_name, sampling, monkey
 
 # --- the demos ----------------------------------------------------------------------------------------
 def test_graph_bench_and_graph_workload_quick():
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
     bench = run_demo("graph_bench", model="tiny", device="cpu", dtype="fp32", quick=True)
     engines = {r["engine"] for r in bench.data["step"]}
     assert engines == {"p3_6 (decode pass from lists)", "p3_7 static, eager"}        # no graph on a CPU

@@ -170,7 +170,7 @@ def test_fused_ops_off_cuda_is_refused_and_off_by_default(tiny32, monkeypatch):
 
 # --- the demos and the compile for an H100 ----------------------------------------------------------
 def test_fused_bench_counts_fewer_kernels_for_the_fused_step():
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
     report = run_demo("fused_bench", model="tiny", device="cpu", dtype="fp32", quick=True)
     rows = {r["engine"]: r for r in report.data["kernels"]}
     plain, fused = rows["p3_7 static step"], rows["p3_8 fused step"]

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.sampling import SamplingParams
-from common.workload import Request
+from measure.workload import Request
 from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks
 from phases.p3_2_block_table.block_table import BlockTable
 from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
@@ -226,7 +226,7 @@ def test_abort_group_frees_shared_blocks(tiny32):
 
 
 def test_cow_demo_runs_quick():
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
     report = run_demo("cow_demo", model="tiny", device="cpu", dtype="fp32", quick=True)
     assert report.data["n_copied"] >= 1
     assert report.tables[0].rows

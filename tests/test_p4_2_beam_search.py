@@ -123,7 +123,7 @@ def test_scores_meet_the_logits_on_their_device_and_only_the_candidates_come_bac
 
 
 def test_share_demo_runs_quick():
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
     report = run_demo("share_demo", model="tiny", device="cpu", dtype="fp32", quick=True)
     runs = report.data["runs"]
     assert [r["method"] for r in runs] == ["parallel sampling", "beam search"]

@@ -353,8 +353,8 @@ def test_a_failed_forward_pass_publishes_nothing(tiny32, monkeypatch):
 
 # --- the demo -------------------------------------------------------------------------------------
 def test_prefix_demo_quick_runs_both_modes_and_plots(tmp_path):
-    from common.__main__ import run_demo
     from common.prompts import shared_prefix_len, translation_system_prompt
+    from measure.cli import run_demo
     from phases.p4_3_prefix_caching.demo import plot_prefix
 
     report = run_demo("prefix_demo", model="tiny", device="cpu", dtype="fp32", quick=True)

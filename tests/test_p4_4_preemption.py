@@ -6,9 +6,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.harness import drive, outputs_of
 from common.sampling import SamplingParams
-from common.workload import TracedRequest, burst, stress_trace
+from measure.harness import drive, outputs_of
+from measure.workload import TracedRequest, burst, stress_trace
 from phases.p2_2_scheduler.sequence import Status
 from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks
 from phases.p3_2_block_table.block_table import BlockTable
@@ -293,7 +293,7 @@ def test_prefix_caching_composes_and_recompute_reuses_cached_blocks(tiny32, mode
 # --- demos --------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["preempt_demo", "stress_demo"])
 def test_demos_run_quick_on_the_tiny_model(name):
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
     report = run_demo(name, model="tiny", device="cpu", dtype="fp32", quick=True)
     rows = [row for t in report.tables for row in t.rows]
     assert rows and all("✗" not in str(cell) for row in rows for cell in row)

@@ -347,7 +347,7 @@ def test_packaged_model_chat_equals_hf_greedy(smol32):
 
 # --- the demo, and the commands ---------------------------------------------------------
 def test_bench_serve_quick_runs():
-    from common.__main__ import run_demo
+    from measure.cli import run_demo
     report = run_demo("bench_serve", model="tiny", device="cpu", dtype="fp32", quick=True)
     (row,) = report.tables[0].rows
     assert row[1] == "3/3" and report.data["output_tok_per_s"][0] > 0
@@ -368,7 +368,7 @@ def test_the_server_serves_the_last_engine_with_its_flags(tiny32):
 
 
 def test_serve_command_is_wired():
-    from common.__main__ import main
+    from measure.cli import main
     with pytest.raises(SystemExit) as e:
         main(["serve", "--help"])
     assert e.value.code == 0

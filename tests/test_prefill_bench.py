@@ -1,5 +1,5 @@
-"""The prefill_bench harness in common/: pack specs, the no-paging bound against the SDPA oracle, the
-streams' ITL measurement driving a real engine, and no phase imported by common's side of it."""
+"""The prefill_bench harness in measure/: pack specs, the no-paging bound against the SDPA oracle, the
+streams' ITL measurement driving a real engine, and no phase imported by measure's side of it."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.prefill_attention import contiguous_bound, pack_lengths
-from common.stream_latency import stream_latency
+from measure.prefill_attention import contiguous_bound, pack_lengths
+from measure.stream_latency import stream_latency
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,7 +56,7 @@ def test_stream_latency_counts_the_gaps_after_the_arrival(tiny32):
 
 
 def test_the_prefill_harness_imports_no_phase():
-    code = ("import sys, common.prefill_bench, common.prefill_attention, common.stream_latency\n"
+    code = ("import sys, measure.prefill_bench, measure.prefill_attention, measure.stream_latency\n"
             "bad = sorted(m for m in sys.modules if m.startswith('phases'))\nprint(bad)\nsys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr

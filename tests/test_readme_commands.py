@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from common import demos as registry
-from common.__main__ import build_parser
+from measure import demos as registry
+from measure.cli import build_parser
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted([REPO_ROOT / "README.md", *(REPO_ROOT / "phases").glob("*/README.md"),
@@ -42,6 +42,7 @@ ENV_ASSIGNMENT = re.compile(r"^[A-Z_][A-Z0-9_]*=\S*$")
 PYTEST_VALUED = ("-m", "-k", "-p", "-o")     # pytest flags whose next word is a value, not a path
 PYTHON = re.compile(r"^(\S*/)?python3?$")
 PLACEHOLDER = re.compile(r"<[^>]*>|\.\.\.")
+RUNNERS = ("common", "measure")     # `python -m common <demo>` and `python -m measure <demo>`: one runner
 
 
 def commands_in(text: str) -> list[str]:
@@ -152,7 +153,7 @@ def check(command: str) -> str | None:
     words = shlex.split(command)
     if words[:2] == ["python", "-m"]:
         module, args = words[2], words[3:]
-        return check_common(args) if module == "common" else check_module(module, args)
+        return check_common(args) if module in RUNNERS else check_module(module, args)
     if words[0] == "modal":
         return check_modal(words[1], words[2:])
     if words[0] == "make":
@@ -172,14 +173,14 @@ def test_the_readmes_show_commands_of_every_kind():
 
 def test_the_gpu_headline_commands_parse_as_a_gpu_runs_them():
     """Each step of `make gpu-headline` with its GPU settings: a command that cannot parse would cost a GPU window."""
-    from common.headline_parts import PARTS, STEP_DIR, Setup
+    from measure.headline_parts import PARTS, STEP_DIR, Setup
     setup = Setup("cuda", "dummy:qwen3-0.6b", "bf16", dry=False)
     steps = [step for part in PARTS for step in part.steps(setup)]
     broken = []
     for step in steps:
         assert step.argv[0] == "-m", step.argv
         module, args = step.argv[1], [a.replace(STEP_DIR, "/tmp/step") for a in step.argv[2:]]
-        why = check_common(args) if module == "common" else check_module(module, args)
+        why = check_common(args) if module in RUNNERS else check_module(module, args)
         broken += [f"{step.name}: {why}"] if why else []
     assert len(steps) >= 10 and not broken, broken
 

@@ -1,5 +1,7 @@
 """The lazy demo registry and `python -m common`: a demo imports only its own module, a missing
 optional package breaks only the demos that need it, and bad input ends in one line and exit 2.
+And the floors: common/ imports neither a phase nor measure/, and the phases' engine code nothing
+from measure/.
 
 Each command runs in a fresh interpreter in which some packages are made unimportable
 (`sys.modules[name] = None`, which makes `import name` raise ModuleNotFoundError exactly as
@@ -7,6 +9,7 @@ on a machine without it)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -14,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from common import demos as registry
-from common.__main__ import build_parser
+from measure import demos as registry
+from measure.cli import build_parser
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SERVER_PACKAGES = ["fastapi", "uvicorn", "starlette", "httpx", "openai"]
@@ -28,7 +31,7 @@ def run_common(args: list[str], hide: list[str] = (), results_dir: Path | None =
         args = [*args, "--results-dir", str(results_dir)]
     code = ("import sys\n"
             f"for name in {list(hide)!r}: sys.modules[name] = None\n"
-            "from common.__main__ import main\n"
+            "from measure.cli import main\n"
             f"sys.exit(main({args!r}))\n")
     return subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
 
@@ -50,16 +53,51 @@ def test_the_table_names_every_demo_and_each_module_defines_its_demos():
     assert [d.phase for d in registry.EARLIER["tput"]] == ["p3_3"]
 
 
-def test_common_imports_no_phase():
-    code = ("import sys, common, common.demos, common.__main__, common.model, common.bench, common.report, "
-            "common.workload, common.sampling, common.prompts, common.tokenizer, common.gpu_check\n"
-            "bad = sorted(m for m in sys.modules if m.startswith('phases'))\nprint(bad)\nsys.exit(1 if bad else 0)")
+# The ground floor: every module of common/ but its __main__, which hands `python -m common` to measure/.
+GROUND_FLOOR = sorted(f"common.{p.stem}" for p in (REPO_ROOT / "common").glob("*.py") if p.stem != "__main__")
+# Phase files that measure or check rather than build the engine; they may use measure/.
+NOT_CONCEPT = {"demo.py", "checks.py", "aot_check.py", "tuning.py"}
+
+
+def test_common_imports_no_phase_and_no_measurement():
+    assert {"common.model", "common.sampling", "common.clock"} <= set(GROUND_FLOOR)
+    code = (f"import sys\nfor m in {GROUND_FLOOR!r}:\n    __import__(m)\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('phases', 'measure'))\n"
+            "print(bad)\nsys.exit(1 if bad else 0)")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def imported_modules(path: Path) -> set[str]:
+    """Every module a file imports, at the top or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+    return found
+
+
+def test_the_phases_engine_code_imports_nothing_from_measure():
+    """The engines stand on common/ alone; only a phase's demo and its checks reach up to the measurement lab."""
+    concept = [p for p in sorted((REPO_ROOT / "phases").rglob("*.py")) if p.name not in NOT_CONCEPT]
+    assert len(concept) > 50
+    bad = {str(p.relative_to(REPO_ROOT)): sorted(m for m in imported_modules(p) if m.split(".")[0] == "measure")
+           for p in concept}
+    assert not {k: v for k, v in bad.items() if v}
+
+
+@pytest.mark.parametrize("package", ["common", "measure"])
+def test_python_dash_m_common_and_measure_are_one_runner(package):
+    done = subprocess.run([sys.executable, "-m", package, "--help"], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "python -m common <demo>" in done.stdout and "sweep" in done.stdout
+
+
 def test_a_demo_imports_only_its_own_phase_modules():
-    code = ("import sys\nfrom common import demos\ndemos.get('decode_sweep')\n"
+    code = ("import sys\nfrom measure import demos\ndemos.get('decode_sweep')\n"
             "print(sorted({m.split('.')[1] for m in sys.modules if m.startswith('phases.')}))")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -97,7 +135,7 @@ def test_a_demo_with_its_default_output_leaves_every_tracked_file_alone():
 
 
 def test_reference_runs_go_to_results(tmp_path, monkeypatch):
-    from common import __main__ as cli
+    from measure import cli
     assert cli.output_dir(None, reference=True) == cli.RESULTS_DIR
     assert cli.output_dir(None) == cli.RUNS_DIR
     assert cli.output_dir(str(tmp_path), reference=True) == tmp_path      # a named folder wins

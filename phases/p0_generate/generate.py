@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from common.bench import SeqTiming, now
+from common.clock import SeqTiming, now
 from common.model import LoadedModel
 from common.sampling import GREEDY, SamplingParams, make_generator, sample
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import torch
 
-from common.bench import PeakMemory
-from common.demos import Option, RunConfig, demo
-from common.progress import progress_bar
 from common.prompts import DECODE_NEW_TOKENS_CPU, DECODE_NEW_TOKENS_GPU, DECODE_PROMPT
-from common.report import Report
+from measure.bench import PeakMemory
+from measure.demos import Option, RunConfig, demo
+from measure.progress import progress_bar
+from measure.report import Report
 from phases.p0_generate.generate import check_request
 from phases.p0_generate.generate import generate_ids as p0_generate_ids
 from phases.p1_kv_cache.generate import generate_ids as p1_generate_ids
@@ -32,7 +32,7 @@ STEP_MS_DECIMALS = 3         # per-step times saved in the JSON, in ms
 
 def plot_decode_sweep(report: Report, png_path) -> None:
     """ms per decode step against the sequence length, for the longest run of each loop."""
-    from common import plots
+    from measure import plots
 
     longest = {}
     for run in report.data["runs"]:

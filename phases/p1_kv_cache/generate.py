@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from common.bench import now
+from common.clock import now
 from common.model import LoadedModel
 from common.sampling import GREEDY, SamplingParams, sample
 from phases.p0_generate.generate import LAST_POSITION_ONLY, GenerationResult, prompt_to_ids, start_request

@@ -9,14 +9,14 @@ in phase 3.5): `STATIC`, static batches of `max_running` handed to the harness.
 
 from __future__ import annotations
 
-from common.bench import MB, PeakMemory, summarize
-from common.demos import Option, RunConfig, demo
-from common.harness import EngineRun, EngineRunner
-from common.progress import progress_bar
 from common.prompts import (SWEEP_BATCH_SIZES, SWEEP_NEW_TOKENS, SWEEP_PROMPT, WASTE_DEMO_MAX_TOKENS,
                             WASTE_DEMO_PROMPTS)
-from common.report import shorten
-from common.workload import Request
+from measure.bench import MB, PeakMemory, summarize
+from measure.demos import Option, RunConfig, demo
+from measure.harness import EngineRun, EngineRunner
+from measure.progress import progress_bar
+from measure.report import shorten
+from measure.workload import Request
 from phases.p2_1_naive_batching.generate import generate_batch
 
 # CPU: 32 new tokens per row keeps the whole sweep around a minute on 2 cores.
@@ -35,7 +35,7 @@ def short(text: str) -> str:
 
 # --- sweep --------------------------------------------------------------------------------
 def plot_sweep(report, png_path) -> None:
-    from common.plots import twin_lines
+    from measure.plots import twin_lines
     d = report.data
     twin_lines(png_path, d["batch_size"], ("total tok/s", d["total_tok_s"]), ("ms/step (the blog's ms/tok)", d["ms_per_step"]),
                xlabel="batch size", logx=True,
@@ -83,7 +83,7 @@ def sweep(cfg: RunConfig):
 
 # --- waste demo -----------------------------------------------------------------------------
 def plot_waste(report, png_path) -> None:
-    from common.plots import hbars_used_and_wasted
+    from measure.plots import hbars_used_and_wasted
     d = report.data
     hbars_used_and_wasted(png_path, [short(p) for p in d["prompts"]], d["steps_needed"], d["steps_wasted"],
                           "steps needed (until its EOS)", "steps carried after it finished (waste)",

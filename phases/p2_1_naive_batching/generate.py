@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from common.bench import SeqTiming, now
+from common.clock import SeqTiming, now
 from phases.p2_1_naive_batching.batch import PaddedBatch, cache_bytes
 from phases.p2_1_naive_batching.validate import tokenize_batch
 

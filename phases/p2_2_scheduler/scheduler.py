@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from common.bench import SeqTiming, now
+from common.clock import SeqTiming, now
 from common.sampling import GREEDY, SamplingParams, make_generator, sample
 from phases.p2_1_naive_batching.batch import PaddedBatch
 from phases.p2_1_naive_batching.validate import tokenize_prompt
@@ -65,7 +65,7 @@ class Scheduler:
         raises ValueError here, before anything is queued; `sampling` must be a
         `SamplingParams`, which checked its own values when it was made (so no
         step can meet a NaN temperature or a seed torch refuses). `arrival` is a
-        clock reading from `common.bench.now` (default: now).
+        clock reading from `common.clock.now` (default: now).
         """
         seq = self._new_sequence(prompt, max_new_tokens, sampling, ignore_eos, arrival)
         self._queue(seq)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from enum import Enum, auto
 from typing import Any
 
-from common.bench import SeqTiming
+from common.clock import SeqTiming
 from common.sampling import GREEDY, SamplingParams
 
 

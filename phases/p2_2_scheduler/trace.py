@@ -17,7 +17,7 @@ PREFILL, DECODE, CARRIED = "prefill", "decode", "carried"
 @dataclass
 class StepRecord:
     step: int
-    t_start: float                 # clock (seconds, `common.bench.now`) when the step began
+    t_start: float                 # clock (seconds, `common.clock.now`) when the step began
     t_end: float
     slots: list[int | None]        # seq_id in each slot (None: empty)
     work: list[str | None]         # PREFILL / DECODE / CARRIED per slot (None: empty)

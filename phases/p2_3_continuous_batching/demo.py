@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from statistics import mean
 
-from common.bench import MB, kv_bytes_per_token, now
-from common.demos import Option, RunConfig, demo
-from common.harness import run_prompts
-from common.progress import progress_bar
+from common.clock import now
 from common.prompts import (LATENCY_DEMO_MAX_RUNNING, LATENCY_DEMO_MAX_TOKENS, LATENCY_DEMO_MAX_TOKENS_GPU,
                             SHORT_PROMPTS, STATIC_RESERVATION_TOKENS, interleaved_latency_prompts)
+from measure.bench import MB, kv_bytes_per_token
+from measure.demos import Option, RunConfig, demo
+from measure.harness import run_prompts
+from measure.progress import progress_bar
 from phases.p2_1_naive_batching.demo import short
 from phases.p2_1_naive_batching.generate import generate_batch
 from phases.p2_2_scheduler.scheduler import Scheduler
@@ -59,7 +60,7 @@ def compare_schedulers(lm, prompts: list[str], max_running: int, cap: int) -> di
 
 def draw_timelines(d: dict, png_path, title: str = "which sequence holds which slot when") -> None:
     """Gantt chart per scheduler from `compare_schedulers` data: slot on y, seconds on x."""
-    from common.plots import gantt
+    from measure.plots import gantt
     panels = {f"{name}: all results back after {d[f'{name}_wall_s']:.1f} s":
               [dict(row=s["slot"], start=s["start"], end=s["end"], color=s["seq"], hatched=s["carried"],
                     label=f"{s['seq']}{'S' if d['is_short'][s['seq']] else 'L'}") for s in spans]
@@ -115,7 +116,7 @@ def latency_demo(cfg: RunConfig):
 
 # --- the wall: KV memory -----------------------------------------------------------------------------
 def plot_wall(report, png_path) -> None:
-    from common.plots import bars
+    from measure.plots import bars
     d = report.data
     bars(png_path, [str(c) for c in d["concurrency"]],
          {f"StaticCache reservation ({d['reservation']} tok/seq)": d["static_mb"],

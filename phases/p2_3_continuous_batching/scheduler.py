@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from common.bench import now
+from common.clock import now
 from phases.p2_1_naive_batching.batch import cache_bytes
 from phases.p2_2_scheduler.scheduler import Scheduler
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput

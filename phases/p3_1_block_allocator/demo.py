@@ -16,11 +16,11 @@ model really produced (`latency_workload_lengths`).
 
 from __future__ import annotations
 
-from common.demos import Option, RunConfig, demo
-from common.harness import run_prompts
 from common.prompts import (LATENCY_DEMO_MAX_RUNNING, LATENCY_DEMO_MAX_TOKENS, LATENCY_DEMO_MAX_TOKENS_GPU,
                             STATIC_RESERVATION_TOKENS, interleaved_latency_prompts)
-from common.report import Report, shorten
+from measure.demos import Option, RunConfig, demo
+from measure.harness import run_prompts
+from measure.report import Report, shorten
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, blocks_for
 from phases.p3_1_block_allocator.budget import DEFAULT_MEMORY_FRACTION, MiB, kv_budget_bytes
 
@@ -70,7 +70,7 @@ def workload(cfg: RunConfig, lm) -> list[dict]:
 
 
 def plot_alloc(report: Report, png_path) -> None:
-    from common.plots import bars
+    from measure.plots import bars
     seqs = report.data["sequences"]
     bars(png_path, [f"{i} {shorten(s['prompt'], 18)}" for i, s in enumerate(seqs)],
          {"tokens stored": [s["tokens"] for s in seqs],

@@ -11,10 +11,10 @@ shows blocks being claimed, returned, and claimed again by someone else.
 
 from __future__ import annotations
 
-from common.bench import kv_bytes_per_token
-from common.demos import Option, RunConfig, demo
 from common.prompts import TABLE_DEMO_PROMPT, interleaved_latency_prompts
-from common.report import Report, shorten
+from measure.bench import kv_bytes_per_token
+from measure.demos import Option, RunConfig, demo
+from measure.report import Report, shorten
 from phases.p2_3_continuous_batching.scheduler import ContinuousScheduler
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, blocks_for
 from phases.p3_1_block_allocator.demo import workload, workload_options
@@ -139,7 +139,7 @@ def _concurrent(cfg: RunConfig, report: Report, sched: TableTracingScheduler, do
 
 def plot_pool(report: Report, png_path) -> None:
     """Which sequence held which physical block, step by step (one row per block)."""
-    from common.plots import gantt
+    from measure.plots import gantt
     n = report.data["pool_blocks"]
     spans = [dict(row=s["block"], start=s["start"], end=s["end"], color=s["seq"], label=f"seq {s['seq']}")
              for s in report.data["spans"]]
@@ -197,7 +197,7 @@ def table_demo(cfg: RunConfig) -> Report:
 
 # --- block_size_study ---------------------------------------------------------------------
 def plot_study(report: Report, png_path) -> None:
-    from common.plots import twin_lines
+    from measure.plots import twin_lines
     d = report.data
     twin_lines(png_path, d["block_sizes"], ("tail waste (% of allocated slots)", d["waste_pct"]),
                ("block-table entries (all sequences, log)", d["table_entries"]), xlabel="block size (tokens)",
@@ -262,7 +262,7 @@ VM_TOKEN = 37                         # sequence A's token walked
 
 
 def plot_vm(report: Report, png_path) -> None:
-    from common import plots
+    from measure import plots
     plots.table_walks(png_path, report.data["panels"],
                       title="the virtual-memory analogy: a page table and a block table do the same walk")
 

@@ -14,7 +14,7 @@ Files:
                   sequence the pool cannot hold yet waits. The admission rule every later engine
                   refines: `worst_case_tokens`, `blocks_to_admit`, `blocks_promised`, `can_admit`
 - demo.py         `snapshot` (paged == DynamicCache, token for token), `grow_demo` (what one growing
-                  sequence copies and allocates in each; common/grow_bench.py) and `tput` (this phase's
-                  engines, `TPUT_ENGINES`: `run_dynamic`, `run_paged`, handed to common/tput.py)
+                  sequence copies and allocates in each; measure/grow_bench.py) and `tput` (this phase's
+                  engines, `TPUT_ENGINES`: `run_dynamic`, `run_paged`, handed to measure/tput.py)
 - README.md       the cache, the engine-runner interface, the measured tables
 """

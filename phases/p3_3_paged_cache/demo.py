@@ -7,23 +7,23 @@ snapshot runs the blog's 4 short + 4 long prompts through phase 2.3's
 same max_running, and compares the generated tokens one by one.
 
 grow_demo grows one sequence token by token with a DynamicCache and with a
-PagedCache and watches their tensors (common/grow_bench.py): DynamicCache
+PagedCache and watches their tensors (measure/grow_bench.py): DynamicCache
 reallocates K and V of every layer every step (torch.cat), copying everything
 it holds each time; the pool never moves.
 
-tput hands both engines to the batch-size sweep (common/tput.py): N requests at
+tput hands both engines to the batch-size sweep (measure/tput.py): N requests at
 a time for each batch size N, the KV memory each engine held at its peak and
 its throughput.
 """
 
 from __future__ import annotations
 
-from common.demos import Option, RunConfig, demo
-from common.harness import EngineRun, EngineRunner, PeakKV, run_prompts, submit, workload_pool_blocks
 from common.prompts import LATENCY_DEMO_MAX_RUNNING, LATENCY_DEMO_MAX_TOKENS, interleaved_latency_prompts
-from common.report import Report, shorten
-from common.tput import plot_tput, run_tput, tput_options
-from common.workload import Request
+from measure.demos import Option, RunConfig, demo
+from measure.harness import EngineRun, EngineRunner, PeakKV, run_prompts, submit, workload_pool_blocks
+from measure.report import Report, shorten
+from measure.tput import plot_tput, run_tput, tput_options
+from measure.workload import Request
 from phases.p2_3_continuous_batching.scheduler import ContinuousScheduler
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_3_paged_cache.scheduler import PagedScheduler, blocks_for, worst_case_tokens
@@ -164,8 +164,8 @@ def paged_cache(lm, total_tokens: int, block_size: int = DEFAULT_BLOCK_SIZE):
                       help="tokens the sequence grows by"),
                Option("block_size", int, cpu=DEFAULT_BLOCK_SIZE, help="tokens per block (paged)")])
 def grow_demo(cfg: RunConfig) -> Report:
-    from common.grow_bench import measure_growth
     from common.prompts import DECODE_PROMPT
+    from measure.grow_bench import measure_growth
     cfg.use_quick(new_tokens=8)
     lm = cfg.load()
     report = cfg.new_report("grow_demo")

@@ -7,17 +7,17 @@
 
 Shapes come from the loaded model (n_kv_heads, head_dim, dtype); each batch
 mixes lengths in [context / 2, context] over scattered physical blocks. The
-sweep over batch sizes and context lengths is common/kernel_bench.py.
+sweep over batch sizes and context lengths is measure/kernel_bench.py.
 """
 
 from __future__ import annotations
 
 import torch
 
-from common.demos import Option, RunConfig, demo
-from common.kernel_bench import (LAYER, NOT_TIMED_CPU, POOL_LAYERS, KernelCase, kernel_options, kernel_sweep,
+from measure.demos import Option, RunConfig, demo
+from measure.kernel_bench import (LAYER, NOT_TIMED_CPU, POOL_LAYERS, KernelCase, kernel_options, kernel_sweep,
                                  timing_cell)
-from common.report import Report
+from measure.report import Report
 from phases.p3_3_paged_cache.gather import gather_python
 from phases.p3_4_gather_kernel.batch import random_paged_batch
 from phases.p3_4_gather_kernel.reference import gather_reference
@@ -53,7 +53,7 @@ def measure_gather(case: KernelCase) -> tuple[list, dict]:
 
 
 def plot_gather(report: Report, png_path) -> None:
-    from common import plots
+    from measure import plots
     m = report.meta
     plots.per_batch_timings(png_path, report.data["rows"],
                             {"python_ms": "python per-block", "reference_ms": "torch reference",
@@ -76,7 +76,7 @@ def gather_bench(cfg: RunConfig) -> Report:
     table.notes.append("python: phase 3.3's per-block loop, run once per sequence; reference: one torch "
                        "indexing op for the batch; kernel: one Triton launch for the batch. Median ms per call, "
                        "launch included (what an eager engine pays); kernel GPU ms: the kernel's GPU time alone, "
-                       "from CUDA-graph replays (common/kernel_bench.gpu_time).")
+                       "from CUDA-graph replays (measure/kernel_bench.gpu_time).")
     if not cfg.on_gpu:
         table.notes.append("CPU: the kernel runs only in Triton's interpreter, which executes each program in "
                            "Python, so its time means nothing; it is checked against the reference on the first "
@@ -98,7 +98,7 @@ STACK_BATCH_SIZES_GPU = [1, 4, 16, 64]
                Option("prompt_max", int, cpu=256, help="longest prompt (tokens)"),
                Option("steps", int, cpu=5, gpu=20, help="timed decode steps per cell")])
 def stack_bench(cfg: RunConfig) -> Report:
-    from common.step_bench import decode_step_ms, random_prompts
+    from measure.step_bench import decode_step_ms, random_prompts
     from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, blocks_for
     from phases.p3_3_paged_cache.scheduler import PagedScheduler
     from phases.p3_4_gather_kernel.pad_stack import PadStackScheduler

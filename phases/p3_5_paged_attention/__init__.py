@@ -13,7 +13,7 @@ The engine built on them:
                     step; a sequence's KV state is its bare block table
 And:
 - demo.py           `attn_bench` (the kernel vs SDPA vs the references), `tput` and `workload_bench` (every
-                    engine side by side, through common/tput.py and common/workload_bench.py), and this
+                    engine side by side, through measure/tput.py and measure/workload_bench.py), and this
                     phase's engine runner `BATCHED`
 - README.md         the kernels, the engine, the peers, the measured tables
 """

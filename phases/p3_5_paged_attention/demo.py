@@ -11,29 +11,29 @@ attn_bench      decode attention for a batch at mixed lengths, three ways, one l
                    the block tables (and its split-KV variant); timed on a GPU only.
                 Head counts come from the loaded model (SmolLM2-135M: 9 query heads over 3 KV
                 heads, head_dim 64), so `--model dummy:qwen3-0.6b` benchmarks Qwen3's shapes.
-                The sweep over batch sizes and context lengths is common/kernel_bench.py.
+                The sweep over batch sizes and context lengths is measure/kernel_bench.py.
 tput            takes over phase 3.3's demo of that name (`extends="p3_3"`): the same batch-size
-                sweep (common/tput.py) with static batching (p2_1), per-sequence continuous batching
+                sweep (measure/tput.py) with static batching (p2_1), per-sequence continuous batching
                 (p2_3), per-sequence paged (p3_3), this phase's batched engine and transformers'
                 `generate_batch`; on CUDA also transformers' compiled static-cache `generate`.
 workload_bench  the same engines on vLLM-style equal and mixed work, ratios against this phase's
                 targets, the compute roofline and a profile of one batched decode step
-                (common/workload_bench.py).
+                (measure/workload_bench.py).
 """
 
 from __future__ import annotations
 
 import torch
 
-from common.demos import Option, RunConfig, demo
-from common.harness import EngineRun, EngineRunner, pool_problems, submit, workload_pool_blocks
-from common.hf_peers import HF_CB, HF_COMPILED, HF_STATIC
-from common.kernel_bench import (LAYER, NOT_TIMED_CPU, POOL_LAYERS, KernelCase, kernel_options, kernel_sweep,
+from measure.demos import Option, RunConfig, demo
+from measure.harness import EngineRun, EngineRunner, pool_problems, submit, workload_pool_blocks
+from measure.hf_peers import HF_CB, HF_COMPILED, HF_STATIC
+from measure.kernel_bench import (LAYER, NOT_TIMED_CPU, POOL_LAYERS, KernelCase, kernel_options, kernel_sweep,
                                  timing_cell)
-from common.report import Report
-from common.tput import plot_tput, run_tput, tput_options
-from common.workload import Request
-from common.workload_bench import run_workload_bench, workload_options
+from measure.report import Report
+from measure.tput import plot_tput, run_tput, tput_options
+from measure.workload import Request
+from measure.workload_bench import run_workload_bench, workload_options
 from phases.p2_1_naive_batching.demo import STATIC
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_3_paged_cache.demo import KV_ACCOUNTING, TPUT_ENGINES
@@ -103,7 +103,7 @@ def measure_attention(case: KernelCase, gen: torch.Generator, split_blocks: int)
 
 
 def plot_attn(report: Report, png_path) -> None:
-    from common import plots
+    from measure import plots
     m = report.meta
     plots.per_batch_timings(png_path, report.data["rows"],
                             {"sdpa_ms": "SDPA, contiguous K/V", "reference_ms": "reference (gather + fp32 attend)",
@@ -130,7 +130,7 @@ def attn_bench(cfg: RunConfig) -> Report:
         lambda case: measure_attention(case, gen, cfg.split_blocks))
     table.notes.append("Median ms per call, launch included (what this phase's eager engine pays; kernel/SDPA is "
                        "of these); kernel and split-KV GPU ms: each kernel's GPU time alone, from CUDA-graph "
-                       "replays (common/kernel_bench.gpu_time). SDPA reads K/V already contiguous (a non-paged "
+                       "replays (measure/kernel_bench.gpu_time). SDPA reads K/V already contiguous (a non-paged "
                        "engine's layout); ref gathers from the pool then attends in fp32; gather+SDPA gathers then "
                        "runs SDPA; CPU path (what the engine runs on a CPU) gathers per KV head with index_select, "
                        "then two batched matmuls; the kernel reads the pool in place. Errors: max |x - SDPA|.")

@@ -33,7 +33,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 
-from common.report import Report, environment_meta  # noqa: E402
+from measure.report import Report, environment_meta  # noqa: E402
 from phases.p3_6_varlen_prefill import kernel  # noqa: E402
 
 H100_ARCH = 90

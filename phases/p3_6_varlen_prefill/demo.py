@@ -1,6 +1,6 @@
 """`prefill_bench`: prefill before and after this phase, and what chunked prefill does to streams already running.
 
-Four sections (`--sections`), each its own table; the harness is common/prefill_bench.py, this file hands
+Four sections (`--sections`), each its own table; the harness is measure/prefill_bench.py, this file hands
 it phase 3.5's and this phase's attention and engines:
 
 attention  one layer's attention over a packed prefill, the model's head shapes, median ms -> tok/s:
@@ -21,8 +21,8 @@ latency    `n_streams` sequences are decoding when a `long_prompt`-token prompt 
            inter-token latency (ITL) of the streams from then on, p50 / p99 / max, and the long
            prompt's TTFT: phase 3.5 (the prompt in one prefill pass, then the decode pass), this
            engine with whole prompts (`chunked_prefill=False`: one pass, prompt and decode tokens
-           together) and with chunks of `max_num_batched_tokens` tokens (common/stream_latency.py).
-workload   workload_bench's equal and mixed work (common/workload.py) through `batched` (3.5) and
+           together) and with chunks of `max_num_batched_tokens` tokens (measure/stream_latency.py).
+workload   workload_bench's equal and mixed work (measure/workload.py) through `batched` (3.5) and
            `chunked` (3.6), same requests, one run: is any engine slower than before?
 
 Packs are written NxL (N segments of L tokens) or NxA-B (N segments of A..B tokens, seeded).
@@ -37,11 +37,11 @@ from types import SimpleNamespace
 
 import torch
 
-from common.demos import RunConfig, demo
-from common.harness import EngineRun, EngineRunner, pool_problems, submit, workload_pool_blocks
-from common.prefill_bench import (AttentionPack, Contender, pack_lengths, plot_prefill,  # noqa: F401 (tests)
+from measure.demos import RunConfig, demo
+from measure.harness import EngineRun, EngineRunner, pool_problems, submit, workload_pool_blocks
+from measure.prefill_bench import (AttentionPack, Contender, pack_lengths, plot_prefill,  # noqa: F401 (tests)
                                   prefill_options, run_prefill_bench)
-from common.report import Report
+from measure.report import Report
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_4_gather_kernel.dispatch import use_kernels
 from phases.p3_5_paged_attention.attention import PagedBatch, Segment, paged_attention_forward
@@ -152,7 +152,7 @@ def latency_engines(cfg: RunConfig) -> dict:
     }
 
 
-# --- workload: this phase's engine as common/harness.py runs engines ---------------------------------------
+# --- workload: this phase's engine as measure/harness.py runs engines ---------------------------------------
 def run_chunked(lm, requests, max_running: int, block_size: int = DEFAULT_BLOCK_SIZE,
                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> EngineRun:
     n_blocks = workload_pool_blocks(lm, requests, block_size)

@@ -30,7 +30,7 @@ if "phases.p3_7_cuda_graphs.decode_kernel" not in sys.modules:
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from common.report import print_report, save_report  # noqa: E402
+from measure.report import print_report, save_report  # noqa: E402
 from phases.p3_6_varlen_prefill.aot_check import (H100_ARCH, TRITON_DTYPES, KernelCost, compile_for_gpu,  # noqa: E402
                                                   compiled_report)
 from phases.p3_7_cuda_graphs import decode_kernel, merge_kernel  # noqa: E402

@@ -4,7 +4,7 @@ graph_bench, four sections (`--sections`; tune only when named):
   kernel  one layer's decode attention, the model's shape, mixed lengths in [context / 2, context]:
           SDPA on contiguous K/V, phase 3.5's kernel and this phase's (launch_config, split count
           from split_rule.py); median GPU ms per call from CUDA-graph replays (no host launch latency,
-          common/kernel_bench.gpu_time) and this phase's per call from Python (launch included), GB/s
+          measure/kernel_bench.gpu_time) and this phase's per call from Python (launch included), GB/s
           of K/V read and that as a share of the GPU's HBM bandwidth (nominal, and a measured
           device-to-device copy). CPU: the kernels only run in Triton's interpreter, so they are
           checked on the first cell, not timed.
@@ -20,7 +20,7 @@ graph_bench, four sections (`--sections`; tune only when named):
           the best split count beside the rule's choice.
 graph_workload: workload_bench's equal and mixed work through phases 3.5, 3.6 and 3.7 (`graphs`, and
   `overlap` for the overlapped steps; GPU default, or `--engines ... overlap`) and the HF peers,
-  ratios against this phase's targets (common/workload_bench.py).
+  ratios against this phase's targets (measure/workload_bench.py).
 """
 
 from __future__ import annotations
@@ -29,14 +29,14 @@ from functools import partial
 
 import torch
 
-from common.demos import Option, RunConfig, demo, run_sections
-from common.harness import EngineRun, EngineRunner, measure, pool_problems, submit, workload_pool_blocks
-from common.hf_peers import HF_COMPILED, HF_STATIC
-from common.kernel_bench import CALLS_PER_GRAPH, GRAPH_REPLAY, PER_CALL, gpu_time, median_ms
-from common.report import Report
-from common.step_bench import FIRST_TOKEN_ID, decode_step_ms, prefill_everything, replay_ms
-from common.workload import Request
-from common.workload_bench import run_workload_bench, workload_options
+from measure.demos import Option, RunConfig, demo, run_sections
+from measure.harness import EngineRun, EngineRunner, measure, pool_problems, submit, workload_pool_blocks
+from measure.hf_peers import HF_COMPILED, HF_STATIC
+from measure.kernel_bench import CALLS_PER_GRAPH, GRAPH_REPLAY, PER_CALL, gpu_time, median_ms
+from measure.report import Report
+from measure.step_bench import FIRST_TOKEN_ID, decode_step_ms, prefill_everything, replay_ms
+from measure.workload import Request
+from measure.workload_bench import run_workload_bench, workload_options
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, blocks_for
 from phases.p3_5_paged_attention.demo import ALL_ENGINES as P3_5_ENGINES
 from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton
@@ -274,7 +274,7 @@ def graph_bench(cfg: RunConfig) -> Report:
                                           "tune": tune_section})
 
 
-# --- the engine as common/harness.py runs engines ----------------------------------------------------
+# --- the engine as measure/harness.py runs engines ----------------------------------------------------
 # One engine per (model, pool shape), kept between runs: its graphs are captured once, when it is built (as a
 # server captures at startup, outside any request), so the harness's warm-up run captures them and the timed
 # run replays them, just as HF's compiled peer compiles in its warm-up run.

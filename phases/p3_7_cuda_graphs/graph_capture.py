@@ -7,7 +7,7 @@ none of that may happen while a stream is capturing. PyTorch's rule for these
 warm-up calls is a side stream, ordered after the work already queued and
 before the capture that follows. This phase's engine captures its decode steps
 this way (graphs.py), and the kernel benches capture a kernel's calls the same
-way to time them without launch latency (common/kernel_bench.py).
+way to time them without launch latency (measure/kernel_bench.py).
 
 A capture can fail: a call that makes the host wait for the GPU (`.item()`,
 `.tolist()`, a synchronize) is illegal while a stream captures. torch's

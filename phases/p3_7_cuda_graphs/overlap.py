@@ -86,7 +86,7 @@ class OverlappedDecodeEngine(StaticDecodeEngine):
     """`StaticDecodeEngine` whose consecutive decode-only steps overlap: step N+1 is built and launched
     before step N's tokens are read. `step()` returns the tokens of the step before the one it launched."""
 
-    overlaps_steps = True      # for timers (common/step_bench.py): do not synchronise between steps
+    overlaps_steps = True      # for timers (measure/step_bench.py): do not synchronise between steps
 
     def __init__(self, lm, *args, **kwargs):
         super().__init__(lm, *args, **kwargs)

@@ -5,7 +5,7 @@ model's shape (mixed lengths in [context / 2, context], blocks scattered) is
 timed for: SDPA on contiguous K/V (what a non-paged engine reads), phase 3.5's
 kernel, and phase 3.7's kernel under every LaunchConfig in the grid and every
 split count in SPLIT_CHOICES. `ms` is GPU time per call from CUDA-graph replays
-(common/kernel_bench.gpu_time: no host launch latency, as in the engine's
+(measure/kernel_bench.gpu_time: no host launch latency, as in the engine's
 replayed decode step; `timing` says if a call could not be captured);
 `ms_per_call` is CUDA events around one call from Python, launch latency
 included (how the first committed sweep, with the eager merge, was timed). Bandwidth
@@ -25,7 +25,7 @@ from dataclasses import asdict
 
 import torch
 
-from common.kernel_bench import CALLS_PER_GRAPH, GRAPH_REPLAY, PER_CALL, gpu_time, lengths_for, median_ms
+from measure.kernel_bench import CALLS_PER_GRAPH, GRAPH_REPLAY, PER_CALL, gpu_time, lengths_for, median_ms
 from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton
 from phases.p3_5_paged_attention.reference import sdpa_decode_contiguous

@@ -2,7 +2,7 @@
 
 fused_bench, two sections (`--sections`):
   kernels  the kernels one static decode step launches, phase 3.7's step against this phase's: every aten
-           op that computes and every Triton launch (common/kernel_count.py), counted as the step runs
+           op that computes and every Triton launch (measure/kernel_count.py), counted as the step runs
            eagerly, per step and per layer, and by op. Any device: on a CPU the Triton kernels (the
            decode attention and the fused ones) run in the interpreter for the count, so the count is
            the GPU's.
@@ -21,12 +21,12 @@ from functools import partial
 
 import torch
 
-from common.demos import Option, RunConfig, demo, run_sections
-from common.harness import EngineRunner
-from common.kernel_count import TRITON_PREFIX, Launches, count_launches
-from common.report import Report
-from common.step_bench import prefill_everything, random_prompts
-from common.workload_bench import run_workload_bench, workload_options
+from measure.demos import Option, RunConfig, demo, run_sections
+from measure.harness import EngineRunner
+from measure.kernel_count import TRITON_PREFIX, Launches, count_launches
+from measure.report import Report
+from measure.step_bench import prefill_everything, random_prompts
+from measure.workload_bench import run_workload_bench, workload_options
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, blocks_for
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
 from phases.p3_7_cuda_graphs.demo import ENGINES as P3_7_ENGINES
@@ -94,7 +94,7 @@ def kernels_section(cfg: RunConfig, lm, report: Report) -> None:
                                  by_op=dict(launches.by_op)))
                 by_op.setdefault(batch, {})[name] = launches.by_op
     t.notes.append("kernels = aten ops that compute (views and allocations launch none) + Triton launches, as the "
-                   "dispatcher and Triton see them (common/kernel_count.py): a floor for a GPU, where a matmul can "
+                   "dispatcher and Triton see them (measure/kernel_count.py): a floor for a GPU, where a matmul can "
                    "be more than one kernel. " + ("On this CPU the Triton kernels ran in the interpreter for the "
                                                   "count." if torch.device(lm.device).type != "cuda" else ""))
     first = cfg.count_batches[0]

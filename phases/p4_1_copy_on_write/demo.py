@@ -9,11 +9,11 @@ the last one writing in place), and at the end of each sample's life.
 
 from __future__ import annotations
 
-from common.demos import Option, RunConfig, demo
 from common.prompts import TABLE_DEMO_PROMPT
-from common.report import Report
 from common.sampling import SamplingParams
-from common.workload import Request
+from measure.demos import Option, RunConfig, demo
+from measure.report import Report
+from measure.workload import Request
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p4_1_copy_on_write.engine import SharingEngine, worst_case_blocks
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from common.bench import SeqTiming
+from common.clock import SeqTiming
 from common.sampling import GREEDY, SamplingParams, make_generator
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_1_block_allocator.allocator import blocks_for

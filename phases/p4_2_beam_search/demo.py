@@ -22,13 +22,13 @@ from __future__ import annotations
 
 from statistics import mean
 
-from common.demos import Option, RunConfig, demo
-from common.harness import pool_problems
-from common.progress import progress_bar
 from common.prompts import interleaved_latency_prompts
-from common.report import Report
 from common.sampling import SamplingParams
-from common.workload import Request
+from measure.demos import Option, RunConfig, demo
+from measure.harness import pool_problems
+from measure.progress import progress_bar
+from measure.report import Report
+from measure.workload import Request
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p4_1_copy_on_write.engine import worst_case_blocks
 from phases.p4_2_beam_search.engine import BeamSearchEngine
@@ -71,7 +71,7 @@ def _measure(lm, prompts: list[str], method: str, width: int, max_new: int, bloc
 
 def plot_share(report: Report, png_path) -> None:
     """Left: saving per configuration vs the paper's Alpaca range. Right: blocks held over the widest beam run."""
-    from common import plots
+    from measure import plots
 
     runs = report.data["runs"]
     beams = [r for r in runs if r["method"] == "beam search"] or runs

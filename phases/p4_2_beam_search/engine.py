@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from common.bench import now
+from common.clock import now
 from common.sampling import GREEDY
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_2_block_table.block_table import BlockTable

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import torch
 
-from common.bench import now, summarize
-from common.demos import Option, RunConfig, demo
-from common.harness import run_prompts
+from common.clock import now
 from common.prompts import shared_prefix_len, translation_input, translation_system_prompt
-from common.report import Report
+from measure.bench import summarize
+from measure.demos import Option, RunConfig, demo
+from measure.harness import run_prompts
+from measure.report import Report
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p4_3_prefix_caching.engine import PrefixCachingEngine
 
@@ -54,7 +55,7 @@ def _run(engine, prompts: list[list[int]], max_new_tokens: int, label: str) -> d
 
 def plot_prefix(report: Report, png_path) -> None:
     """Per prompt style, cache off vs on: prefill tokens computed, mean TTFT, throughput."""
-    from common import plots
+    from measure import plots
 
     runs = report.data["runs"]
     shots = sorted({r["shots"] for r in runs})

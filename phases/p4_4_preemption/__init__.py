@@ -11,7 +11,7 @@ Files:
              (no request lost, no block leaked)
 - demo.py    `preempt_demo` (recompute vs swap, block sizes 8..128, and the recovery micro-benchmark of
              the paper's Fig. 19a) and `stress_demo` (a seeded bursty trace, every invariant checked): this
-             phase's engines handed to the harness in common/ (preempt_bench.py, recovery_bench.py,
+             phase's engines handed to the harness in measure/ (preempt_bench.py, recovery_bench.py,
              stress_bench.py; traces from workload.py, driven by harness.py's `drive`)
 - README.md  the rules, the engine line, the measured tables
 """

@@ -11,7 +11,7 @@ own decisions and records every broken rule in `violations`:
 `check_finished` runs after the engine has drained: every request is done,
 every sequence finished exactly once (DONE once in its history, listed once
 in `engine.finished`), and no block leaked in the GPU pool or the CPU pool
-(common/harness.py's `pool_problems`, which any engine's pool can be checked
+(measure/harness.py's `pool_problems`, which any engine's pool can be checked
 with). The tests assert on both; `stress_demo` reports them.
 """
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from common.harness import pool_problems
+from measure.harness import pool_problems
 from phases.p2_2_scheduler.sequence import Sequence, Status
 from phases.p4_1_copy_on_write.engine import SequenceGroup
 

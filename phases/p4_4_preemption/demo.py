@@ -17,11 +17,11 @@ stress_demo   A seeded random trace: bursts of plain requests, n seeded
               (checks.py): FCFS, latest group preempted, whole groups, every
               sequence finished exactly once, no block leaked (GPU or CPU pool).
 
-The harness is in common/ (it imports no phase; this file hands it this phase's
-engine line): common/preempt_bench.py (runs, tables, plot of preempt_demo),
-common/recovery_bench.py (the micro-benchmark), common/stress_bench.py. The
-traces (`burst`, `stress_trace`) are common/workload.py's step-timed traces,
-fed to the engine by common/harness.py's `drive`.
+The harness is in measure/ (it imports no phase; this file hands it this phase's
+engine line): measure/preempt_bench.py (runs, tables, plot of preempt_demo),
+measure/recovery_bench.py (the micro-benchmark), measure/stress_bench.py. The
+traces (`burst`, `stress_trace`) are measure/workload.py's step-timed traces,
+fed to the engine by measure/harness.py's `drive`.
 
 preempt_demo runs the engine with its prefix cache off by default
 (--prefix-caching 1 turns it on): a recomputation then recomputes every token,
@@ -35,10 +35,10 @@ preemption can differ from another batch shape in a token or two).
 
 from __future__ import annotations
 
-from common.demos import RunConfig, demo
-from common.preempt_bench import PreemptionLine, plot_preempt, preempt_options, run_preempt_demo
-from common.report import Report
-from common.stress_bench import run_stress_demo, stress_options
+from measure.demos import RunConfig, demo
+from measure.preempt_bench import PreemptionLine, plot_preempt, preempt_options, run_preempt_demo
+from measure.report import Report
+from measure.stress_bench import run_stress_demo, stress_options
 from phases.p4_1_copy_on_write.engine import worst_case_blocks
 from phases.p4_4_preemption.checks import Audited, check_finished
 from phases.p4_4_preemption.engine import PREEMPTION_MODES, PreemptingEngine

@@ -76,7 +76,7 @@ from bisect import bisect_left
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
 
-from common.bench import now
+from common.clock import now
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks, blocks_for
 from phases.p4_1_copy_on_write.engine import SequenceGroup

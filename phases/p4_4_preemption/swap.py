@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common.bench import now, sync
+from common.clock import now, sync
 from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks
 from phases.p3_2_block_table.block_table import BlockTable
 

@@ -16,5 +16,5 @@ Files, in reading order:
                    `BackgroundServer` (uvicorn in a thread) for tests and the benchmark
 - demo.py          `bench_serve`: latency and throughput against the request rate; --workload fewshot
                    (prefix caching on vs off) and undersized (preemption); this phase's server handed to
-                   the harness in common/ (serve_bench.py; load_gen.py sends the load)
+                   the harness in measure/ (serve_bench.py; load_gen.py sends the load)
 """

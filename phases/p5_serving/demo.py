@@ -1,10 +1,10 @@
 """`bench_serve`: the server under Poisson load - throughput and latency against the request rate.
 
 The server runs in this process (uvicorn in a thread on a free 127.0.0.1
-port); the load generator (common/load_gen.py) sends `n_requests` streaming
+port); the load generator (measure/load_gen.py) sends `n_requests` streaming
 chat requests at each rate, the same requests in the same order at every
 rate, and measures from the client side, as vLLM's serving benchmark does.
-The harness is common/serve_bench.py (it imports no phase: this file hands it
+The harness is measure/serve_bench.py (it imports no phase: this file hands it
 this phase's `create_app` and `BackgroundServer`). Three workloads (`--workload`):
 
 - `chat` (default): the blog's short and long prompts. Below the engine's
@@ -25,9 +25,9 @@ this phase's `create_app` and `BackgroundServer`). Three workloads (`--workload`
 
 from __future__ import annotations
 
-from common.demos import RunConfig, demo
-from common.report import Report
-from common.serve_bench import ServingStack, bench_serve_options, plot_bench_serve, run_bench_serve
+from measure.demos import RunConfig, demo
+from measure.report import Report
+from measure.serve_bench import ServingStack, bench_serve_options, plot_bench_serve, run_bench_serve
 from phases.p5_serving.launch import BackgroundServer
 from phases.p5_serving.server import create_app
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common import demos as registry
-from common.__main__ import run_demo, save_outputs
+from measure import demos as registry
+from measure.cli import run_demo, save_outputs
 
 pytestmark = pytest.mark.gpu
 

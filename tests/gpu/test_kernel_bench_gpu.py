@@ -1,4 +1,4 @@
-"""common/kernel_bench.py's GPU timings on a real GPU: graph replay leaves the launch latency out, and a call that
+"""measure/kernel_bench.py's GPU timings on a real GPU: graph replay leaves the launch latency out, and a call that
 cannot be captured falls back to per-call timing, saying so, with the GPU still usable after the failed capture."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.kernel_bench import PER_CALL, gpu_time, median_ms
+from measure.kernel_bench import PER_CALL, gpu_time, median_ms
 from tests.gpu.conftest import tier_runs_on_cuda
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not tier_runs_on_cuda(), reason="times CUDA graphs")]

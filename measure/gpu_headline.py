@@ -1,7 +1,7 @@
-"""`make gpu-headline` (`python -m common.gpu_headline`): the headline GPU figures in one run of at most 8 minutes.
+"""`make gpu-headline` (`python -m measure.gpu_headline`): the headline GPU figures in one run of at most 8 minutes.
 
 GPU time comes in short windows: the whole gpu tier and every demo (`make gpu-check`)
-do not fit one. This runs the parts of common/headline_parts.py in order, most
+do not fit one. This runs the parts of measure/headline_parts.py in order, most
 valuable first: correctness (a fixed slice of the gpu tier), throughput against HF
 (equal and mixed work), nano-vllm's bench.py workload, the decode step's wall and
 GPU time, prefill, prefix caching, then the blog's demos at GPU scale. Each step is
@@ -19,7 +19,7 @@ runs this, and packs what it wrote into $OUT. The default model there is
 `dummy:qwen3-0.6b` (Qwen3-0.6B's shapes, random weights, EOS ignored); nothing
 on this path imports the server or needs the packaged model.
 
-`python -m common.gpu_headline --device cpu --model tiny` is the dry run: every
+`python -m measure.gpu_headline --device cpu --model tiny` is the dry run: every
 command at its smallest (`--quick`), the tier's tests collected but not run, so a
 typo fails on a CPU (tests/test_gpu_headline.py) and not in a GPU window.
 """
@@ -37,9 +37,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from common.headline_parts import (HEADLINE_ENGINE, NANO_VLLM_PUBLISHED, PARTS, STEP_DIR, Part, Setup, Step,
+from measure.headline_parts import (HEADLINE_ENGINE, NANO_VLLM_PUBLISHED, PARTS, STEP_DIR, Part, Setup, Step,
                                    StepResult, nano_vllm_tok_s)
-from common.report import REPO_ROOT, RESULTS_DIR, Report, environment_meta, save_report
+from measure.report import REPO_ROOT, RESULTS_DIR, Report, environment_meta, save_report
 
 GPU_MODEL = "dummy:qwen3-0.6b"   # Qwen3-0.6B's shapes with random weights: nothing to download
 DRY_RUN_MODEL = "tiny"
@@ -168,7 +168,7 @@ def parse_boxes(pairs: list[str]) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m common.gpu_headline", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m measure.gpu_headline", description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default=None, help="cuda (default when present), or cpu for the dry run")
     p.add_argument("--model", default=None, help=f"default: {GPU_MODEL} on CUDA, {DRY_RUN_MODEL} on the CPU")
     p.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on the CPU")
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     device = args.device or ("cuda" if torch.cuda.is_available() else None)
     if device is None or (device.startswith("cuda") and not torch.cuda.is_available()):
-        print("error: no CUDA GPU here; the CPU dry run is `python -m common.gpu_headline --device cpu --model tiny`",
+        print("error: no CUDA GPU here; the CPU dry run is `python -m measure.gpu_headline --device cpu --model tiny`",
               file=sys.stderr)
         return REFUSED_EXIT_STATUS
     dry = not device.startswith("cuda")

@@ -4,17 +4,18 @@
 
 `engine(lm, block_size=, n_blocks=, watermark_blocks=, prefix_caching=)` is a preempting engine
 and `swap_space(gpu_allocator, n_blocks, batched=)` its CPU pool (`swap_out(tables)` /
-`swap_in(tables)`, `out` / `into` counters with `seconds`); common/ imports no phase, so
-`preempt_demo` (common/preempt_bench.py) hands phase 4.4's in.
+`swap_in(tables)`, `out` / `into` counters with `seconds`); measure/ imports no phase, so
+`preempt_demo` (measure/preempt_bench.py) hands phase 4.4's in.
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from common.bench import ceil_div, now
-from common.report import Report
-from common.workload import burst
+from common.clock import now
+from measure.bench import ceil_div
+from measure.report import Report
+from measure.workload import burst
 
 MICRO_SEED = 1
 

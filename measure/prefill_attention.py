@@ -5,7 +5,7 @@ tokens already cached, written `NxL` (N segments of L tokens) or `NxA-B` (N segm
 tokens, seeded): `pack_lengths`. A phase's builder, `build(lm, seg_lens, prefix, block_size)`,
 returns an `AttentionPack`: the two attention calls to compare (`loop`, `varlen`: each writes the
 pack's K/V into the pool and attends, as in the engine) and the same K/V laid out contiguously,
-for `contiguous_bound`, what the attention costs with no pool. common/ imports no phase.
+for `contiguous_bound`, what the attention costs with no pool. measure/ imports no phase.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from typing import Callable
 
 import torch
 
-from common.kernel_bench import median_ms
-from common.progress import progress_bar
-from common.report import Report
+from measure.kernel_bench import median_ms
+from measure.progress import progress_bar
+from measure.report import Report
 
 PACK_SEED = 0
 

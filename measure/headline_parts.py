@@ -1,4 +1,4 @@
-"""The parts of the headline GPU check (common/gpu_headline.py), most valuable first, each with its time box.
+"""The parts of the headline GPU check (measure/gpu_headline.py), most valuable first, each with its time box.
 
 A part is a list of `Step`s, commands run one after another in their own
 processes (`python -m common <demo> ...` or `pytest`), and a function that reads
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from common.gpu_check import junit_outcomes
+from measure.gpu_check import junit_outcomes
 
 # Time boxes (s), in running order. Sum: 450, inside an 8-minute command with slack for the summary.
 CORRECTNESS_BOX_S = 90
@@ -40,7 +40,7 @@ BATCH1_OVER_HF_TARGET = 1.5    # a batch-1 step against HF compiled's time per t
 # The blog's demos at GPU scale, the cheapest first, so that as many as can fill the box.
 GPU_DEMOS = ["alloc_demo", "wall", "latency_demo", "sweep", "decode_sweep", "tput"]
 
-# Published tok/s on nano-vllm's bench.py workload (common/workload.py's nano_vllm_work), each with its hardware.
+# Published tok/s on nano-vllm's bench.py workload (measure/workload.py's nano_vllm_work), each with its hardware.
 # "reported" rows are figures quoted for this workload whose original page was not checked here.
 NANO_VLLM_PUBLISHED = [
     ("nano-vllm", "RTX 4070 laptop", 1434, "nano-vllm README"),

@@ -1,6 +1,6 @@
 """The `tput` sweep: for each batch size, every engine runs the same requests; KV peak, tok/s, ms/tok side by side.
 
-A phase's demo hands its engines over as `EngineRunner`s (common/harness.py):
+A phase's demo hands its engines over as `EngineRunner`s (measure/harness.py):
 
     @demo("tput", phase="p3_3", options=tput_options(), plot=plot_tput, help=...)
     def tput(cfg):
@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from itertools import cycle, islice
 
-from common.bench import MB
-from common.demos import Option, RunConfig
-from common.harness import EngineRunner, format_settings, measure, pick_engines, warmup_rule
-from common.progress import progress_bar
 from common.prompts import interleaved_latency_prompts
-from common.report import Report
-from common.workload import Request
+from measure.bench import MB
+from measure.demos import Option, RunConfig
+from measure.harness import EngineRunner, format_settings, measure, pick_engines, warmup_rule
+from measure.progress import progress_bar
+from measure.report import Report
+from measure.workload import Request
 
 TPUT_BATCH_SIZES_CPU = [1, 2, 4, 8]
 TPUT_BATCH_SIZES_GPU = [1, 2, 4, 8, 16, 32]   # the blog's table
@@ -140,7 +140,7 @@ def tput_tables(report: Report, engines: list[EngineRunner], rows: list[dict], b
 
 def plot_tput(report: Report, png_path) -> None:
     """Left: KV held at peak; right: tok/s; both against batch size, one line per engine."""
-    from common import plots
+    from measure import plots
 
     d, m = report.data, report.meta
     by_engine = {name: [r for r in d["rows"] if r["engine"] == name] for name in d["engines"]}

@@ -1,6 +1,6 @@
 """The harness of `bench_serve`: a server in this process under Poisson load, measured from the client side.
 
-A phase's demo hands in its server (common/ imports no phase):
+A phase's demo hands in its server (measure/ imports no phase):
 
     run_bench_serve(cfg, ServingStack(create_app=create_app, serve=BackgroundServer, engine_of=...))
 
@@ -11,7 +11,7 @@ A phase's demo hands in its server (common/ imports no phase):
   engine_of   engine_of(app) -> the engine behind it (`max_running`, `prefix_caching`,
               `preemption_mode`, `allocator` with `n_blocks` and `block_size`), for the notes
 
-common/load_gen.py sends the load (`load_at_rates`: a warm-up, then the same requests at each rate)
+measure/load_gen.py sends the load (`load_at_rates`: a warm-up, then the same requests at each rate)
 and reads /metrics (`scrape_metrics`). One table per run of `--workload` (WORKLOADS).
 """
 
@@ -20,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from common.bench import ceil_div
-from common.demos import Option, RunConfig
-from common.load_gen import chat_payloads, load_at_rates, scrape_metrics
 from common.prompts import translation_input, translation_system_prompt
-from common.report import Report
+from measure.bench import ceil_div
+from measure.demos import Option, RunConfig
+from measure.load_gen import chat_payloads, load_at_rates, scrape_metrics
+from measure.report import Report
 
 WORKLOADS = ("chat", "fewshot", "undersized")
 KNEE_FACTOR = 2.0          # latency "climbs" where median TTFT passes this multiple of the lowest rate's
@@ -228,7 +228,7 @@ def undersized(cfg: RunConfig, stack: ServingStack, rates: list[float], n: int, 
 def plot_bench_serve(report: Report, png_path) -> None:
     """chat: TTFT, inter-token latency and output throughput against the offered rate; fewshot: TTFT with the
     prefix cache off and on; undersized: median TTFT and end-to-end latency per pool."""
-    from common import plots
+    from measure import plots
 
     d, m = report.data, report.meta
     where = f"{m.get('model')} on {m.get('device_name', m.get('device'))}, {m.get('dtype')}"

@@ -1,17 +1,17 @@
 """The `prefill_bench` harness: a packed prefill timed per layer and per model pass, streams' ITL, workloads.
 
-A phase's demo hands in what it measures (common/ imports no phase):
+A phase's demo hands in what it measures (measure/ imports no phase):
 
     run_prefill_bench(cfg, attention=build, prefill_engines=[old, new], latency_engines=fn, runners=[old, new])
 
   attention        build(lm, seg_lens, prefix, block_size) -> AttentionPack: one layer's attention over
-                   a packed prefill two ways, against no paging (common/prefill_attention.py)
+                   a packed prefill two ways, against no paging (measure/prefill_attention.py)
   prefill_engines  two `Contender`s, before and after: make(lm, budget=, max_running=, block_size=,
                    n_blocks=) -> an engine that prefills `budget` prompt tokens in one pass and can hold
                    one computed prefix (`hold_prefix(seq)`, `drop_prefix()`) that later prompts map in
   latency_engines  latency_engines(cfg) -> {row name: make(lm, max_running=, block_size=, n_blocks=)}:
-                   a long prompt arriving next to decoding streams (common/stream_latency.py)
-  runners          two `EngineRunner`s (common/harness.py), before and after, on workload_bench's work
+                   a long prompt arriving next to decoding streams (measure/stream_latency.py)
+  runners          two `EngineRunner`s (measure/harness.py), before and after, on workload_bench's work
 
 Each section (`--sections`, in SECTIONS order) is one table; packs are `NxL` or `NxA-B` (`pack_lengths`).
 """
@@ -25,14 +25,15 @@ from typing import Callable
 
 import torch
 
-from common.bench import ceil_div, now
-from common.demos import Option, RunConfig
-from common.harness import EngineRunner, measure, pool_problems
-from common.prefill_attention import PACK_SEED, AttentionPack, attention_table, pack_lengths
-from common.progress import progress_bar
-from common.report import Report
-from common.stream_latency import latency_table, random_ids
-from common.workload import EQUAL_WORK_N, equal_work, mixed_work
+from common.clock import now
+from measure.bench import ceil_div
+from measure.demos import Option, RunConfig
+from measure.harness import EngineRunner, measure, pool_problems
+from measure.prefill_attention import PACK_SEED, AttentionPack, attention_table, pack_lengths
+from measure.progress import progress_bar
+from measure.report import Report
+from measure.stream_latency import latency_table, random_ids
+from measure.workload import EQUAL_WORK_N, equal_work, mixed_work
 
 SECTIONS = ["attention", "engine", "latency", "workload"]
 QUICK = dict(packs=["1x24", "3x4-12"], engine_packs=["1x24", "3x4-12"], prefix=[0, 8], block_size=4, warmup=1,
@@ -207,7 +208,7 @@ def run_prefill_bench(cfg: RunConfig, attention: Callable[..., AttentionPack], p
 
 def plot_prefill(report: Report, png_path) -> None:
     """Prefill tok/s per pack (attention and whole pass), and the streams' ITL per engine."""
-    from common import plots
+    from measure import plots
     panels = []
     if "attention" in report.data:
         rows = report.data["attention"]

@@ -1,6 +1,6 @@
 """The `workload_bench` harness: engines on vLLM-style equal and mixed work, ratios against targets, the roofline.
 
-The trace is the kind vLLM's benchmarks use (common/workload.py): N requests
+The trace is the kind vLLM's benchmarks use (measure/workload.py): N requests
 with random-token prompts of 16-128 tokens and fixed per-request output
 lengths, EOS ignored, so every engine does exactly the same work.
   equal: every request wants the same number of tokens (64);
@@ -11,7 +11,7 @@ lengths, EOS ignored, so every engine does exactly the same work.
 Then: how close the `focus` engine gets to this machine's compute roofline,
 and a profile of one full-batch decode step of it (where the time goes).
 
-A phase's demo hands its engines over as `EngineRunner`s (common/harness.py)
+A phase's demo hands its engines over as `EngineRunner`s (measure/harness.py)
 and says which one the speedups, the roofline and the profile are about:
 
     run_workload_bench(cfg, engines, focus="batched", targets={...}, profile_engine=...)
@@ -29,20 +29,20 @@ from __future__ import annotations
 import gc
 from typing import Callable
 
-from common.demos import Option, RunConfig
-from common.harness import EngineRunner, format_settings, measure, warmup_rule
-from common.hf_peers import hf_cb_runner
-from common.progress import progress_bar
-from common.report import Report
-from common.roofline import MATMUL_N, measure_matmul_flops, profile_decode_step, roofline_tokens_per_s
-from common.workload import EQUAL_WORK_N, Request, equal_work, mixed_work, nano_vllm_work
+from measure.demos import Option, RunConfig
+from measure.harness import EngineRunner, format_settings, measure, warmup_rule
+from measure.hf_peers import hf_cb_runner
+from measure.progress import progress_bar
+from measure.report import Report
+from measure.roofline import MATMUL_N, measure_matmul_flops, profile_decode_step, roofline_tokens_per_s
+from measure.workload import EQUAL_WORK_N, Request, equal_work, mixed_work, nano_vllm_work
 
 # (page_size, max_batch_tokens) tried for generate_batch; the table keeps its best.
 HF_CB_CONFIGS = ["16:256", "16:1024", "32:512"]
 HF_CB_NAME = "hf_cb"   # the engine name that runs every --hf-cb-configs setting
 QUICK = dict(n=4, prompt_len=(4, 12), output_len=4, mixed_output=(2, 6))
 WORKLOADS = ("equal", "mixed", "nano_vllm")
-QUICK_MATMUL_N = 512   # the roofline's matmul under `quick` (common/roofline.py's MATMUL_N otherwise)
+QUICK_MATMUL_N = 512   # the roofline's matmul under `quick` (measure/roofline.py's MATMUL_N otherwise)
 
 # (workload, faster engine, slower engine) -> the ratio a phase aims for
 Targets = dict[tuple[str, str, str], float]
@@ -81,7 +81,7 @@ def run_workload_bench(cfg: RunConfig, engines: list[EngineRunner], focus: str, 
                        name: str = "workload_bench") -> Report:
     """Every engine `cfg.engines` names, on every workload; then the targets, the roofline and a step profile.
 
-    engines         every runner the demo offers, by name (`hf_cb` is added here: common's own peer)
+    engines         every runner the demo offers, by name (`hf_cb` is added here: the harness's own peer)
     focus           the engine the speedup column, the roofline and the profile are about
     profile_engine  profile_engine(lm, requests) -> that engine with every request admitted and
                     prefilled, so its next `step()` is one full-batch decode step

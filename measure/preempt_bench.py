@@ -1,6 +1,6 @@
 """The harness of `preempt_demo`: a burst against a small pool, recompute vs swap, across block sizes.
 
-A phase's demo hands in its engine line (common/ imports no phase):
+A phase's demo hands in its engine line (measure/ imports no phase):
 
     run_preempt_demo(cfg, PreemptionLine(engine=PreemptingEngine, audited=AuditedEngine, swap_space=SwapSpace,
                                          check_finished=check_finished, worst_case_blocks=worst_case_blocks,
@@ -16,10 +16,10 @@ A phase's demo hands in its engine line (common/ imports no phase):
   worst_case_blocks  worst_case_blocks(request, n, block_size): the most blocks its n sequences hold at once
   modes              the preemption modes, in table order
 
-A trace (common/workload.py) runs through a fresh audited engine (`run_trace`, fed by
-common/harness.py's `drive`): once with an unlimited pool (the reference), then per mode and block
-size with a pool of the same number of tokens; then what one recovery costs (common/recovery_bench.py).
-`run_trace` and the cells are shared with `stress_demo` (common/stress_bench.py).
+A trace (measure/workload.py) runs through a fresh audited engine (`run_trace`, fed by
+measure/harness.py's `drive`): once with an unlimited pool (the reference), then per mode and block
+size with a pool of the same number of tokens; then what one recovery costs (measure/recovery_bench.py).
+`run_trace` and the cells are shared with `stress_demo` (measure/stress_bench.py).
 """
 
 from __future__ import annotations
@@ -27,13 +27,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from common.bench import MB, ceil_div, cpu_threads, now
-from common.demos import Option, RunConfig
-from common.harness import drive, outputs_of
-from common.progress import progress_bar
-from common.recovery_bench import recovery_microbench, recovery_table
-from common.report import Report
-from common.workload import burst, demand_tokens
+from common.clock import now
+from measure.bench import MB, ceil_div, cpu_threads
+from measure.demos import Option, RunConfig
+from measure.harness import drive, outputs_of
+from measure.progress import progress_bar
+from measure.recovery_bench import recovery_microbench, recovery_table
+from measure.report import Report
+from measure.workload import burst, demand_tokens
 
 # Both demos default to fp32: greedy outputs are then identical across batch compositions, so "identical to
 # the unlimited pool" tests preemption, not bf16 rounding (in bf16 two batch shapes can flip a token).
@@ -214,7 +215,7 @@ def run_preempt_demo(cfg: RunConfig, line: PreemptionLine) -> Report:
 
 def plot_preempt(report: Report, png_path) -> None:
     """Left: the micro-benchmark's cost of one recovery; right: end-to-end throughput; both per block size."""
-    from common import plots
+    from measure import plots
 
     rows, micro = report.data["sweep"], report.data["micro"]
     sizes = sorted({r["block_size"] for r in rows})

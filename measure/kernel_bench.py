@@ -50,10 +50,10 @@ from typing import Callable
 
 import torch
 
-from common.bench import sync
-from common.demos import Option, RunConfig
-from common.progress import progress_bar
-from common.report import Report, Table, shorten
+from common.clock import sync
+from measure.demos import Option, RunConfig
+from measure.progress import progress_bar
+from measure.report import Report, Table, shorten
 
 NOT_TIMED_CPU = "not timed (CPU)"
 QUICK = dict(batch_sizes=[1, 2], context_lens=[5, 19], warmup=1, iters=2)   # tests: 4 cells, 1 + 2 calls each
@@ -117,7 +117,7 @@ def timing_cell(t: Timing | None) -> float | str:
 def capture_calls(fn: Callable[[], object], calls: int = CALLS_PER_GRAPH) -> Callable[[], None]:
     """`calls` back-to-back calls of `fn` recorded as one CUDA graph; returns its replay. Raises RuntimeError
     where `fn` cannot be captured (a host read of a device tensor, a synchronize)."""
-    # imported on use: common/ loads no phase, and only a capture on a GPU needs phase 3.7's rules
+    # imported on use: measure/ loads no phase, and only a capture on a GPU needs phase 3.7's rules
     from phases.p3_7_cuda_graphs.graph_capture import record, refuse_a_sync, warm_up_for_capture
     warm_up_for_capture(fn)
     refuse_a_sync(fn)           # a synchronising call is refused here, not found by a failed capture

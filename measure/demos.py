@@ -2,7 +2,7 @@
 
 A phase defines a demo with the `@demo(...)` decorator in its own `demo.py`
 and adds one line to DEMO_MODULES below. `python -m common <name>`
-(common/__main__.py) and `modal run modal_run.py::<name>` (modal_run.py) both
+(measure/cli.py) and `modal run modal_run.py::<name>` (modal_run.py) both
 look demos up here, so a demo runs the same code on a laptop CPU and on a
 Modal GPU; only the defaults differ (`Option.cpu` vs `Option.gpu`), because a
 CPU minute buys far fewer tokens.
@@ -11,7 +11,7 @@ The registry is lazy: `get(name)` imports only the module that defines
 `name`. A demo whose module needs a package that is not installed (the
 server's fastapi and uvicorn, say) fails alone, with `MissingPackage` naming
 the package and its install command; every other demo still runs. Nothing in
-common/ imports a phase until a demo is asked for by name.
+measure/ imports a phase until a demo is asked for by name.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from common.report import Report
+from measure.report import Report
 
 # Every demo -> the module that defines it, in reading order. A new demo adds its line here.
 # `tput` is defined in p3_3 and taken over by p3_5 (see `demo(extends=...)`): the table names the latest.
@@ -123,7 +123,7 @@ class RunConfig:
         return self._lm
 
     def new_report(self, demo_name: str) -> Report:
-        from common.report import environment_meta
+        from measure.report import environment_meta
         lm = self._lm
         meta = environment_meta(device=lm.device if lm else self.device, model=self.model,
                                 dtype=str(lm.dtype).removeprefix("torch.") if lm else self.dtype)
@@ -193,7 +193,7 @@ def demo(name: str, phase: str, help: str, options: list[Option] | None = None,
     p3_5); the earlier function stays importable and is kept in EARLIER.
     """
     if name not in DEMO_MODULES:
-        raise ValueError(f"demo '{name}' is not in common.demos.DEMO_MODULES; add the line "
+        raise ValueError(f"demo '{name}' is not in measure.demos.DEMO_MODULES; add the line "
                          f"'\"{name}\": \"<its module>\"' there")
 
     def register(fn: Callable[[RunConfig], Report]):
@@ -226,7 +226,7 @@ def missing_distribution(err: ModuleNotFoundError) -> str | None:
     """The third-party distribution whose absence `err` reports, or None if it is this repo's own module
     (a bug to show in full, not a package to install)."""
     missing = (err.name or "").split(".")[0]
-    if not missing or missing in {"common", "phases"}:
+    if not missing or missing in {"common", "measure", "phases"}:
         return None
     return DISTRIBUTION_OF.get(missing, missing)
 
@@ -247,7 +247,7 @@ def get(name: str) -> Demo:
             raise
         raise MissingPackage(f"demo '{name}'", package) from e
     if name not in DEMOS:
-        raise RuntimeError(f"{module} was imported but defines no demo '{name}' (common.demos.DEMO_MODULES "
+        raise RuntimeError(f"{module} was imported but defines no demo '{name}' (measure.demos.DEMO_MODULES "
                            "names it as the module that does)")
     return DEMOS[name]
 

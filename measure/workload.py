@@ -13,7 +13,7 @@ fast GPU and a slow CPU, and two runs of it are comparable; each request is
 plain (greedy), n seeded samples, or a beam search of width n:
 - `burst`: n greedy requests that all arrive at once, lengths drawn uniformly;
 - `stress_trace`: bursts every few steps, a seeded mix of the three kinds.
-common/harness.py's `drive(engine, trace)` feeds one to an engine.
+measure/harness.py's `drive(engine, trace)` feeds one to an engine.
 """
 
 from __future__ import annotations

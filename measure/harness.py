@@ -1,17 +1,17 @@
 """The engine-comparison harness: any engine, the same requests, one row of numbers each.
 
-An engine enters as an `EngineRunner`; common/ never imports a phase, a phase's
+An engine enters as an `EngineRunner`; measure/ never imports a phase, a phase's
 demo builds its engine and hands it over:
 
     EngineRunner(name, label, run)
       name   short column prefix ("dyn", "paged", ...)
       label  one line saying what it is (printed under the tables)
       run    run(lm, requests, max_running) -> EngineRun
-               requests     list[common.workload.Request], all arriving at once
+               requests     list[measure.workload.Request], all arriving at once
                max_running  how many sequences the engine may run together
              returns EngineRun(outputs, timings, kv_peak_bytes, note, settings):
                outputs        new token ids per request, in request order
-               timings        one common.bench.SeqTiming per request
+               timings        one common.clock.SeqTiming per request
                kv_peak_bytes  the most KV bytes the engine held at one time
                note           optional line for the table notes
                settings       what the engine ran with (max_running, block size, pool, ...),
@@ -20,7 +20,7 @@ demo builds its engine and hands it over:
 `measure(lm, runner, requests, max_running)` warms the engine up on the
 workload's own shapes (`warm_up`), then times one run and returns a row dict.
 `pick_engines` chooses engines by name (the demos' `--engines`). The batch-size
-sweep built on this is common/tput.py.
+sweep built on this is measure/tput.py.
 
 Helpers for the phases' runners, written against the engines' shared shape
 (`add(prompt, max_new_tokens, ...)`, `run(progress)`, `running`, `step()`, `has_work`;
@@ -29,7 +29,7 @@ Helpers for the phases' runners, written against the engines' shared shape
 `run_prompts` (queue prompts with one arrival time, run under a progress bar),
 `workload_pool_blocks` (a pool that never makes anyone wait), `pool_problems`
 (a pool's invariants and leaks), and for the step-timed traces of
-common/workload.py: `drive` (feed a trace to an engine step by step, as a
+measure/workload.py: `drive` (feed a trace to an engine step by step, as a
 server's engine loop would) and `outputs_of` (each request's tokens).
 """
 
@@ -39,9 +39,10 @@ import gc
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from common.bench import MB, SeqTiming, ceil_div, now, summarize
-from common.progress import progress_bar
-from common.workload import Request, TracedRequest
+from common.clock import SeqTiming, now
+from measure.bench import MB, ceil_div, summarize
+from measure.progress import progress_bar
+from measure.workload import Request, TracedRequest
 
 WARMUP_NEW_TOKENS_CPU = 2   # a CPU warm-up runs the workload's prompts with only this many new tokens each
 
@@ -131,7 +132,7 @@ def pool_problems(pool, name: str = "pool") -> list[str]:
     return [] if pool.n_free == pool.n_blocks else [f"{name}: {pool.n_used} blocks leaked"]
 
 
-# --- step-timed traces (common/workload.py's TracedRequest) ----------------------------------
+# --- step-timed traces (measure/workload.py's TracedRequest) ----------------------------------
 def submit_traced(engine, r: TracedRequest):
     """Queue one traced request: a beam search, or a group of r.n samples (a plain request is a group of one)."""
     if r.kind == "beam":

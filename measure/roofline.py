@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from common.bench import now
+from common.clock import now
 
 MATMUL_N = 2048          # square size: big enough to reach the CPU's steady GEMM rate
 MATMUL_REPEATS = 10

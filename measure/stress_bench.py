@@ -1,8 +1,8 @@
 """The harness of `stress_demo`: a seeded random trace overflowing the pool many times over, every promise checked.
 
-    run_stress_demo(cfg, line)    # line: a PreemptionLine (common/preempt_bench.py), built by the phase's demo
+    run_stress_demo(cfg, line)    # line: a PreemptionLine (measure/preempt_bench.py), built by the phase's demo
 
-Bursts of plain requests, n seeded samples and beam searches (common/workload.py's `stress_trace`)
+Bursts of plain requests, n seeded samples and beam searches (measure/workload.py's `stress_trace`)
 run through the audited engine with an unlimited pool (the reference), then with a small one per
 preemption mode; the audit (FCFS, latest group preempted, whole groups) runs while it steps, and
 `check_finished` after (every sequence finished exactly once, no block leaked in either pool).
@@ -10,12 +10,12 @@ preemption mode; the audit (FCFS, latest group preempted, whole groups) runs whi
 
 from __future__ import annotations
 
-from common.bench import ceil_div, cpu_threads
-from common.demos import Option, RunConfig
-from common.preempt_bench import (PreemptionLine, completed, run_trace, same, start, threads_note, warm_up,
+from measure.bench import ceil_div, cpu_threads
+from measure.demos import Option, RunConfig
+from measure.preempt_bench import (PreemptionLine, completed, run_trace, same, start, threads_note, warm_up,
                                   without_outputs)
-from common.report import Report
-from common.workload import TRACE_SAMPLE_TEMPERATURE, demand_tokens, stress_trace
+from measure.report import Report
+from measure.workload import TRACE_SAMPLE_TEMPERATURE, demand_tokens, stress_trace
 
 QUICK = dict(n_requests=8, prompt_len=[3, 10], output_len=[2, 6], burst_size=[2, 4], burst_gap=[1, 2], block_size=4)
 

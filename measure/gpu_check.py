@@ -1,4 +1,4 @@
-"""`make gpu-check` (`python -m common.gpu_check`): the gpu test tier, then every demo on the GPU.
+"""`make gpu-check` (`python -m measure.gpu_check`): the gpu test tier, then every demo on the GPU.
 
 On a machine with a CUDA GPU, one command:
 
@@ -15,7 +15,7 @@ The demos run on `dummy:qwen3-0.6b` by default: Qwen3-0.6B's architecture with
 random weights, the same FLOPs and bytes per token, nothing to download (the
 machines this runs on may have no network), EOS ignored.
 It takes longer than a short GPU window: there, run `make gpu-headline`
-(common/gpu_headline.py) first, the headline figures in at most 8 minutes.
+(measure/gpu_headline.py) first, the headline figures in at most 8 minutes.
 `modal run modal_run.py::gpu_check` runs step 1 in the Modal image;
 `modal run modal_run.py::all_demos` runs step 2 fanned out over GPU containers.
 
@@ -33,14 +33,14 @@ import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from common.demos import names as demo_names
-from common.report import REPO_ROOT, RESULTS_DIR, Report, environment_meta, print_report, save_report
+from measure.demos import names as demo_names
+from measure.report import REPO_ROOT, RESULTS_DIR, Report, environment_meta, print_report, save_report
 
 GPU_RESULTS_MODEL = "dummy:qwen3-0.6b"
 DEMO_TIMEOUT_S = 900          # one demo at GPU defaults; tput and preempt_demo are the longest
 TIER_TIMEOUT_S = 3600
 FAILURE_TAIL_LINES = 3        # lines of a failed demo's stderr kept in the report
-REFUSED_EXIT_STATUS = 2       # `python -m common` refused the input with one line (see common/__main__.py)
+REFUSED_EXIT_STATUS = 2       # `python -m common` refused the input with one line (see measure/cli.py)
 
 
 def run_tier(python: str, junit: Path, extra: list[str] | None = None) -> tuple[dict, float]:
@@ -120,7 +120,7 @@ def build_report(model: str, tier: dict | None, tier_s: float, demos: list[dict]
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m common.gpu_check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m measure.gpu_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=GPU_RESULTS_MODEL, help=f"model for the demos (default {GPU_RESULTS_MODEL})")
     p.add_argument("--demos", nargs="+", default=None, help="only these demos (default: every demo)")
     p.add_argument("--skip-tier", action="store_true", help="do not run the test tier")

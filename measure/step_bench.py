@@ -28,7 +28,7 @@ from typing import Callable
 
 import torch
 
-from common.bench import sync
+from common.clock import sync
 
 WARMUP_STEPS = 3
 PROMPT_SEED = 0

@@ -1,6 +1,6 @@
 """A streaming load generator in the style of vLLM's serving benchmark.
 
-Requests arrive as a Poisson process at a given rate (common.workload), each
+Requests arrive as a Poisson process at a given rate (measure.workload), each
 one a streaming chat completion over HTTP, and every client measures what a
 user would see:
 
@@ -18,7 +18,7 @@ a server up and then offers the same requests at each of several rates;
 It speaks plain HTTP to any OpenAI-compatible server (phase 5's, vLLM's), so
 it lives here with the other measurement code. Also a command for any running
 server (default: this machine's):
-  python -m common.load_gen --rate 2 --n 16 --max-tokens 32
+  python -m measure.load_gen --rate 2 --n 16 --max-tokens 32
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import Callable
 
 import httpx
 
-from common.bench import percentile
 from common.prompts import interleaved_latency_prompts
-from common.workload import poisson_arrivals
+from measure.bench import percentile
+from measure.workload import poisson_arrivals
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 REQUEST_TIMEOUT_S = 120.0   # one request, first byte to [DONE]
@@ -198,7 +198,7 @@ def scrape_metrics(url: str) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m common.load_gen",
+    p = argparse.ArgumentParser(prog="python -m measure.load_gen",
                                 description="Poisson load of streaming chat requests against a running server.")
     p.add_argument("--base-url", default=DEFAULT_BASE_URL)
     p.add_argument("--model", default=None, help="model id (default: the server's first /v1/models entry)")

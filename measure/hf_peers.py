@@ -1,6 +1,6 @@
 """Hugging Face's own engines, measured on the same requests as ours: the peers a reader could pick instead.
 
-Each is an engine runner of the harness (common/harness.py): `run(lm, requests, max_running) -> EngineRun`,
+Each is an engine runner of the harness (measure/harness.py): `run(lm, requests, max_running) -> EngineRun`,
 and an `EngineRunner` a demo hands to `measure` / `run_tput` (HF_STATIC, HF_COMPILED, HF_CB).
 
 - `run_hf_static`: `model.generate` on ONE left-padded batch of every
@@ -43,9 +43,10 @@ import time
 import torch
 from transformers import CompileConfig, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from common.bench import SeqTiming, ceil_div, kv_bytes_per_token, now
-from common.harness import EngineRun, EngineRunner
-from common.workload import Request
+from common.clock import SeqTiming, now
+from measure.bench import ceil_div, kv_bytes_per_token
+from measure.harness import EngineRun, EngineRunner
+from measure.workload import Request
 
 MS_PER_S = 1e3
 # torch.compile guards Python ints by value, so each new static-cache length (and the first new batch

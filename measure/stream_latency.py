@@ -4,7 +4,7 @@
 
 `engines` maps a row name to `make(lm, max_running=, block_size=, n_blocks=)`, a
 fresh engine with the schedulers' shape (`add(prompt_ids, max_new_tokens, ...)`,
-`step()`, `run()`, `n_steps`, `allocator`); common/ imports no phase, so a phase's
+`step()`, `run()`, `n_steps`, `allocator`); measure/ imports no phase, so a phase's
 demo builds them. The last two rows are read as one engine with whole prompts,
 then the same engine prefilling in chunks of `budget` tokens.
 """
@@ -15,11 +15,12 @@ from typing import Callable
 
 import torch
 
-from common.bench import ceil_div, now, percentile
-from common.harness import pool_problems
-from common.progress import progress_bar
-from common.report import Report
-from common.workload import FIRST_ORDINARY_TOKEN_ID
+from common.clock import now
+from measure.bench import ceil_div, percentile
+from measure.harness import pool_problems
+from measure.progress import progress_bar
+from measure.report import Report
+from measure.workload import FIRST_ORDINARY_TOKEN_ID
 
 IDS_SEED = 1
 TOKEN_RANGE = (FIRST_ORDINARY_TOKEN_ID, 40_000)   # ordinary ids in every model's vocabulary
