@@ -110,7 +110,7 @@ def render(comparison: Comparison) -> str:
 
 # --- the comparisons, phase by phase ---------------------------------------------------------
 CPU, H100 = "cpu_smollm2-135m", "nvidia-h100-80gb-hbm3_dummy-qwen3-0.6b"
-BASE = "gpu-baseline/"      # the GPU-ready issue's H100 run of the demos (see results/gpu-baseline/README.md)
+BASE = "gpu-baseline/"      # the H100 run of the demos on an earlier tree (see results/gpu-baseline/README.md)
 
 
 def cpu(demo: str, table: str, row: tuple, col: str, report: str | None = None) -> Cell:

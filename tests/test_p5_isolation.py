@@ -95,7 +95,7 @@ def test_the_engine_refuses_a_seed_its_samples_would_overflow_before_queueing_an
 def test_seed_overflow_with_n_samples_is_a_400_naming_seed(srv):
     h0 = health(srv)
     cases = [
-        b'{"model": "tiny", "prompt": "hi", "n": 3, "seed": 18446744073709551614, "max_tokens": 4}',  # the issue's
+        b'{"model": "tiny", "prompt": "hi", "n": 3, "seed": 18446744073709551614, "max_tokens": 4}',  # a seed past int64's range
         b'{"model": "tiny", "prompt": "hi", "seed": 18446744073709551616, "max_tokens": 4}',          # 2**64, n=1
         b'{"model": "tiny", "prompt": "hi", "n": 3, "seed": 9223372036854775806, "max_tokens": 4}',   # seed + 2 > int64
     ]

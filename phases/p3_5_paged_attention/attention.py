@@ -232,7 +232,7 @@ def switch_attention(model, name: str) -> None:
 
     transformers' `set_attn_implementation` checks the name, then walks every
     submodule looking for submodels with configs of their own: ~400 modules on
-    a 28-layer model, about 1 ms of host time on a CPU, twice per step (in and
+    a 28-layer model, host time spent twice per step (in and
     back). That walk changes nothing more than the config's own setter does when
     every submodel shares the top config (a causal LM and its inner model do).
     So the full call runs the first time a model meets a name, and after that,

@@ -48,7 +48,7 @@ from phases.p3_5_paged_attention.reference import (paged_decode_attention_gather
 QUERY_SEED = 0
 WORKLOAD_ENGINES = ["hf_static", "hf_cb", "paged", "batched"]
 WORKLOAD_ENGINES_GPU = ["hf_static", "hf_compiled", "hf_cb", "paged", "batched"]
-TARGETS = {  # (workload, faster engine, slower engine) -> the ratio the issue asks for
+TARGETS = {  # (workload, faster engine, slower engine) -> the ratio this phase aims for
     ("equal", "batched", "hf_cb"): 3.0,
     ("equal", "batched", "hf_static"): 1.0,
     ("mixed", "batched", "hf_static"): 1.5,

@@ -12,8 +12,8 @@ to each layer:
 
 Making a plan also checks the inputs' *values* (slots inside the pool, block
 ids and lengths that fit), which means reading tensor contents; the layers
-then check only shapes. At one sequence, per-layer index arithmetic and checks
-cost ~10 ms of a ~60 ms decode step. The Triton kernels do this arithmetic
+then check only shapes. At one sequence, doing that index arithmetic and those
+checks in every layer is a large share of a decode step. The Triton kernels do this arithmetic
 inside each program, so on a GPU no plan is made (see `ops.plan_write`).
 """
 

@@ -26,7 +26,7 @@ workload   workload_bench's equal and mixed work (measure/workload.py) through `
            `chunked` (3.6), same requests, one run: is any engine slower than before?
 
 Packs are written NxL (N segments of L tokens) or NxA-B (N segments of A..B tokens, seeded).
-The GPU defaults are the issue's: 1 x 4096, 16 x 256, 256 x 16-128, prefixes of 0 and 1024 tokens;
+The GPU defaults: 1 x 4096, 16 x 256, 256 x 16-128, prefixes of 0 and 1024 tokens;
 a CPU run takes about a minute (fewer tokens through the whole model, fp32: CPU_DEFAULT_DTYPE there).
 """
 

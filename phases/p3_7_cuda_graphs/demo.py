@@ -54,7 +54,7 @@ from phases.p3_7_cuda_graphs.tuning import LAYER, best_config, decode_case, tune
 HBM_BYTES_PER_S = {"H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12, "H200": 4.8e12, "A100-SXM4-80GB": 2.04e12}
 STEP_SLACK_TOKENS = 16   # pool room per sequence beyond its prompt and timed steps (the warm-up steps)
 COPY_BYTES = 2 << 30     # the measured-bandwidth copy: 2 GiB read and 2 GiB written
-TARGETS = {  # (workload, faster, slower) -> the ratio the issue asks for
+TARGETS = {  # (workload, faster, slower) -> the ratio this phase aims for
     ("equal", "graphs", "hf_compiled"): 1.5,
     ("equal", "graphs", "hf_cb"): 10.0,
     ("mixed", "graphs", "hf_compiled"): 3.0,

@@ -1,8 +1,8 @@
 """`StaticDecodeEngine`: phase 3.6's engine whose decode steps run over static buffers, replayed as CUDA graphs.
 
-On an H100 phase 3.5/3.6's decode step with 256 sequences took ~33 ms, of which
-the GPU worked ~11 ms: the rest was Python building tensors from lists and
-launching some 1,500 kernels one by one. This phase keeps every scheduling
+On a GPU most of phase 3.5/3.6's decode step with 256 sequences is not GPU work
+but Python building tensors from lists and launching some 1,500 kernels one by
+one (the README has the H100's figures). This phase keeps every scheduling
 decision of phase 3.6 and changes how a decode-only step runs:
 
 static buffers  the step's inputs live in tensors allocated once (buffers.py), one

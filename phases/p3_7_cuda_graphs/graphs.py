@@ -2,8 +2,7 @@
 
 A decode forward pass of a 28-layer model is some 1,500 kernel launches (phase 3.8 counts them); on a
 host with a slow CPU, launching them from Python takes several times longer
-than the GPU takes to run them (the baseline: ~41 ms eager vs ~7 ms replayed
-at 256 sequences). A CUDA graph records the launches once, with their
+than the GPU takes to run them (the README has the figures). A CUDA graph records the launches once, with their
 arguments (the addresses of the static buffers), and replays them with one
 call. What the step changes must therefore be *values* in those buffers,
 never shapes or addresses: hence the static buffers, the buckets (one graph

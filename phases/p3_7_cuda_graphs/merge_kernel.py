@@ -9,9 +9,9 @@ log-sum-exp of scores. Phase 3.5's `merge_splits` combines them in PyTorch:
 with top = max_s lse_s. In PyTorch that is about a dozen small element-wise
 and reduction kernels (amax, where, exp, two sums, a product, a divide, then a
 cast to the model's dtype), each reading or writing [B, H, S, D] or [B, H, S]
-through HBM. Timed per call on the H100's slow host, where each launch costs
-tens of microseconds, a split at batch 1-16 and 512-2,048 tokens cost 0.12-0.21 ms
-more than no split at all (README, the split-KV rule). In a CUDA graph the
+through HBM. Timed per call on a GPU with a slow host, where each launch costs
+tens of microseconds, a split at small batches cost more than no split at all
+(README, the split-KV rule). In a CUDA graph the
 host's launches are gone, but a dozen kernels in a row each still start, drain
 and pass over memory on the GPU: the merge should be one.
 

@@ -1,7 +1,7 @@
 """`OverlappedDecodeEngine`: the host schedules decode step N+1 while the GPU still runs step N.
 
-With CUDA graphs a 256-sequence decode step on an H100 is ~4.6 ms of GPU work, yet the
-step took ~10.3 ms of wall time: the host spends ~5.6 ms per step in Python (claiming
+With CUDA graphs a 256-sequence decode step's wall time is still about twice its GPU
+time on an H100 (README): the host spends the difference in Python (claiming
 slots, comparing rows, appending tokens, finish checks), and `StaticDecodeEngine` does it
 in series with the GPU, because each step waits for the sampled ids before the next one
 is built. This engine pipelines consecutive decode-only steps, as vLLM V1's async

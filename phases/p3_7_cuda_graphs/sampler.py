@@ -114,7 +114,7 @@ def filter_rows(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) 
 
 def sample_rows(logits: torch.Tensor, rows: SamplingRows | None) -> torch.Tensor:
     """logits [B, V] -> token ids [B] int64 on the device (no host transfer here)."""
-    # bf16 -> fp32 is exact, so either argmax is phase 2.2's; fp32 is ~4x faster on a CPU, and on a GPU the
+    # bf16 -> fp32 is exact, so either argmax is phase 2.2's; fp32's argmax is the faster one on a CPU, and on a GPU the
     # copy would cost more than it saves.
     greedy_ids = (logits if logits.is_cuda else logits.float()).argmax(-1)
     if rows is None:

@@ -8,12 +8,12 @@ split count in SPLIT_CHOICES. `ms` is GPU time per call from CUDA-graph replays
 (measure/kernel_bench.gpu_time: no host launch latency, as in the engine's
 replayed decode step; `timing` says if a call could not be captured);
 `ms_per_call` is CUDA events around one call from Python, launch latency
-included (how the first committed sweep, with the eager merge, was timed). Bandwidth
+included. Bandwidth
 is the K/V bytes the sequences hold (what any exact attention must read once)
 over `ms`.
 
-`best_config(rows)` is the config with the lowest total time over the cells the
-issue asks about (batch >= 32); the winner is written into decode_kernel.py's
+`best_config(rows)` is the config with the lowest total time over the cells a
+serving batch lands in (batch >= 32); the winner is written into decode_kernel.py's
 DEFAULT_CONFIG by hand, with the table in the README. Runs on CUDA only: on a
 CPU the kernel runs in Triton's interpreter and timing it means nothing.
 """

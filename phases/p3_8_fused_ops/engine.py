@@ -1,7 +1,7 @@
 """`FusedDecodeEngine`: phase 3.7's static decode step with RMSNorm, rotary and SwiGLU each one kernel.
 
 Phase 3.7's CUDA graph took the host out of a decode step, and what was left on
-the H100 was ~4 ms of GPU time at batch 1 and ~4.6 ms at batch 256: nearly flat,
+the H100 was a GPU time nearly flat from batch 1 to batch 256 (README),
 although batch 256 does 256 times the arithmetic. A step that long whatever its
 size is counted in kernels, not in bytes or FLOPs. Each of its ~1,570 kernels
 (56 per layer of Qwen3-0.6B) starts, reads, writes and drains; most of them

@@ -7,7 +7,7 @@ runs once per model and gives each recognised module a forward that asks one
 flag per call: inside `fused_ops_on()` it launches the fused kernel, anywhere
 else it is the module's own forward, unchanged. (Switching implementations by
 walking the modules every step would cost what phase 3.5's attention switch
-cost, ~1 ms per step; reading a flag costs nothing, and in a replayed CUDA graph
+cost, a walk over hundreds of modules per step; reading a flag costs nothing, and in a replayed CUDA graph
 no Python runs at all.)
 
 What is recognised, by name, from model families whose code was read against the kernels; anything else
