@@ -13,9 +13,7 @@ asynchronously and an unsynchronised timer measures only the launch.
 from __future__ import annotations
 
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 
@@ -71,11 +69,3 @@ class SeqTiming:
     def latency_ms(self) -> float:
         return (self.finish - self.arrival) * 1e3 if self.finish is not None else float("nan")
 
-
-@contextmanager
-def timed(device: str | torch.device | None = None) -> Iterator[dict]:
-    """`with timed(dev) as t: ...` then `t["s"]` holds the synchronised seconds."""
-    out: dict = {}
-    start = now(device)
-    yield out
-    out["s"] = now(device) - start
