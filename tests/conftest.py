@@ -43,6 +43,7 @@ def pytest_collection_finish(session):
     nbrun.plan([m.args[0] for item in session.items for m in item.iter_markers("notebook")])
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     # The notebook tests go to one worker (with --dist loadgroup), which runs their notebooks side by side
     # when the first is asked for (tests/nbrun.py); spread over workers, each would run them all.
