@@ -38,9 +38,12 @@ def gpu_tier_device() -> str | None:
 
 
 def pytest_collection_finish(session):
-    """Tell tests/nbrun.py which notebooks the selected tests will run, so it can run them side by side."""
-    from tests import nbrun
-    nbrun.plan([m.args[0] for item in session.items for m in item.iter_markers("notebook")])
+    """Tell tests/nbrun.py which notebooks the selected tests will run, so it can run them side by side.
+    Only when some will: nbrun needs the notebook packages, which a bare GPU box running the gpu tier lacks."""
+    names = [m.args[0] for item in session.items for m in item.iter_markers("notebook")]
+    if names:
+        from tests import nbrun
+        nbrun.plan(names)
 
 
 @pytest.hookimpl(tryfirst=True)   # before xdist's own hook reads the groups

