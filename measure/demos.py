@@ -54,6 +54,7 @@ DEMO_MODULES: dict[str, str] = {
     "preempt_demo": "phases.p4_4_preemption.demo",
     "stress_demo": "phases.p4_4_preemption.demo",
     "bench_serve": "phases.p5_serving.demo",
+    "serve_workload": "phases.p5_serving.workload_demo",
 }
 
 REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements.txt"

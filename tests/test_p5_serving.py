@@ -353,6 +353,18 @@ def test_bench_serve_quick_runs():
     assert row[1] == "3/3" and report.data["output_tok_per_s"][0] > 0
 
 
+def test_serve_workload_runs_the_served_engine_beside_3_5_and_3_7_with_the_same_outputs():
+    from measure.cli import run_demo
+    report = run_demo("serve_workload", model="tiny", device="cpu", dtype="fp32", quick=True)
+    notes = " ".join(n for t in report.tables for n in t.notes)
+    for engine in ("graphs", "served"):       # greedy, fixed lengths: every engine's tokens equal the first's
+        assert f"{engine}: 4/4 outputs identical to batched's" in notes
+    rows = report.data["results"]["equal"]
+    assert rows["served"]["tok_s"] > 0 and rows["batched"]["tok_s"] > 0
+    targets = next(t for t in report.tables if t.columns[-2:] == ["target", "met"])
+    assert {tuple(r[:2]) for r in targets.rows} == {("equal", "served / batched tok/s"), ("mixed", "served / batched tok/s")}
+
+
 def test_the_server_serves_the_last_engine_with_its_flags(tiny32):
     from phases.p4_4_preemption.engine import PreemptingEngine
     from phases.p5_serving.launch import build_parser

@@ -17,4 +17,6 @@ Files, in reading order:
 - demo.py          `bench_serve`: latency and throughput against the request rate; --workload fewshot
                    (prefix caching on vs off) and undersized (preemption); this phase's server handed to
                    the harness in measure/ (serve_bench.py; load_gen.py sends the load)
+- workload_demo.py `serve_workload`: the served engine on workload_bench's equal and mixed work, beside
+                   phases 3.5 and 3.7 (no HTTP stack)
 """
