@@ -48,9 +48,22 @@ LONG_PROMPTS = [
 LATENCY_DEMO_MAX_RUNNING = 4
 LATENCY_DEMO_MAX_TOKENS = 128          # CPU: long answers run to this cap in ~40 s per batch on 2 cores
 # GPU: the blog's cap (its prose says 2048; its code listing shows 128). Its long answers stopped at
-# EOS after ~1,300-1,600 steps and short ones after ~10, which is what makes continuous batching's
+# EOS after 443-1,592 steps and short ones after 2-24, which is what makes continuous batching's
 # 15-36x for short prompts show.
 LATENCY_DEMO_MAX_TOKENS_GPU = 2048
+# The decode steps each latency-demo prompt ran in the blog's table (Inference Engines 2/N,
+# "Phase 2, Step 4", its `steps` column): how long the blog's model answered each one. Run with
+# EOS ignored, these lengths replay the blog's workload on any model, random weights included.
+LATENCY_DEMO_BLOG_STEPS = {
+    "What is the capital of France?": 9,
+    "Explain in detail how the attention mechanism works in a transformer.": 1269,
+    "Is Python interpreted or compiled? Answer in one sentence.": 24,
+    "Write a short story about a robot who learns to paint.": 443,
+    "What is 2 + 2?": 23,
+    "Describe the history of the Roman Empire in significant detail.": 1592,
+    "Name one fruit.": 2,
+    "What are the key differences between supervised and unsupervised learning?": 913,
+}
 # The blog's wall demo reserves this many slots per sequence (StaticCache's
 # worst-case reservation, "MAX_SEQ_LENGTH_DOOMSDAY_PREPARATION").
 STATIC_RESERVATION_TOKENS = 2048

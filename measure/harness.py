@@ -107,13 +107,17 @@ def submit(engine, lm, requests: list[Request]) -> None:
         engine.add(r.ids(lm), r.max_new_tokens, sampling=r.sampling, ignore_eos=r.ignore_eos)
 
 
-def run_prompts(engine, prompts: list, max_new_tokens: int, label: str, **add_options) -> tuple[float, list]:
+def run_prompts(engine, prompts: list, max_new_tokens: int | list[int], label: str,
+                **add_options) -> tuple[float, list]:
     """Queue every prompt (text or ids) on a scheduler with one common arrival time t0 (and `add_options`,
     e.g. ignore_eos=True), run it to the end under a progress bar; returns (t0, the finished sequences in
-    seq_id order)."""
+    seq_id order). `max_new_tokens` is one cap for all, or one per prompt."""
+    caps = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
+    if len(caps) != len(prompts):
+        raise ValueError(f"{len(caps)} max_new_tokens for {len(prompts)} prompts")
     t0 = now(engine.lm.device)
-    for p in prompts:
-        engine.add(p, max_new_tokens, arrival=t0, **add_options)
+    for p, cap in zip(prompts, caps):
+        engine.add(p, cap, arrival=t0, **add_options)
     with progress_bar(label, total=len(prompts)) as bar:
         return t0, engine.run(progress=bar.callback)
 

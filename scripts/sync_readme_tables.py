@@ -6,6 +6,8 @@ A README marks where a result goes:
     (anything here is replaced)
     <!-- /results -->
 
+(a report in a folder under results/ is named with its folder: `p3_3/tput_cpu_smollm2-135m`),
+
 and every phase README has its "blog vs ours" table, built by scripts/blog_vs_ours.py from
 the figures it looks up in results/:
 
@@ -28,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import blog_vs_ours  # noqa: E402  (a sibling script)
 
 ROOT = Path(__file__).resolve().parent.parent
-BLOCK = re.compile(r"(<!-- results: (?P<stem>[\w.+-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
+BLOCK = re.compile(r"(<!-- results: (?P<stem>[\w.+/-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
 BLOG_BLOCK = re.compile(r"(<!-- blog-vs-ours: (?P<phase>\w+) -->\n)(?P<body>.*?)(<!-- /blog-vs-ours -->)", re.S)
 
 

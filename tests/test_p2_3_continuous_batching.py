@@ -97,6 +97,37 @@ def test_latency_demo_smoke(tmp_path):
     assert any(p.suffix == ".png" for p in paths)
 
 
+def test_blog_lengths_replay_the_blogs_steps():
+    from common.prompts import LATENCY_DEMO_BLOG_STEPS, interleaved_latency_prompts
+    from phases.p2_3_continuous_batching.demo import blog_lengths
+    prompts = interleaved_latency_prompts()
+    # The blog's table, in its order: short and long prompts alternating.
+    assert [LATENCY_DEMO_BLOG_STEPS[p] for p in prompts] == [9, 1269, 24, 443, 23, 1592, 2, 913]
+    assert blog_lengths(prompts) == [LATENCY_DEMO_BLOG_STEPS[p] + 1 for p in prompts]   # + the prefill's token
+    assert blog_lengths(prompts, 0.25) == [3, 318, 7, 112, 7, 399, 2, 229]   # scaled, rounded, at least 1 step
+    with pytest.raises(ValueError):
+        blog_lengths(prompts, 0)
+    with pytest.raises(ValueError):
+        blog_lengths(["Tell me a joke about cats."])
+
+
+def test_latency_demo_blog_lengths_run_each_request_its_length_with_eos_ignored(tiny32, monkeypatch):
+    from common.prompts import interleaved_latency_prompts
+    from phases.p2_3_continuous_batching.demo import QUICK_LENGTH_SCALE, blog_lengths, compare_schedulers
+    from measure.cli import run_demo
+    prompts = interleaved_latency_prompts()
+    want = [n - 1 for n in blog_lengths(prompts, QUICK_LENGTH_SCALE)]
+    report = run_demo("latency_demo", model="tiny", device="cpu", dtype="fp32", quick=True,
+                      options={"lengths": "blog"})
+    assert report.data["steps"] == want and report.data["ignore_eos"]
+    assert [r[4] for r in report.tables[0].rows] == want and "blog speedup" in report.tables[0].columns
+    # Every token an EOS: the blog's lengths still run to the end, under both schedulers.
+    monkeypatch.setattr(tiny32, "eos_token_ids", set(range(tiny32.vocab_size)))
+    d = compare_schedulers(tiny32, prompts[:4], 2, [3, 5, 2, 4], ignore_eos=True)
+    assert d["steps"] == [2, 4, 1, 3] and all(d["same_output"])
+    assert compare_schedulers(tiny32, prompts[:4], 2, [3, 5, 2, 4])["steps"] == [0, 0, 0, 0]   # the check bites
+
+
 def test_wall_demo_smoke(tmp_path):
     from measure.cli import run_demo, save_outputs
     report = run_demo("wall", model="tiny", device="cpu", dtype="fp32", quick=True)
@@ -113,7 +144,7 @@ def test_notebook_runs():
 
 
 def test_latency_demo_runs_to_the_blogs_cap_on_a_gpu():
-    # The blog's long answers ran ~1,300-1,600 steps under a 2048-token cap; the CPU default stays short.
+    # The blog's long answers ran 443-1,592 steps under a 2048-token cap; the CPU default stays short.
     from common.prompts import LATENCY_DEMO_MAX_TOKENS
     from measure.demos import get
     demo = get("latency_demo")
