@@ -50,6 +50,7 @@ class Figure:
     blog: str            # the blog's number (or claim), verbatim
     cpu: Cell | Note | str | None      # a str: why there is no figure (it is printed as is); None: not run yet
     gpu: Cell | Note | str | None
+    unit: str = ""       # appended as is (" MB", "%") to each of our looked-up figures: the blog's carry theirs
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ def render(comparison: Comparison) -> str:
                 continue
             text, header = lookup(cell)
             sources[cell.report] = header
-            cells.append(text)
+            cells.append(text + f.unit)
         lines.append(f"| {f.what} | {f.blog} | {cells[0]} | {cells[1]} |")
     lines.append("")
     for report, h in sources.items():
@@ -111,6 +112,8 @@ def render(comparison: Comparison) -> str:
 # --- the comparisons, phase by phase ---------------------------------------------------------
 CPU, H100 = "cpu_smollm2-135m", "nvidia-h100-80gb-hbm3_dummy-qwen3-0.6b"
 BASE = "gpu-baseline/"      # the H100 run of the demos on an earlier tree (see results/gpu-baseline/README.md)
+P3_3_TPUT = f"p3_3/tput_{CPU}"   # `tput` with phase 3.3's two engines only, the run its README discusses
+BLOG_LENGTHS = "latency_demo_blog_lengths/"   # `latency_demo --lengths blog`: the blog's output lengths
 
 
 def cpu(demo: str, table: str, row: tuple, col: str, report: str | None = None) -> Cell:
@@ -121,11 +124,26 @@ def gpu(demo: str, table: str, row: tuple, col: str, report: str | None = None) 
     return Cell(report or f"{BASE}{demo}_{H100}", table, tuple(str(x) for x in row), col)
 
 
+def blog_len(seq: int, col: str) -> Cell:
+    """A cell of the CPU's `latency_demo --lengths blog` run (each request the blog's length, EOS ignored)."""
+    return Cell(f"{BLOG_LENGTHS}latency-demo_{CPU}", "the blog's lengths", (str(seq),), col)
+
+
+P2_3_WHY = (
+    "With the blog's output lengths (EOS ignored; a quarter of each on the CPU) the short prompts win as in the "
+    "blog, 20-49x against its 15-36x: what sets the win is how much longer the answers beside a short one are. "
+    "With our model's own answers they win less or lose: SmolLM2 answers \"What is 2 + 2?\" with 107 tokens, the "
+    "long answers stop at the cap of 128, where the blog's ran 443-1,592 steps, and \"Name one fruit.\" waits in "
+    "the queue behind a long one. The GPU column is the H100 baseline (random weights never stop at EOS, cap 128), "
+    "so every row runs the cap and continuous batching (one pass per sequence) only loses; the blog's experiment on "
+    "a GPU (`--lengths blog`, full length) has not run yet.")
+
+
 COMPARISONS: dict[str, Comparison] = {
     "p0_generate": Comparison([
-        Figure("ms/tok without a cache, 16 new tokens", "part 1/N (not in our seeds)",
+        Figure("ms/tok without a cache, 16 new tokens", "part 0/N (not in our seeds)",
                cpu("decode-sweep", "no KV cache", (16,), "ms/tok"), None),
-        Figure("ms/tok without a cache, 128 new tokens", "part 1/N (not in our seeds)",
+        Figure("ms/tok without a cache, 128 new tokens", "part 0/N (not in our seeds)",
                cpu("decode-sweep", "no KV cache", (128,), "ms/tok"), None),
     ], "Without a cache every step re-reads the whole sequence, so ms/tok grows with the length; the "
        "blog post we follow starts after this phase, so it has no figure to set beside ours."),
@@ -160,25 +178,32 @@ COMPARISONS: dict[str, Comparison] = {
         Figure("static batching: second batch's results back (ms)", "115,074",
                cpu("latency-demo", "8 requests", ("4",), "static ms"), gpu("latency-demo", "8 requests", ("4",), "static ms")),
     ], "The scheduler alone changes no number (the blog shows none); these are its static batches in "
-       "`latency_demo`, shorter than the blog's because our answers stop at 128 tokens, not ~1,300-1,600: the CPU's "
-       "cap, and the GPU run's too (it predates the GPU default of 2048)."),
+       "`latency_demo`, shorter than the blog's because our answers stop at 128 tokens, where the blog's long ones "
+       "ran 443-1,592 steps: the CPU's cap, and the GPU run's too (it predates the GPU default of 2048)."),
     "p2_3_continuous_batching": Comparison([
-        Figure("latency_demo speedup, \"capital of France\" (short)", "35.9x",
+        Figure("speedup, \"capital of France\" (short), the blog's lengths (CPU: x 1/4)", "35.9x",
+               blog_len(0, "speedup"), None),
+        Figure("speedup, \"Is Python interpreted...\" (short), the blog's lengths", "14.9x",
+               blog_len(2, "speedup"), None),
+        Figure("speedup, \"What is 2 + 2?\" (short), the blog's lengths", "28.6x",
+               blog_len(4, "speedup"), None),
+        Figure("speedup, \"Name one fruit.\" (short), the blog's lengths", "26.7x",
+               blog_len(6, "speedup"), None),
+        Figure("speedup, \"Explain in detail...\" (long), the blog's lengths", "0.4x",
+               blog_len(1, "speedup"), None),
+        Figure("speedup, \"capital of France\", our model's own answers (to EOS, cap 128)", "35.9x",
                cpu("latency-demo", "8 requests", ("0",), "speedup"), gpu("latency-demo", "8 requests", ("0",), "speedup")),
-        Figure("latency_demo speedup, \"What is 2 + 2?\" (short)", "28.6x",
+        Figure("speedup, \"What is 2 + 2?\", our model's own answers", "28.6x",
                cpu("latency-demo", "8 requests", ("4",), "speedup"), gpu("latency-demo", "8 requests", ("4",), "speedup")),
-        Figure("latency_demo speedup, \"Explain in detail...\" (long)", "0.4x",
-               cpu("latency-demo", "8 requests", ("1",), "speedup"), gpu("latency-demo", "8 requests", ("1",), "speedup")),
-        Figure("latency_demo steps, \"Explain in detail...\"", "1269",
+        Figure("steps, \"What is 2 + 2?\", our model's own answers", "23",
+               cpu("latency-demo", "8 requests", ("4",), "steps"), gpu("latency-demo", "8 requests", ("4",), "steps")),
+        Figure("steps, \"Explain in detail...\", our model's own answers", "1269",
                cpu("latency-demo", "8 requests", ("1",), "steps"), gpu("latency-demo", "8 requests", ("1",), "steps")),
         Figure("wall: KV reserved by StaticCache, 32 sequences", "5.62G",
-               cpu("wall", "KV memory", (32,), "static KV (MB)"), None),
+               cpu("wall", "KV memory", (32,), "static KV (MB)"), None, unit=" MB"),
         Figure("wall: % of the reservation wasted, 32 sequences", "73.9%",
-               cpu("wall", "KV memory", (32,), "wasted %"), None),
-    ], "The blog's 15-36x for short prompts needs long answers beside them (~1,300-1,600 steps); ours stop "
-       "at 128 tokens (the CPU's cap; the GPU run predates the GPU default of 2048), so a short prompt saves far "
-       "less, and on the GPU the random-weight model never "
-       "stops at EOS, so every row runs the cap and continuous batching (one pass per sequence) only loses."),
+               cpu("wall", "KV memory", (32,), "wasted %"), None, unit="%"),
+    ], P2_3_WHY),
     "p3_1_block_allocator": Comparison([
         Figure("blocks for \"capital of France\"", "2 (29 tokens)",
                cpu("alloc-demo", "Per sequence", ("0",), "paged blocks"), None),
@@ -199,26 +224,24 @@ COMPARISONS: dict[str, Comparison] = {
                cpu("table-demo", "One sequence", (), "blocks"), None),
     ], "A different prompt and a 128-token cap give a longer walk; block by block it is the same table."),
     "p3_3_paged_cache": Comparison([
-        Figure("dyn ms/tok per pass (blog) vs ms/step (ours), batch 1", "30.3",
-               cpu("tput", "Throughput", ("1",), "dyn_ms/step"), None),
-        Figure("paged ms/tok per pass (blog) vs ms/step (ours), batch 1", "31.2",
-               cpu("tput", "Throughput", ("1",), "paged_ms/step"), None),
-        Figure("dyn ms/tok per pass (blog) vs ms/step (ours), batch 8", "26.7",
-               cpu("tput", "Throughput", ("8",), "dyn_ms/step"), None),
-        Figure("paged ms/tok per pass (blog) vs ms/step (ours), batch 8", "30.6",
-               cpu("tput", "Throughput", ("8",), "paged_ms/step"), None),
+        Figure("dyn total tok/s, batch 1", "33.0",
+               cpu("tput", "Throughput", ("1",), "dyn_tok/s", report=P3_3_TPUT), None),
+        Figure("paged total tok/s, batch 1", "32.1",
+               cpu("tput", "Throughput", ("1",), "paged_tok/s", report=P3_3_TPUT), None),
         Figure("dyn total tok/s, batch 8", "37.5",
-               cpu("tput", "Throughput", ("8",), "dyn_tok/s"), None),
+               cpu("tput", "Throughput", ("8",), "dyn_tok/s", report=P3_3_TPUT), None),
         Figure("paged total tok/s, batch 8", "32.7",
-               cpu("tput", "Throughput", ("8",), "paged_tok/s"), None),
+               cpu("tput", "Throughput", ("8",), "paged_tok/s", report=P3_3_TPUT), None),
         Figure("DynamicCache: MB copied to grow one sequence to 537 tokens", "\"every decode step\" (no figure)",
                cpu("grow-demo", "one sequence growing", ("DynamicCache (torch.cat)", "537"), "copied to grow MB"), None),
         Figure("PagedCache: MB copied to grow it", "none (the claim)",
                cpu("grow-demo", "one sequence growing", ("PagedCache (pool of 16-token blocks)", "537"),
                    "copied to grow MB"), None),
-    ], "Both engines run one forward pass per sequence per step, so our ms/step grows with the batch; the blog's "
-       "flat ~27-31 ms is per forward pass (its tok/s x ms/tok is ~1000 at every batch size), and our time per "
-       "pass, 1000 / total tok/s, is flat the same way."),
+    ], "Total tok/s is the same measure on both sides (all tokens / wall time), and both stay flat in the batch: "
+       "each step runs one forward pass per sequence. The blog's ms/tok column (30.3 ms at batch 1, 26.7 at 8) is "
+       "not set beside ours because it is a different measure: 1000 / its tok/s, the time of one forward pass, "
+       "where our ms/tok is one sequence's time per token, which grows with the batch (the table under "
+       "\"Measured\"). Ours are from the bf16, one-thread run that section quotes."),
     "p3_4_gather_kernel": Comparison([
         Figure("Python gather / one batched gather (CPU: torch indexing, GPU: the kernel), batch 8 x 2048",
                "\"horribly slow\" (no figure)",
@@ -330,8 +353,9 @@ COMPARISONS: dict[str, Comparison] = {
                cpu("preempt-demo", "12 requests at once", ("swap",), "total tok/s"), None),
         Figure("swap: MB moved", "beyond the blog",
                cpu("preempt-demo", "12 requests at once", ("swap",), "MB moved"), None),
-    ], "The blog never runs out of blocks; the vLLM paper's section 4.5 is the reference, and on the CPU swapping "
-       "a block back is cheaper than recomputing it."),
+    ], "The blog never runs out of blocks; the vLLM paper's section 4.5 is the reference. Its Fig. 19 found "
+       "recomputation at most 1.2x swapping's cost on a GPU; on our CPU it costs 148-174x (no PCIe copy to pay "
+       "for, and a compute-bound prefill on 2 cores), as the README's micro-benchmark shows."),
     "p5_serving": Comparison([
         Figure("completed req/s at 0.5 req/s offered", "beyond the blog",
                cpu("bench-serve", "streaming chat requests", ("0.50",), "req/s"), None),

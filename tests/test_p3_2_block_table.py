@@ -20,7 +20,9 @@ def pool(n_blocks, block_size=BS):
 
 
 # --- unit tests -------------------------------------------------------------------
-def test_blog_example_token_6_lives_in_block_2_offset_2():
+def test_lesson_example_token_6_lives_in_block_2_offset_2():
+    # The worked lookup of the paged-attention lesson in the seeds ("Part 3: Paged Attention"):
+    # 9 tokens in blocks [5, 2, 8] of 4 tokens each.
     t = BlockTable(block_size=4, block_ids=[5, 2, 8], n_filled=9)
     assert t.physical_pos(6) == (2, 2)
     assert t.physical_pos(0) == (5, 0) and t.physical_pos(8) == (8, 0)
