@@ -39,6 +39,8 @@ STEP_OVER_GPU_TARGET = 1.3     # a 256-sequence decode step's wall time over its
 BATCH1_OVER_HF_TARGET = 1.5    # a batch-1 step against HF compiled's time per token
 # The blog's demos at GPU scale, the cheapest first, so that as many as can fill the box.
 GPU_DEMOS = ["alloc_demo", "wall", "latency_demo", "sweep", "decode_sweep", "tput"]
+# Random weights never stop at EOS, so latency_demo replays the blog's own output lengths instead.
+GPU_DEMO_OPTIONS = {"latency_demo": ["--lengths", "blog"]}
 
 # Published tok/s on nano-vllm's bench.py workload (measure/workload.py's nano_vllm_work), each with its hardware.
 # "reported" rows are figures quoted for this workload whose original page was not checked here.
@@ -257,7 +259,7 @@ def prefix_figures(results: list[StepResult], setup: Setup) -> list[Figure]:
 
 
 def demos_steps(setup: Setup) -> list[Step]:
-    return [demo_step(setup, name, name, to_results=True) for name in GPU_DEMOS]
+    return [demo_step(setup, name, name, *GPU_DEMO_OPTIONS.get(name, []), to_results=True) for name in GPU_DEMOS]
 
 
 def demos_figures(results: list[StepResult], setup: Setup) -> list[Figure]:
