@@ -132,10 +132,10 @@ def test_gather_bench_demo_quick(tmp_path):
     assert (tmp_path / "g.png").stat().st_size > 0
 
 
-@pytest.mark.notebook("07_gather_kernel.ipynb")
+@pytest.mark.notebook("04_gather_kernel.ipynb")
 def test_notebook_runs():
     from tests.nbrun import run_notebook
-    nb = run_notebook("07_gather_kernel.ipynb")
+    nb = run_notebook("04_gather_kernel.ipynb")
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     for line in ("matches the table: True", "kernel == reference (K and V): True",
                  "reference == python per-block gather: True", "padding is zeros: True",

@@ -392,13 +392,13 @@ def test_the_host_sections_stub_returns_what_each_decode_pass_returns_and_leaves
         assert engine.allocator.n_free == engine.allocator.n_blocks
 
 
-@pytest.mark.notebook("10_static_decode.ipynb")
+@pytest.mark.notebook("06_static_decode.ipynb")
 def test_notebook_runs():
-    """notebooks/10_static_decode: chunked and whole prefill, the static step and seeded draws all give the
+    """notebooks/06_static_decode: chunked and whole prefill, the static step and seeded draws all give the
     oracle's tokens, and the overlapped engine wastes one row per EOS end and answers as the static one."""
     import re
     from tests.nbrun import run_notebook
-    nb = run_notebook("10_static_decode.ipynb")
+    nb = run_notebook("06_static_decode.ipynb")
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert len(re.findall(r"largest pass (\d+) tokens, outputs equal to HF generate: True", text)) == 2
     assert "outputs equal to phase 3.6's engine: True" in text and "outputs equal to HF generate:        True" in text

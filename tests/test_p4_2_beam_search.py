@@ -130,7 +130,7 @@ def test_share_demo_runs_quick():
     assert all(0 < r["saving"] < 1 and len(r["held"]) == r["decode_passes"] for r in runs)
 
 
-@pytest.mark.notebook("04_sharing.ipynb")
+@pytest.mark.notebook("07_sharing.ipynb")
 def test_notebook_runs():
     from tests.nbrun import run_notebook
-    run_notebook("04_sharing.ipynb")
+    run_notebook("07_sharing.ipynb")

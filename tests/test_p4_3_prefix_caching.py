@@ -372,7 +372,7 @@ def test_prefix_demo_quick_runs_both_modes_and_plots(tmp_path):
     assert shared_prefix_len([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
 
 
-@pytest.mark.notebook("05_prefix_cache.ipynb")
+@pytest.mark.notebook("08_prefix_cache.ipynb")
 def test_notebook_runs():
     from tests.nbrun import run_notebook
-    run_notebook("05_prefix_cache.ipynb")
+    run_notebook("08_prefix_cache.ipynb")

@@ -300,11 +300,11 @@ def test_demos_run_quick_on_the_tiny_model(name):
     assert any(r.get("n_preemptions", 0) > 0 for r in report.data.get("sweep", report.data.get("runs", [])))
 
 
-@pytest.mark.notebook("08_preemption.ipynb")
+@pytest.mark.notebook("09_preemption.ipynb")
 def test_notebook_runs():
     import re
     from tests.nbrun import run_notebook
-    nb = run_notebook("08_preemption.ipynb")
+    nb = run_notebook("09_preemption.ipynb")
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "preemptions 0, problems []" in text                                   # the unlimited pool
     small = re.findall(r"blocks: \d+ steps, (\d+) preemptions .*problems \[\], outputs equal to the unlimited "

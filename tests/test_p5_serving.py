@@ -388,11 +388,11 @@ def test_serve_command_is_wired():
     assert modal_run.serve_api._is_web_endpoint()  # `modal serve modal_run.py` serves it
 
 
-@pytest.mark.notebook("09_serving.ipynb")
+@pytest.mark.notebook("10_serving.ipynb")
 def test_notebook_runs():
     import re
     from tests.nbrun import run_notebook
-    nb = run_notebook("09_serving.ipynb")
+    nb = run_notebook("10_serving.ipynb")
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
     assert "Paris" in text and "streamed text == non-streamed text: True" in text
     assert "same answer alone: True" in text
