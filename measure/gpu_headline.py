@@ -82,6 +82,9 @@ def run_part(part: Part, setup: Setup, python: str, folder: Path, box_s: float, 
     """Every step of `part` inside its box; then the figures its finished steps saved. On a GPU the steps run
     one at a time (two would share the GPU and skew each other's timings); the CPU dry run, which times
     nothing, runs one per core."""
+    steps = part.steps(setup)
+    jobs = (os.cpu_count() or 1) if setup.dry else 1
+    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None   # OpenMP threads per step
     start = time.perf_counter()
     deadline = start + box_s
 
@@ -94,9 +97,6 @@ def run_part(part: Part, setup: Setup, python: str, folder: Path, box_s: float, 
         print(f"[gpu-headline]   {step.name}: {result.status} in {result.seconds:.0f} s {result.detail}", flush=True)
         return result
 
-    steps = part.steps(setup)
-    jobs = (os.cpu_count() or 1) if setup.dry else 1
-    threads = max(1, (os.cpu_count() or 1) // jobs) if jobs > 1 else None
     with ThreadPoolExecutor(max_workers=jobs) as pool:    # threads only wait: each step is its own process
         results = list(pool.map(run_one, steps))
     for step, result in zip(steps, results):
