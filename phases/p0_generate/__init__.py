@@ -3,12 +3,12 @@
 `generate(lm, prompt)` runs the model on prompt + everything generated so far,
 takes the last position's logits, picks a token, appends it, and repeats. Each
 step therefore costs more than the one before it: step i processes
-len(prompt) + i tokens, so a whole generation costs O(n^2) token-passes. Phase 1
-keeps the keys and values of past tokens so each step processes one token.
+len(prompt) + i tokens, so a whole generation costs O(n^2) token-passes: the
+keys and values of every past token are computed again at every step.
 
 Files:
 - generate.py  `generate` / `generate_ids` (the loop), `GenerationResult`, `check_request`, `prompt_to_ids`
-- README.md    what the baseline costs and how to run it (its demo, `decode_sweep`, is phase 1's)
+- README.md    what the baseline costs and how to run it
 """
 
 from phases.p0_generate.generate import GenerationResult, check_request, generate, generate_ids, prompt_to_ids

@@ -8,12 +8,12 @@
 
 Nothing from step i is kept for step i + 1, so the keys and values of the
 prompt are recomputed at every step. Step i costs ~len(prompt) + i token-passes
-(plus attention over all of them), and ms/tok grows with the position. That
-growth is what phase 1's KV cache removes.
+(plus attention over all of them), and ms/tok grows with the position: the
+growth is the cost of recomputing the past.
 
-`GenerationResult`, `check_request` and `start_request` live here because every
-single-sequence loop (this one and phase 1's) returns the same thing, refuses
-the same input and starts the same way.
+`GenerationResult`, `check_request` and `start_request` stand apart from the
+loop: they are what a single-sequence loop returns, what input it refuses and
+how it starts, whatever it does between the steps.
 """
 
 from __future__ import annotations
