@@ -11,7 +11,7 @@ Files:
 - padding.py   left padding, the attention mask and per-row position ids
 - batch.py     `PaddedBatch`: one shared `DynamicCache`, prefill + lock-step decode
 - generate.py  `generate_batch(lm, prompts)` -> `BatchResult` (outputs, steps, timings)
-- demo.py      the `sweep` and `waste_demo` demos, and this phase's engine runner `STATIC` (static
-               batches of max_running) for the later engine comparisons
+- demo.py      the `sweep` and `waste_demo` demos, and `STATIC`: this phase's engine as the
+               measurement harness runs it (static batches of max_running)
 - README.md    what static batching gains and wastes, the measured tables
 """

@@ -3,8 +3,8 @@
     python -m common sweep        [--batch-sizes 1 2 4 8 16] [--new-tokens 32]
     python -m common waste_demo   [--max-new-tokens 200]
 
-And this phase's engine for the later engine comparisons (`tput`, `workload_bench`
-in phase 3.5): `STATIC`, static batches of `max_running` handed to the harness.
+And `STATIC`, this phase's engine as the measurement harness runs it: a request
+list in static batches of `max_running`, one after another, each to its longest row.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ PROMPT_LABEL_CHARS = 30
 
 
 def short(text: str) -> str:
-    """A prompt as a table cell or a plot label (phase 2.3's demo shows prompts the same way)."""
+    """A prompt as a table cell or a plot label."""
     return shorten(text, PROMPT_LABEL_CHARS, ellipsis="...")
 
 
