@@ -4,12 +4,11 @@ Phase 2.1 took a fixed list of prompts. Here requests are queued one by one
 as `Sequence`s that move WAITING -> PREFILLING -> DECODING -> DONE, and a
 `Scheduler` admits up to `max_running` of them at a time. It still runs each
 admitted group as one static padded batch to its end (phase 2.1's
-`PaddedBatch`); phase 2.3 changes only when a freed slot is refilled.
+`PaddedBatch`): a slot freed early stays empty until the whole batch is done.
 
 Files:
 - sequence.py   `Status`, `Sequence` (one request's state machine) and `StepOutput` (one token of one step)
 - trace.py      `StepRecord` / `Trace`: per-step slot occupancy, the data behind the timelines
-- scheduler.py  `Scheduler(lm, max_running)`: add() -> Sequence, step() -> [StepOutput], run(); the shape
-                every later engine keeps (each subclasses the one before, up to phase 4.4)
-- README.md     the state machine and the scheduler's loop (its demo is phase 2.3's `latency_demo`)
+- scheduler.py  `Scheduler(lm, max_running)`: add() -> Sequence, step() -> [StepOutput], run()
+- README.md     the state machine and the scheduler's loop
 """

@@ -10,9 +10,7 @@ join a padded batch halfway. Only then is the next batch admitted.
 Every status change goes through `Sequence.move`, which refuses illegal moves:
 WAITING -> PREFILLING -> DECODING -> DONE, exactly once each.
 
-Every engine after this one is a subclass (phase 2.3 changes only when a slot
-is refilled, and so on up to phase 4.4), so this class also fixes the shape
-they all share:
+The interface, and the parts a step is made of:
 - `add(prompt, max_new_tokens, sampling, ignore_eos, arrival) -> Sequence`;
 - `step() -> list[StepOutput]`, one per token made in the step;
 - `run(progress)` steps until `has_work` is False; `waiting`, `running`
@@ -74,7 +72,7 @@ class Scheduler:
     def _new_sequence(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams,
                       ignore_eos: bool, arrival: float | None) -> Sequence:
         """A checked request, not queued yet: it takes the next seq_id only when `_queue` queues it, so a
-        refused request leaves no trace. Later phases add their own checks here (3.3: the pool's size)."""
+        refused request leaves no trace."""
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams (it validates itself), got {type(sampling).__name__}")
         seq_id = self._next_id
@@ -112,7 +110,7 @@ class Scheduler:
                 progress(len(self.finished), len(self.sequences))
         return sorted(self.finished, key=lambda s: s.seq_id)
 
-    # -- the running set (every later scheduler uses these) --------------------------------
+    # -- the running set: which sequence holds which slot ------------------------------------
     def _admit(self) -> Sequence:
         """Move the oldest waiting sequence (FIFO) into the first free slot."""
         seq = self.waiting.popleft()
@@ -157,8 +155,7 @@ class Scheduler:
         return outputs
 
     def _clock(self) -> float:
-        """When the tokens just sampled exist: a synchronised clock (phase 3.7's overlapped steps, whose tokens
-        were read after an event, must not wait for the step queued behind them)."""
+        """When the tokens just sampled exist: a synchronised clock, read once the device's queued work is done."""
         return now(self.lm.device)
 
     def _finish(self, seq: Sequence) -> None:

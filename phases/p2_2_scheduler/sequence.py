@@ -1,15 +1,15 @@
-"""A request's life: `Status` and `Sequence`, and `StepOutput`, shared by every scheduler from here on.
+"""A request's life: `Status` and `Sequence`, and `StepOutput`, one token of one step.
 
-A sequence moves WAITING -> PREFILLING -> DECODING -> DONE, exactly once each,
-unless phase 4.4 preempts it: DECODING (or, with chunked prefill, PREFILLING)
--> PREEMPTED, then back to PREFILLING
-(recomputation: its prompt and outputs are prefilled again) or straight to
-DECODING (swapping: its blocks are copied back in), possibly several times.
-`kv` is whatever KV state the engine keeps for it: a `DynamicCache` in phase
-2, a `PagedCache` in phase 3.3, a bare `BlockTable` from phase 3.5 on.
+A sequence moves WAITING -> PREFILLING -> DECODING -> DONE, exactly once each.
+The state machine also has a PREEMPTED state, which this phase's scheduler never
+enters: a sequence whose KV was taken away to make room goes from PREFILLING or
+DECODING to PREEMPTED, and comes back to PREFILLING (its prompt and outputs are
+prefilled again) or straight to DECODING (its KV is put back), possibly several times.
+`kv` is whatever KV state the engine keeps for the sequence (here the
+`PaddedBatch` it shares with its batch); the state machine never looks inside it.
 
-Every engine's `step()` returns one `StepOutput` per token it made: what a
-streaming server sends, and how a caller sees a sequence finish.
+`step()` returns one `StepOutput` per token it made: a caller sees each token
+the step it is made, and sees a sequence finish.
 """
 
 from __future__ import annotations
@@ -27,16 +27,16 @@ class Status(Enum):
     PREFILLING = auto()
     DECODING = auto()
     DONE = auto()
-    PREEMPTED = auto()  # phase 4.4: evicted from the pool to make room, waiting to be recomputed or swapped in
+    PREEMPTED = auto()  # its KV taken away to make room; waits to be prefilled again or to get its KV back
 
 
 # The only moves a sequence may make. Anything else is a scheduler bug.
 ALLOWED_MOVES = {
     Status.WAITING: {Status.PREFILLING},
-    # phase 4.4 on 3.6's chunked prefill: a sequence part-way through its prefill can be preempted too
+    # a sequence part-way through its prefill can be preempted too
     Status.PREFILLING: {Status.DECODING, Status.DONE, Status.PREEMPTED},
     Status.DECODING: {Status.DONE, Status.PREEMPTED},
-    # phase 4.4: recomputation prefills prompt + outputs again; a swap-in resumes decoding
+    # back by prefilling prompt + outputs again, or straight to decoding when its KV is put back
     Status.PREEMPTED: {Status.PREFILLING, Status.DECODING},
     Status.DONE: set(),
 }
