@@ -6,9 +6,9 @@ different lengths, they can no longer share one padded cache: each sequence
 gets its own `DynamicCache` and its own forward pass per step.
 
 Files:
-- scheduler.py  `ContinuousScheduler(Scheduler)`: admission (`can_admit`: a free slot), the KV hooks
-                (`new_kv` / `free_kv` / `kv_bytes`) and the per-sequence `_prefill` / `_decode` passes
-                that later phases override
+- scheduler.py  `ContinuousScheduler(Scheduler)`: admission (`can_admit`: a free slot), the KV state
+                (`new_kv` / `free_kv` / `kv_bytes`: one DynamicCache per sequence) and the per-sequence
+                `_prefill` / `_decode` passes
 - demo.py       `latency_demo` (static vs continuous per sequence) and `wall`
                 (KV memory: StaticCache reservation vs what DynamicCache holds)
 - README.md     latency per sequence, the memory wall, the measured tables

@@ -4,12 +4,11 @@ Static batching (phase 2.2) cannot admit anyone into a padded batch halfway,
 because all rows share one cache whose length is the same for every row. So
 here each sequence owns its own `DynamicCache` (`seq.kv`), and a step runs one
 forward pass PER running sequence: a newcomer prefills its prompt while its
-neighbours decode their 100th token. The price is that we lost the single
-batched forward pass (phase 3 gets it back with paged KV and a kernel that
-reads many block tables at once).
+neighbours decode their 100th token. The price is the single batched
+forward pass: caches of different lengths, one per sequence, do not stack
+into one batch.
 
-Override points (phase 3.3 swaps the cache for a `PagedCache`, phase 3.5 the
-per-sequence passes for one batched pass):
+A step is made of parts, each in its own method:
 - `can_admit(seq)`        may the head of the queue start now? (here: a slot is free)
 - `new_kv(seq)`           the KV state a sequence gets when admitted
 - `free_kv(seq)`          give it back when the sequence leaves the running set
@@ -38,7 +37,7 @@ class ContinuousScheduler(Scheduler):
 
     # -- admission --------------------------------------------------------------------------
     def can_admit(self, seq: Sequence) -> bool:
-        """May `seq`, the head of the queue, start now? Here: if a slot is free (phase 3.3 adds the pool)."""
+        """May `seq`, the head of the queue, start now? Here: if a slot is free."""
         return self.n_free_slots > 0
 
     def _fill_free_slots(self) -> None:
@@ -48,7 +47,7 @@ class ContinuousScheduler(Scheduler):
             seq = self._admit()
             seq.kv = self.new_kv(seq)
 
-    # -- KV state: one cache per sequence (the override points for phase 3) ----------------
+    # -- KV state: one cache per sequence -----------------------------------------------------
     def new_kv(self, seq: Sequence):
         return DynamicCache()
 
