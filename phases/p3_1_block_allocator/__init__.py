@@ -3,16 +3,15 @@
 Phase 2 gave every sequence its own growing `DynamicCache`. From here on the
 KV cache lives in a single pool tensor
 `[n_blocks, n_layers, 2, n_kv_heads, block_size, head_dim]`, and a sequence
-owns a handful of its blocks (phase 3.2's `BlockTable` says which).
+owns a handful of blocks, wherever they are in the pool.
 
 Files:
 - allocator.py  `BlockAllocator` (alloc / free / incref / refcount), `OutOfBlocks`, `AllocatorError`,
-                and `blocks_for` (tokens -> blocks, rounded up: the one ceiling division every later
-                phase imports)
+                and `blocks_for` (tokens -> blocks, rounded up: the one ceiling division)
 - budget.py     `budget_n_blocks`: the pool sized from the memory left after model load (CUDA) or a
                 stated budget (CPU)
 - demo.py       `alloc_demo`: blocks used by paging vs a static reservation, on the latency workload's
-                real prompt/output token counts (`workload`, `workload_options`, shared with phase 3.2)
+                real prompt/output token counts (`workload`, `workload_options`)
 - README.md     the pool's layout, its invariants, the measured table
 """
 

@@ -11,14 +11,14 @@ deque of block ids: `alloc()` takes from the front, `free()` returns to the
 back, both O(1).
 
 Every block also carries a reference count. One sequence owning a block is
-count 1; later phases let two sequences share a block (a forked sample,
-a cached prompt prefix) by counting the second owner with `incref()`. A block
-goes back on the free list only when its last owner frees it.
+count 1; `incref()` counts a second owner, so two sequences can share a block
+(two requests with the same prompt can hold its blocks once). A block goes back
+on the free list only when its last owner frees it.
 
 Misuse is a bug in the caller, so it fails loudly and names the block:
 `AllocatorError` for a double free, a free of a block that is not handed out,
 an id out of range, or an incref of a free block; `OutOfBlocks` (a separate
-type a scheduler can catch, then wait or preempt) when the pool is empty.
+type a scheduler can catch, then wait) when the pool is empty.
 """
 
 from __future__ import annotations
@@ -36,15 +36,15 @@ DEFAULT_BLOCK_SIZE = 16  # tokens per block; vLLM's default
 def blocks_for(n_tokens: int, block_size: int) -> int:
     """Blocks that hold `n_tokens` tokens: the full ones, plus one for a partly filled last block.
 
-    The one place the project rounds tokens up to blocks: the block table, the
-    gathers and every admission rule of the later engines call it.
+    The one place tokens are rounded up to blocks, so every count of blocks
+    agrees with every other.
     """
     full, rest = divmod(n_tokens, block_size)
     return full + (rest > 0)
 
 
 class OutOfBlocks(RuntimeError):
-    """The pool has no free block left. Not a bug: the caller waits, preempts, or gives up."""
+    """The pool has no free block left. Not a bug: the caller waits for blocks to come back, or gives up."""
 
 
 class AllocatorError(ValueError):
@@ -57,7 +57,7 @@ class BlockAllocator:
                  dtype: torch.dtype = torch.bfloat16, pin_memory: bool = False):
         """`pin_memory=True` (a CPU pool only, and only where torch sees a GPU) allocates the pool
         page-locked, so copies between it and a GPU go straight over the bus by DMA, asynchronously
-        if asked (phase 4.4's swap space)."""
+        if asked. `for_model`'s pool, on the model's device, is never pinned."""
         for name, value in (("n_blocks", n_blocks), ("n_layers", n_layers), ("n_kv_heads", n_kv_heads),
                             ("head_dim", head_dim), ("block_size", block_size)):
             if not isinstance(value, int) or value < 1:

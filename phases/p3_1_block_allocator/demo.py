@@ -10,8 +10,8 @@ give them back, and compare with StaticCache's worst-case reservation of
 Real lengths, not guesses: how many blocks a sequence needs depends on how many
 tokens it ends up holding, which nobody knows before it runs ("What is 2 + 2?"
 stops after a handful of tokens, "Describe the history of the Roman Empire" runs
-to the cap). So this demo and phase 3.2's account blocks for the lengths the
-model really produced (`latency_workload_lengths`).
+to the cap). So this demo accounts blocks for the lengths the model really
+produced (`latency_workload_lengths`).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ PROMPT_WIDTH = 34          # characters of prompt shown in the table
 
 
 def workload_options() -> list[Option]:
-    """The latency workload's knobs, shared with phase 3.2's block_size_study."""
+    """The latency workload's knobs: the cap on new tokens and how many sequences run at once."""
     return [
         Option("max_new_tokens", int, cpu=LATENCY_DEMO_MAX_TOKENS, gpu=LATENCY_DEMO_MAX_TOKENS_GPU,
                help="cap on generated tokens per sequence"),
