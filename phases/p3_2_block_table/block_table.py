@@ -11,13 +11,12 @@ really lives in whatever pool blocks the allocator handed out, in any order:
 A *slot* numbers every token position of the pool, `n_blocks * block_size`
 of them, in one integer: `(slot // block_size, slot % block_size)` gives back
 `kv_store[block, :, :, :, offset]`. A list of slots (the "slot mapping") is
-what the cache writes and the kernels of the next phases consume: it says,
-for each new token, where its K and V go.
+the table's answer for a batch of new tokens: for each, where its K and V go.
 
 The table only ever grows at the end and never moves a block, so a token's
 slot is fixed from the moment it is written until the table is released.
-(Two tables may hold the same block once blocks are shared; writing into a
-shared block needs copy-on-write, which a later phase adds.)
+A table writes into the blocks it lists; were two tables to list one block, a
+write through one would change what the other reads, so here no two share one.
 """
 
 from __future__ import annotations
@@ -70,8 +69,8 @@ class BlockTable:
         """Make room for `n_new_tokens` more tokens (a whole prefill at once); return the new block ids.
 
         All or nothing: if the pool runs dry half-way, the blocks taken in this
-        call go back and `OutOfBlocks` propagates, so the caller can wait or
-        preempt with the table exactly as it was.
+        call go back and `OutOfBlocks` propagates, so the caller can wait
+        with the table exactly as it was.
         """
         if n_new_tokens < 0:
             raise ValueError(f"n_new_tokens must be >= 0, got {n_new_tokens}")

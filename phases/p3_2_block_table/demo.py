@@ -2,8 +2,8 @@
 
 table_demo runs phase 2.3's continuous-batching scheduler (real model, real
 greedy tokens, its own DynamicCache for the maths) and books every token each
-forward pass feeds into a `BlockTable` on a shared `BlockAllocator`, exactly
-where a paged cache will write it in phase 3.3. With one sequence it prints
+forward pass feeds into a `BlockTable` on a shared `BlockAllocator`: the slot
+each token's K and V would take in the pool. With one sequence it prints
 the table after prefill and at every block boundary; with `--concurrent N`,
 N sequences at a time compete for one small pool, and the pool's event log
 shows blocks being claimed, returned, and claimed again by someone else.
@@ -177,8 +177,8 @@ def table_demo(cfg: RunConfig) -> Report:
     # twice as many sequences as run at once, so later ones inherit blocks earlier ones returned.
     queue = [TABLE_DEMO_PROMPT] if n == 1 else ([TABLE_DEMO_PROMPT] + interleaved_latency_prompts())[:2 * n]
     ids = [lm.prompt_ids(p) for p in queue]
-    # Room for n sequences at their worst case, so the run never runs dry (no preemption yet), and
-    # no more, so blocks that come back are soon handed out again.
+    # Room for n sequences at their worst case, so the run never runs dry (a running sequence keeps its
+    # blocks to the end), and no more, so blocks that come back are soon handed out again.
     worst = blocks_for(max(map(len, ids)) + max_new, cfg.block_size)
     pool = BlockAllocator.for_model(lm, block_size=cfg.block_size, n_blocks=n * worst)
     sched = TableTracingScheduler(lm, pool, max_running=n)
