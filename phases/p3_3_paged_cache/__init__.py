@@ -9,10 +9,10 @@ by block. Greedy output is bit-identical to `DynamicCache`.
 
 Files:
 - paged_cache.py  `PagedCache(allocator)`: update() writes through the block table and gathers
-- gather.py       `gather_python`: the per-block Python gather (the slow part phase 3.4 replaces)
+- gather.py       `gather_python`: the per-block Python gather (one small copy per block: the slow part)
 - scheduler.py    `PagedScheduler(ContinuousScheduler)`: continuous batching on one shared pool; a
-                  sequence the pool cannot hold yet waits. The admission rule every later engine
-                  refines: `worst_case_tokens`, `blocks_to_admit`, `blocks_promised`, `can_admit`
+                  sequence the pool cannot hold yet waits. The admission rule, one method per term:
+                  `worst_case_tokens`, `blocks_to_admit`, `blocks_promised`, `can_admit`
 - demo.py         `snapshot` (paged == DynamicCache, token for token), `grow_demo` (what one growing
                   sequence copies and allocates in each; measure/grow_bench.py) and `tput` (this phase's
                   engines, `TPUT_ENGINES`: `run_dynamic`, `run_paged`, handed to measure/tput.py)

@@ -193,6 +193,6 @@ def grow_demo(cfg: RunConfig) -> Report:
                    "the storage is a copy made for attention. peak: held bytes plus the old copy alive during a "
                    "reallocation. The paged pool is allocated once, before the sequence, and never moves; phase "
                    "3.3's PagedCache still gathers each layer's blocks into a contiguous copy for HF's attention "
-                   "every step, which phase 3.5's kernel stops doing (it reads the pool in place on a GPU).")
+                   "every step (copied to attend).")
     report.data["growth"] = data
     return report

@@ -8,8 +8,8 @@ token position p lives at (block_ids[p // block_size], p % block_size).
 Attention in `transformers` wants each sequence's K/V as one contiguous
 [1, n_kv_heads, n_tokens, head_dim] tensor, so this function slices every
 block the sequence owns and concatenates the slices. It runs one small copy
-per block and one Python iteration per block, per layer, per sequence: this is
-the overhead that phase 3.4's gather kernel removes (one launch for a batch).
+per block and one Python iteration per block, per layer, per sequence: the
+cost grows with the blocks a sequence holds, not with the bytes they carry.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ but a `BlockTable`. Each forward pass it
      [1, n_kv_heads, n_tokens, head_dim] tensor.
 
 Step 3 is the price of this phase: the pool is paged, but the attention still
-reads a contiguous copy. Phase 3.4 replaces the Python gather with one kernel
-launch, phase 3.5 makes attention read the pool in place.
+reads a contiguous copy, made one block at a time in every layer of every
+forward pass.
 
 The write (step 2) is one indexed copy per layer for all T tokens at once.
 The blog writes token by token in a Python loop; both put the same numbers in

@@ -6,16 +6,17 @@ Only the KV override points of `ContinuousScheduler` change:
 - `free_kv(seq)`  the finished sequence's blocks go back on the free list, ready
                   for whoever is admitted next in this same step;
 - `kv_bytes(seq)` blocks held * bytes per block.
-(`block_table(seq)` names the table behind a sequence's KV: phase 3.5 keeps
-the table alone, with no cache object around it.) Each running sequence still
-gets its own forward pass per step (phase 3.5 restores the single batched pass).
+(`block_table(seq)` names the table behind a sequence's KV: the one its
+`PagedCache` writes through.) Each running sequence still gets its own forward
+pass per step: a `PagedCache` is one sequence's transformers `Cache`, and a
+forward pass takes one cache.
 
 A pool can run dry, so admission now has a second condition besides a free
 slot: the pool must have room for the newcomer. A sequence the pool cannot
 take stays at the head of the waiting queue until finished sequences give
 blocks back; it is never dropped. So that a running sequence can never hit an
-empty pool in the middle of its decode (this phase has no preemption; phase 4
-adds it), admission counts each sequence's worst case against the pool:
+empty pool in the middle of its decode (nothing here takes blocks back from a
+running sequence), admission counts each sequence's worst case against the pool:
 
     worst_case_tokens(seq)  prompt + max_new_tokens - 1 (the last token is never fed back)
     blocks_promised()       blocks everybody running may still claim: worst case minus blocks held
@@ -23,9 +24,8 @@ adds it), admission counts each sequence's worst case against the pool:
     can_admit(seq)          a free slot and blocks_to_admit(seq) <= free - blocks_promised()
 
 Blocks are still claimed one at a time as tokens arrive; only the admission
-check looks at the worst case. This is the admission rule of every later
-engine: each refines these methods (shared blocks counted once, cached blocks
-free of charge, optimistic admission with preemption) rather than add its own.
+check looks at the worst case. A sequence that stops early (EOS) never claims
+the rest of its worst case, and its promise ends with it.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def worst_case_tokens(request) -> int:
     (the last token is sampled, never fed back, so its K/V is never computed). Counting it would make a
     request that ends exactly on a block boundary reserve a block it can never use.
 
-    `request`: a Sequence, or anything with `prompt_ids` and `max_new_tokens` (phase 4.1's groups).
+    `request`: a Sequence, or anything else with `prompt_ids` and `max_new_tokens`.
     """
     return len(request.prompt_ids) + request.max_new_tokens - 1
 
@@ -76,13 +76,13 @@ class PagedScheduler(ContinuousScheduler):
         return PagedCache(self.allocator)
 
     def block_table(self, seq: Sequence) -> BlockTable:
-        """The block table behind `seq`'s KV state (phase 3.5: the KV state is the table itself)."""
+        """The block table behind `seq`'s KV state: the one its `PagedCache` writes through."""
         return seq.kv.table
 
     def free_kv(self, seq: Sequence) -> None:
         table = self.block_table(seq)
         super().free_kv(seq)           # books kv_bytes_at_finish (blocks still held), drops seq.kv
-        table.release(self.allocator)  # every block back on the free list (a shared one stays with its other owners)
+        table.release(self.allocator)  # every block it held back on the free list
 
     def kv_bytes(self, seq: Sequence) -> int:
         """Whole blocks held, the unused tail of the last one included."""
