@@ -1,4 +1,4 @@
-"""Input checks shared by every paged kernel and its reference (phases 3.4 and 3.5).
+"""Input checks shared by the paged gather kernel and its reference.
 
 A kernel that is handed a wrong shape does not raise: it reads or writes the
 wrong memory. So every entry point checks its inputs first and raises a
@@ -47,7 +47,7 @@ def check_tables(kv_store: torch.Tensor, block_tables: torch.Tensor, seq_lens: t
     """block_tables [B, max_blocks] and seq_lens [B], integer, on the pool's device.
 
     values=False skips the value checks: for a caller that checked these same tables once
-    already (phase 3.5 checks a forward pass's tables once, not in each of its layers)."""
+    already (once for a forward pass, say, rather than in each of its layers)."""
     if block_tables.dim() != 2:
         raise ValueError(f"block_tables must be [batch, max_blocks], got shape {tuple(block_tables.shape)}")
     if seq_lens.dim() != 1 or seq_lens.shape[0] != block_tables.shape[0]:

@@ -17,8 +17,8 @@ A decode step of N sequences:
               sequence's next slot in the pool.
 
 Every step copies every sequence's whole context out of the pool, padded to the
-longest. Phase 3.5 keeps the one pass and drops the copy: its kernel reads the
-pool in place. Prefill stays phase 3.3's, one prompt per pass.
+longest: the one pass is bought with that copy, and the padding is copied and
+attended too. Prefill stays phase 3.3's, one prompt per pass.
 """
 
 from __future__ import annotations
