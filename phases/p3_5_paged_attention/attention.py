@@ -101,7 +101,7 @@ def check_call(module, sliding_window: int | None, kwargs: dict) -> None:
 class Segment:
     """One sequence's new tokens inside a packed prefill row."""
     start: int          # first index of this segment in the packed token axis
-    length: int         # new tokens (prompt, or the rest of it after a cached prefix)
+    length: int         # new tokens (the prompt, or the part of it past what the pool already holds)
     context_len: int    # tokens of this sequence already in the pool before this pass
     row: int            # this sequence's row in PagedBatch.block_tables
 
@@ -118,7 +118,7 @@ class PagedBatch:
 
     @property
     def has_decode_tokens(self) -> bool:
-        """The pass carries decode tokens (phase 3.6's mixed pass may carry them beside prefill chunks)."""
+        """The pass carries decode tokens: a decode pass does, a packed prefill does not."""
         return self.is_decode
 
     # Worked out at the first layer that needs them, reused by every other layer of the pass.
@@ -151,7 +151,7 @@ def _prefill_segment(module, q, k_new, v_new, seg: Segment, batch: PagedBatch, s
     if seg.context_len == 0:
         k_all, v_all = k_new, v_new                                  # [1, H_kv, T, D]
     else:
-        # A prefix is already in the pool (prefix cache hit, recomputation after preemption):
+        # A prefix of this sequence is already in the pool (its K/V written by an earlier pass):
         # read the whole context (prefix + this segment) back from the pool.
         row = slice(seg.row, seg.row + 1)
         # Passing the length spares the gather from reading it out of seq_lens: on a GPU that read
