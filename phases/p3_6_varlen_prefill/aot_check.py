@@ -68,7 +68,7 @@ def compiled_report(name: str, model: str, dtype: str, arch: int = H100_ARCH) ->
 def compile_for_gpu(fn, signature: dict[str, str], constants: dict, arch: int = H100_ARCH,
                     divisible: tuple[str, ...] = (), **options) -> KernelCost:
     """Compile `@triton.jit` fn for sm_<arch> with these argument types and constexprs (Triton's defaults for
-    any launch option not given: num_warps, num_stages); return what ptxas reports. Phase 3.7 reuses it.
+    any launch option not given: num_warps, num_stages); return what ptxas reports.
     divisible: arguments a launch would mark divisible by 16 (an aligned pointer, a stride that is a multiple
     of 16), which lets the compiler vectorise loads as the real launch does."""
     signature = dict(signature) | {name: "constexpr" for name in constants}

@@ -16,9 +16,9 @@ under VARLEN_ATTN_NAME, gets every layer's post-RoPE q/k/v for the whole row and
   2. runs phase 3.5's paged decode attention on rows 0 .. D-1 (the same kernel a
      decode-only step runs, so decode costs what it cost);
   3. runs the varlen paged prefill attention (ops.py) ONCE on rows D .. N-1: every
-     chunk attends its sequence's earlier tokens (a cached prefix, earlier chunks,
-     the tokens of a recomputed sequence) and itself, causally, read in place from
-     the pool; on CPU its PyTorch path.
+     chunk attends its sequence's earlier tokens (its earlier chunks, or any prefix
+     already in the pool) and itself, causally, read in place from the pool; on
+     CPU its PyTorch path.
 
 A pass with no decode rows is a plain packed prefill; a step with no prefill
 chunk keeps phase 3.5's decode pass (`[S, 1]`, its `PagedBatch`), which this

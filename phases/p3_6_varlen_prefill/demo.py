@@ -4,7 +4,7 @@ Four sections (`--sections`), each its own table; the harness is measure/prefill
 it phase 3.5's and this phase's attention and engines:
 
 attention  one layer's attention over a packed prefill, the model's head shapes, median ms -> tok/s:
-             loop     phase 3.5's attention: one SDPA call per segment; after a cached prefix,
+             loop     phase 3.5's attention: one SDPA call per segment; after a held prefix,
                       a gather of the whole context and a masked SDPA (`paged_attention_forward`)
              varlen   this phase's: ONE call for the pack (`varlen_attention_forward`): on a GPU the
                       Triton kernel reads K/V in place from the pool, on a CPU the PyTorch path
@@ -15,7 +15,7 @@ attention  one layer's attention over a packed prefill, the model's head shapes,
 engine     the whole model's prefill pass of the same packs through each engine (phase 3.5's
            `BatchedPagedEngine`, this phase's `ChunkedPrefillEngine` with a budget that takes the
            pack in one pass): prompt tokens computed per second. "with prefix": every prompt
-           starts with the same cached prefix, mapped in from blocks the engine holds (`HeldPrefix`),
+           starts with the same prefix, mapped in from blocks the engine holds (`HeldPrefix`),
            so only the rest is computed.
 latency    `n_streams` sequences are decoding when a `long_prompt`-token prompt arrives. The
            inter-token latency (ITL) of the streams from then on, p50 / p99 / max, and the long
@@ -91,9 +91,9 @@ def attention_pack(lm, seg_lens: list[int], prefix: int, block_size: int) -> Att
 
 # --- engine: the whole prefill pass, a held prefix on both engines ---------------------------------------
 class HeldPrefix:
-    """Mixin: a stand-in for phase 4.3's prefix cache that works on phase 3.5's engine and this one. The
-    engine holds the full blocks of one computed prefix; a new prompt that starts with it maps them in
-    (one more reference each), so its prefill starts past them (`_prefill_from` = n_filled)."""
+    """Mixin for phase 3.5's engine and this one: the engine holds the full blocks of one computed prefix;
+    a new prompt that starts with it maps them in (one more reference each), so its prefill starts past them
+    (`_prefill_from` = n_filled). The bench's "with prefix" rows measure prefill after a prefix this way."""
     held_ids: list[int] = []
     held_blocks: list[int] = []
 

@@ -1,7 +1,7 @@
-"""Build a packed prefill like an engine's, for the kernel tests (and later benchmarks).
+"""Build a packed prefill like an engine's, for the kernel tests and the demo's benchmarks.
 
-Each sequence has `context_len` tokens already in the pool (a prefix-cache hit,
-a recompute after preemption, an earlier chunk) and `seg_len` new tokens whose
+Each sequence has `context_len` tokens already in the pool (earlier chunks of its
+prompt, or any prefix written before) and `seg_len` new tokens whose
 K/V were just written. Its blocks are scattered over a shared pool, as in a busy
 engine. Every slot that is not one of a sequence's tokens (the tail of its last
 block, spare blocks, the blocks that padded table entries point at) holds `fill`,
