@@ -138,7 +138,7 @@ STEP_ENGINES = {
 
 
 def step_section(cfg: RunConfig, lm, report: Report, step_engines: dict | None = None) -> None:
-    """step_engines: name -> make(lm, batch, blocks), default STEP_ENGINES (a later phase passes its own)."""
+    """step_engines: name -> make(lm, batch, blocks), default STEP_ENGINES."""
     on_cuda = torch.device(lm.device).type == "cuda"
     engines = {k: f for k, f in (step_engines or STEP_ENGINES).items() if on_cuda or "graph" not in k}
     t = report.table(f"one decode step, {cfg.prompt_len}-token prompts (median of {cfg.steps} steps)",

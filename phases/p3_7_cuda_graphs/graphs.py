@@ -1,6 +1,6 @@
 """CUDA graph capture of one decode step, in one small function.
 
-A decode forward pass of a 28-layer model is some 1,500 kernel launches (phase 3.8 counts them); on a
+A decode forward pass of a 28-layer model is some 1,500 kernel launches; on a
 host with a slow CPU, launching them from Python takes several times longer
 than the GPU takes to run them (the README has the figures). A CUDA graph records the launches once, with their
 arguments (the addresses of the static buffers), and replays them with one
