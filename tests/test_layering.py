@@ -25,26 +25,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Being rewritten elsewhere right now (the engine line of phases 3.5 to 5): excluded until their rewrite
-# lands; then take each out of this set. The last group are files that rewrite may add.
-BEING_REWRITTEN = {
-    "phases/p3_5_paged_attention/engine.py",
-    "phases/p3_6_varlen_prefill/engine.py",
-    "phases/p3_7_cuda_graphs/engine.py",
-    "phases/p3_7_cuda_graphs/overlap.py",
-    "phases/p3_7_cuda_graphs/buffers.py",
-    "phases/p3_7_cuda_graphs/sampler.py",
-    "phases/p3_8_fused_ops/engine.py",
-    "phases/p4_1_copy_on_write/engine.py",
-    "phases/p4_2_beam_search/engine.py",
-    "phases/p4_3_prefix_caching/engine.py",
-    "phases/p4_4_preemption/engine.py",
-    "phases/p5_serving/isolation.py",
-    "phases/p5_serving/samples.py",
-} | {f"phases/{folder}/{name}"
-     for folder in ("p3_5_paged_attention", "p3_6_varlen_prefill", "p3_7_cuda_graphs")
-     for name in ("runner.py", "kv.py", "scheduler.py", "sampler.py", "loop.py")}
-
 Phase = tuple[int, int]   # (3, 5) is phase 3.5; (5, 0) is phase 5
 
 NUMBER = r"\d(?:\.\d)?(?!\d|\.\d)"                  # 4, 4.4; not 4.45 or 44
@@ -117,7 +97,7 @@ def count_later_mentions(root: Path | str = ROOT) -> dict[str, int]:
 
 
 def test_no_phase_names_a_later_one():
-    found = {rel: f for rel, f in later_mentions_by_file().items() if rel not in BEING_REWRITTEN}
+    found = later_mentions_by_file()
     report = "\n".join(f"{rel}: {len(f)}  (first: line {f[0][0]} {f[0][1]!r})" for rel, f in found.items())
     assert not found, f"mentions of later phases, per file:\n{report}"
 
@@ -142,5 +122,5 @@ def test_the_scan_catches_later_phases_and_passes_earlier_ones():
 if __name__ == "__main__":
     counts = count_later_mentions()
     for rel, n in counts.items():
-        print(f"{n:4d}  {rel}{'  (being rewritten)' if rel in BEING_REWRITTEN else ''}")
+        print(f"{n:4d}  {rel}")
     print(f"{sum(counts.values()):4d}  in {len(counts)} files")

@@ -22,13 +22,8 @@ prompts admitted in one step share one prefill pass of at most
 There is no per-slot trace any more (phase 2's picture of slots over time);
 `n_steps` and `n_forward_passes` count the work.
 
-Later phases subclass this engine and refine its hooks rather than edit it:
-`new_kv` (a prefix cache maps cached blocks in), `_append_slots` (where
-copy-on-write goes), `free_kv`, `_fits_prefill_pass` (what one step's pass
-can take) and `_forward_passes` (the passes of a step, under the attention
-named `attention_name`). `_prefill_from` (where a prefill starts) is a hook
-no later phase needs to override: it starts past whatever the table already
-holds, which is how phase 4.3's cached prefix is skipped.
+A prefill starts past whatever the table already holds (`_prefill_from`),
+so a table that was handed blocks already written is not computed again.
 
 A model whose attention the pool's attention cannot compute as the model
 defines it (attention sinks, chunked or bidirectional attention) is refused

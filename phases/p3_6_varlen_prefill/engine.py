@@ -36,7 +36,7 @@ the same kernel), so steady decoding costs what it cost. Hooks for the later
 engines: `_prefill_from(seq)` is asked once per prefill, for its first chunk (a
 later phase may have mapped a cached prefix in); later chunks continue from
 `kv.n_filled`. `_claim_chunk(chunk)` claims a chunk's slots as it is scheduled,
-in admission order (phase 4.4 shares a recomputed prompt's blocks from there).
+in admission order.
 A chunk that does not end its prompt calls `_chunk_written(seq)` after the pass
 (a no-op here; a prefix cache registers the blocks the chunk filled).
 """
@@ -119,7 +119,7 @@ class ChunkedPrefillEngine(BatchedPagedEngine):
         left = self.budget_left()
         if self.chunked_prefill:
             return left > 0
-        # (a sequence whose prefill is done may still be PREFILLING: a beam waiting for its siblings, phase 4.2)
+        # (only a prefill with tokens left to compute takes the budget)
         prefilling = any(s.status is Status.PREFILLING and s.kv.n_filled < len(s.all_ids) for s in self.running)
         return not prefilling or n_tokens <= left
 

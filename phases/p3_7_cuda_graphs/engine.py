@@ -155,8 +155,8 @@ class StaticDecodeEngine(ChunkedPrefillEngine):
         graph, logits = self.graphs[key]
         graph.replay()
         self.last_graph = key
-        # The graph's output is overwritten by the next replay; a caller may keep rows (a beam waiting for
-        # its siblings, phase 4.2), so it gets its own copy.
+        # The graph's output is overwritten by the next replay; a caller may keep rows past it, so it gets
+        # its own copy.
         return logits.clone()
 
     def _static_forward(self, batch: StaticDecodeBatch) -> torch.Tensor:

@@ -19,8 +19,8 @@ SplitMix64's mixer, in int64 tensor arithmetic that gives the same bits on a
 CPU and a GPU). So a sequence's draws depend on its seed and its own position
 only: not on the batch it shares, the bucket it was padded into, the step a
 preemption delayed it to, or the device. Seeds come from phase 2.2's
-per-sequence generator (`seed + i` for sample i of a group, phase 4.1); a
-request with no seed gets a random one when first sampled.
+per-sequence generator, made from the request's seed; a request with no seed
+gets a random one when first sampled.
 
 The filters are the same as `common.sampling.filter_logits` (tests check it);
 the draws differ from torch.multinomial's, so seeded sampled text differs from
@@ -128,7 +128,7 @@ def sample_rows(logits: torch.Tensor, rows: SamplingRows | None) -> torch.Tensor
 
 
 def seed_of(generator: torch.Generator | None, fallback: dict, key) -> int:
-    """The int64 seed of a sequence: its generator's (phase 2.2 / 4.1 made it from the request's seed), or one
+    """The int64 seed of a sequence: its generator's (made from the request's seed), or one
     drawn at random once per `key` for a request with no seed."""
     if generator is not None:
         return _as_int64(generator.initial_seed())

@@ -46,7 +46,7 @@ from phases.p4_1_copy_on_write.block_ops import CopyQueue, append_slots_cow, blo
 
 @dataclass(eq=False)  # identity: a group is one request, even if two have equal fields
 class SequenceGroup:
-    """One request: a prompt and the `n` sequences generated from it (samples, or beams in p4_2)."""
+    """One request: a prompt and the `n` sequences generated from it (here, samples)."""
     request_id: int
     prompt: str
     prompt_ids: list[int]

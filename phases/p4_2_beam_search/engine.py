@@ -25,9 +25,9 @@ When the search stops (HF's rule, see beam.py) the slots' tables are released
 and slot i holds the i-th best finished hypothesis: `group.best` is slot 0.
 
 A search step needs every live beam's logits at once. Decode passes always
-carry all of them, but beams recomputed after a preemption (phase 4.4) are
-prefilled in chunks (phase 3.6), and their last chunks may land in different
-passes: a beam whose prefill ended early holds its logits row
+carry all of them, but beams that prefill again (after being taken off the
+pool) are prefilled in chunks (phase 3.6), and their last chunks may land in
+different passes: a beam whose prefill ended early holds its logits row
 (`BeamGroup.held`) until its siblings' rows arrive, then the group steps.
 """
 

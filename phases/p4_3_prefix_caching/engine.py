@@ -106,7 +106,7 @@ class PrefixCachingEngine(BeamSearchEngine):
 
     # --- what a prompt can reuse --------------------------------------------------------
     def _cacheable_ids(self, seq: Sequence) -> list[int]:
-        """The tokens `seq`'s prefill chunks will feed (phase 4.4 widens this to a recomputed sequence's outputs)."""
+        """The tokens `seq`'s prefill chunks will feed: its prompt."""
         return seq.prompt_ids
 
     def _lookup(self, seq: Sequence) -> tuple[list[int], PrefixMatch]:
