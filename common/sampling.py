@@ -124,3 +124,29 @@ def make_generator(params: SamplingParams, device: str | torch.device = "cpu") -
     g = torch.Generator(device=device)
     g.manual_seed(params.seed)
     return g
+
+
+class Sampler:
+    """The sampler part of an engine: one token per row of a pass's logits, each row its own request's.
+
+    Greedy rows are one argmax for the whole batch; a sampled row draws with its request's generator, made
+    from its seed the first time it samples (`forget` drops it when the request is over)."""
+
+    def __init__(self, device: str | torch.device = "cpu"):
+        self.device = device
+        self.generators: dict[int, torch.Generator | None] = {}   # seq_id -> its random stream
+
+    def sample(self, seqs: list, logits: torch.Tensor) -> list[int]:
+        """Row i of logits [S, V] is seqs[i]'s (anything with `seq_id` and `sampling`). Returns S token ids."""
+        tokens = logits.float().argmax(-1)  # [S]; fp32 first: CPU argmax over bf16 is slower, same answer
+        for i, seq in enumerate(seqs):
+            if not seq.sampling.greedy:
+                if seq.seq_id not in self.generators:
+                    self.generators[seq.seq_id] = make_generator(seq.sampling, self.device)
+                tokens[i] = sample(logits[i:i + 1], seq.sampling, self.generators[seq.seq_id])[0]
+        # One copy to the host for the whole batch, after every row is picked (on a GPU each
+        # read of a token is a wait for the stream).
+        return tokens.tolist()
+
+    def forget(self, seq) -> None:
+        self.generators.pop(seq.seq_id, None)

@@ -8,7 +8,7 @@ A phase's demo hands in what it measures (measure/ imports no phase):
                    a packed prefill two ways, against no paging (measure/prefill_attention.py)
   prefill_engines  two `Contender`s, before and after: make(lm, budget=, max_running=, block_size=,
                    n_blocks=) -> an engine that prefills `budget` prompt tokens in one pass and can hold
-                   one computed prefix (`hold_prefix(seq)`, `drop_prefix()`) that later prompts map in
+                   one computed prefix (`engine.kv.hold(seq)`, `engine.kv.drop()`) that later prompts map in
   latency_engines  latency_engines(cfg) -> {row name: make(lm, max_running=, block_size=, n_blocks=)}:
                    a long prompt arriving next to decoding streams (measure/stream_latency.py)
   runners          two `EngineRunner`s (measure/harness.py), before and after, on workload_bench's work
@@ -88,7 +88,7 @@ def prefill_once(lm, make: Callable, prompts: list[list[int]], prefix_ids: list[
     if prefix_ids:
         donor = engine.add(prefix_ids, 2, ignore_eos=True)
         engine.step()                                  # the prefix's prefill, then it is held and the donor goes
-        engine.hold_prefix(donor)
+        engine.kv.hold(donor)
         engine.abort(donor)
     for p in prompts:
         engine.add(p, 1, ignore_eos=True)
@@ -97,7 +97,7 @@ def prefill_once(lm, make: Callable, prompts: list[list[int]], prefix_ids: list[
     engine.step()                                      # admit all, ONE prefill pass, each emits its only token
     seconds = now(lm.device) - start
     assert not engine.running and not engine.waiting, "the pack did not go through in one step"
-    engine.drop_prefix()
+    engine.kv.drop()
     assert not pool_problems(engine.allocator), "blocks leaked"
     return seconds, engine.n_prefill_tokens - before
 

@@ -48,6 +48,7 @@ from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
 from phases.p3_7_cuda_graphs.demo import stub_decode_forward
 from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
+from phases.p3_7_cuda_graphs.runner import StaticRunner
 from phases.p3_7_cuda_graphs.overlap import OverlappedDecodeEngine
 from phases.p3_7_cuda_graphs.split_rule import MAX_SPLITS, MIN_BLOCKS_PER_SPLIT, choose_splits
 
@@ -81,13 +82,9 @@ class PassLog(ChunkedPrefillEngine):
         super().__init__(*args, **kwargs)
         self.passes = []
 
-    def _mixed_pass(self, chunks, decoding):
-        self.passes.append((len(decoding), sum(c.length for c in chunks)))
-        return super()._mixed_pass(chunks, decoding)
-
-    def _decode(self, seqs):
-        self.passes.append((len(seqs), 0))
-        return super()._decode(seqs)
+    def run_batch(self, batch):
+        self.passes.append((len(batch.decode), sum(c.length for c in batch.chunks)))
+        return super().run_batch(batch)
 
 
 short = random_prompts(lm.vocab_size, 3, 8, seed=0)
@@ -150,16 +147,16 @@ fig.tight_layout()
 # longest).
 
 # %%
-class StepLog(StaticDecodeEngine):
-    """The static engine, recording each static decode step."""
+class StepLog(StaticRunner):
+    """The static runner, recording each static decode step."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.steps = []
 
-    def _static_pass(self, seqs):
+    def static_pass(self, seqs):
         sent, padded = self.buffers.n_values_sent, self.n_padded_rows
-        rows, logits = super()._static_pass(seqs)
+        rows, logits = super().static_pass(seqs)
         n = len(rows)
         self.steps.append(dict(rows=n, bucket=n + self.n_padded_rows - padded,
                                sent=self.buffers.n_values_sent - sent,
@@ -170,7 +167,11 @@ class StepLog(StaticDecodeEngine):
 BUCKETS = [1, 2, 4, 8]
 prompts = random_prompts(lm.vocab_size, 8, (5, 20), seed=2)
 new_tokens = [4, 7, 10, 14, 18, 22, 27, 32]
-static = StepLog(lm, max_running=8, block_size=4, n_blocks=128, buckets=BUCKETS)
+class LoggedEngine(StaticDecodeEngine):
+    runner_class = StepLog
+
+
+static = LoggedEngine(lm, max_running=8, block_size=4, n_blocks=128, buckets=BUCKETS)
 seqs = [static.add(p, n, ignore_eos=True) for p, n in zip(prompts, new_tokens)]
 static.run()
 static_out = [s.output_ids for s in seqs]
@@ -178,8 +179,8 @@ plain = ChunkedPrefillEngine(lm, max_running=8, block_size=4, n_blocks=128)
 plain_seqs = [plain.add(p, n, ignore_eos=True) for p, n in zip(prompts, new_tokens)]
 plain.run()
 
-log = static.steps
-print(f"{len(log)} static decode steps, {static.n_padded_rows} padding rows run, buckets used "
+log = static.runner.steps
+print(f"{len(log)} static decode steps, {static.runner.n_padded_rows} padding rows run, buckets used "
       f"{sorted({s['bucket'] for s in log})}")
 print("outputs equal to phase 3.6's engine:", static_out == [s.output_ids for s in plain_seqs])
 print("outputs equal to HF generate:       ", static_out == [hf_greedy(p, n) for p, n in zip(prompts, new_tokens)])

@@ -142,12 +142,12 @@ print(engine.allocator)
 
 # %%
 fed = []
-forward = engine._forward
+forward = engine.runner.forward
 def spy(input_ids, position_ids, batch, logits_to_keep=1):
     if not batch.is_decode:
         fed.append(input_ids.shape[1])
     return forward(input_ids, position_ids, batch, logits_to_keep)
-engine._forward = spy
+engine.runner.forward = spy
 
 seq_b = engine.add(b, 20, ignore_eos=True)
 engine.step()

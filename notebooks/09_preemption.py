@@ -84,13 +84,9 @@ class CountingEngine(AuditedEngine):
     """The audited preempting engine, counting the tokens fed to the model (prefill, decode and recomputation)."""
     tokens_through_model = 0
 
-    def _mixed_pass(self, chunks, decoding):       # one pass: prefill chunks (recomputation too) + decode rows
-        self.tokens_through_model += sum(c.length for c in chunks) + len(decoding)
-        return super()._mixed_pass(chunks, decoding)
-
-    def _decode(self, seqs):                        # one pass of decode rows only
-        self.tokens_through_model += len(seqs)
-        return super()._decode(seqs)
+    def run_batch(self, batch):     # one pass: prefill chunks (recomputation too) and decode rows
+        self.tokens_through_model += sum(c.length for c in batch.chunks) + len(batch.decode)
+        return super().run_batch(batch)
 
 
 def state_of(engine, seq) -> int:
@@ -263,9 +259,9 @@ class Watched(PreemptingEngine):
         self.victims += [(s.seq_id, s.kv.n_filled) for s in members]
         super()._preempt(group, members)
 
-    def _mixed_pass(self, chunks, decoding):
-        self.refed += [(c.seq.seq_id, c.length) for c in chunks if c.seq.output_ids]   # a prefill with outputs
-        return super()._mixed_pass(chunks, decoding)
+    def run_batch(self, batch):
+        self.refed += [(c.seq.seq_id, c.length) for c in batch.chunks if c.seq.output_ids]   # a prefill with outputs
+        return super().run_batch(batch)
 
 
 for mode in ("recompute", "swap"):

@@ -64,13 +64,9 @@ class StepLog(SAMPLES.engine_class):
         self.log: list[tuple[float, float, int, int, int]] = []
         self._pass = (0, 0, 0)
 
-    def _mixed_pass(self, chunks, decoding):      # phase 3.6: decode rows and prefill chunks in ONE pass
-        self._pass = (len(decoding), len(chunks), sum(c.length for c in chunks))
-        return super()._mixed_pass(chunks, decoding)
-
-    def _decode(self, seqs):                      # a pass of decode rows only
-        self._pass = (len(seqs), 0, 0)
-        return super()._decode(seqs)
+    def run_batch(self, batch):                   # one pass: decode rows and prefill chunks together
+        self._pass = (len(batch.decode), len(batch.chunks), sum(c.length for c in batch.chunks))
+        return super().run_batch(batch)
 
     def step(self):
         self._pass, start = (0, 0, 0), time.perf_counter()

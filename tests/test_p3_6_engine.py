@@ -17,6 +17,7 @@ import torch
 from common.model import TINY_WINDOW, load_model
 from phases.p2_2_scheduler.sequence import Status
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
+from phases.p3_5_paged_attention.kv import BlockKV
 from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
 from tests.oracles import hf_greedy
 
@@ -40,11 +41,13 @@ class Recording(ChunkedPrefillEngine):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.passes: list[tuple[int, int, int]] = []
+        forward = self.runner.forward
 
-    def _forward(self, input_ids, position_ids, batch, logits_to_keep=1):
-        n_decode = getattr(batch, "n_decode", input_ids.numel() if batch.is_decode else 0)
-        self.passes.append((input_ids.numel(), n_decode, input_ids.numel() - n_decode))
-        return super()._forward(input_ids, position_ids, batch, logits_to_keep)
+        def recorded(input_ids, position_ids, batch, logits_to_keep=1):
+            n_decode = getattr(batch, "n_decode", input_ids.numel() if batch.is_decode else 0)
+            self.passes.append((input_ids.numel(), n_decode, input_ids.numel() - n_decode))
+            return forward(input_ids, position_ids, batch, logits_to_keep)
+        self.runner.forward = recorded
 
 
 def run_engine(lm, prompts, max_new_tokens=NEW_TOKENS, **kwargs):
@@ -108,13 +111,13 @@ def test_whole_prompts_without_chunking_equal_hf_generate(tiny32):
     assert any(prefill > 8 for _, _, prefill in engine.passes)     # the 14-, 22- and 30-token prompts
 
 
-class SharedPrefix(ChunkedPrefillEngine):
-    """A stand-in for prefix caching (phase 4.3): a new prompt that starts with the donor's full blocks
-    maps them into its table (one more reference each), so its first chunk starts past them."""
+class SharedPrefix(BlockKV):
+    """A stand-in for prefix caching: a new prompt that starts with the donor's full blocks maps them into
+    its table (one more reference each), so its first chunk starts past them."""
     donor = None
 
-    def new_kv(self, seq):
-        table = super().new_kv(seq)
+    def new(self, seq):
+        table = super().new(seq)
         donor, bs = self.donor, self.block_size
         if donor is None or donor.kv is None:
             return table
@@ -132,15 +135,17 @@ class SharedPrefix(ChunkedPrefillEngine):
 def test_prompts_that_start_in_another_sequences_blocks_equal_hf_generate(tiny32, budget):
     shared = random_prompts([5 * BLOCK_SIZE + 1], seed=3)[0]
     prompts = [shared + tail for tail in random_prompts((2, 9, 13), seed=4)]
-    engine = SharedPrefix(tiny32, max_running=4, block_size=BLOCK_SIZE, n_blocks=128, max_num_batched_tokens=budget)
-    donor = engine.donor = engine.add(shared, 30, ignore_eos=True)
+    engine = ChunkedPrefillEngine(tiny32, max_running=4, block_size=BLOCK_SIZE, n_blocks=128,
+                                  max_num_batched_tokens=budget)
+    engine.kv = SharedPrefix(engine.allocator)
+    donor = engine.kv.donor = engine.add(shared, 30, ignore_eos=True)
     while donor.status is not Status.DECODING:
         engine.step()
     seqs = [engine.add(p, NEW_TOKENS, ignore_eos=True) for p in prompts]
-    starts = []
-    original = engine._prefill_from
-    engine._prefill_from = lambda seq: starts.append(original(seq)) or starts[-1]
+    starts, claim = {}, engine.claim
+    engine.claim = lambda chunk: starts.setdefault(chunk.seq, chunk.start) is None or claim(chunk)
     engine.run()
+    starts = [starts[s] for s in seqs]
     assert starts == [5 * BLOCK_SIZE] * len(prompts)               # every first chunk started past the mapped blocks
     assert [s.output_ids for s in seqs] == expected(tiny32, prompts)
     assert donor.output_ids == hf_greedy(tiny32, shared, 30, ignore_eos=True)
@@ -204,7 +209,7 @@ def test_admission_counts_the_worst_case_of_a_partly_prefilled_sequence(tiny32):
 
 
 def test_the_prefill_kernel_runs_once_per_layer_per_pass_and_the_plan_once_per_pass(tiny32, monkeypatch):
-    from phases.p3_6_varlen_prefill import attention, engine as engine_module
+    from phases.p3_6_varlen_prefill import attention, runner as engine_module
     calls = {"attention": 0, "plan": 0}
 
     def counting(name, fn):

@@ -17,7 +17,6 @@ from common.sampling import SamplingParams, filter_logits
 from phases.p2_2_scheduler.sequence import Status
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
 from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
-from phases.p3_7_cuda_graphs.attention import StaticDecodeBatch
 from phases.p3_7_cuda_graphs.buffers import EMPTY_SLOT
 from phases.p3_7_cuda_graphs.engine import StaleGraphs, StaticDecodeEngine, decode_buckets
 from phases.p3_7_cuda_graphs.sampler import filter_rows, sample_rows, sampling_rows, uniform_noise
@@ -37,15 +36,23 @@ class SlotChecked(StaticDecodeEngine):
     """Checks, every static step, that the slots computed on the device are the ones the host claimed
     and that padding rows store nothing."""
 
-    def _static_forward(self, batch):
-        logits = super()._static_forward(batch)
-        rows = self.buffers.rows
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        static_forward = self.runner.static_forward
+
+        def checked(batch):
+            logits = static_forward(batch)
+            self.check_slots(batch)
+            return logits
+        self.runner.static_forward = checked
+
+    def check_slots(self, batch):
+        rows = self.runner.buffers.rows
         host = [s.kv.block_ids[(s.kv.n_filled - 1) // self.block_size] * self.block_size
                 + (s.kv.n_filled - 1) % self.block_size for s in (r.seq for r in rows)]
-        device = self.buffers.slot_mapping[:batch.block_tables.shape[0]].tolist()
+        device = self.runner.buffers.slot_mapping[:batch.block_tables.shape[0]].tolist()
         assert device[:len(rows)] == host
         assert all(slot == EMPTY_SLOT for slot in device[len(rows):])
-        return logits
 
 
 def run(lm, prompts, new_tokens=NEW_TOKENS, engine_cls=SlotChecked, sampling=None, **kwargs):
@@ -68,9 +75,9 @@ def test_greedy_equals_hf_whatever_the_buckets(tiny, buckets, budget):
     engine, outputs = run(tiny, prompts, buckets=buckets, max_num_batched_tokens=budget)
     for p, n, out in zip(prompts, NEW_TOKENS, outputs):
         assert out == hf_greedy(tiny, p, n, ignore_eos=True)
-    assert engine.n_static_steps > 0
+    assert engine.runner.n_static_steps > 0
     if buckets == [8]:
-        assert engine.n_padded_rows > 0      # every step ran padding rows, and no token changed
+        assert engine.runner.n_padded_rows > 0      # every step ran padding rows, and no token changed
 
 
 @pytest.mark.parametrize("model", ["tiny-sliding", "tiny-softcap"])
@@ -104,17 +111,17 @@ def test_steady_decoding_sends_only_new_table_entries(tiny):
         engine.add(p, 20, ignore_eos=True)
     engine.step()                                 # the prefill pass
     engine.step()                                 # first decode step: every row is new
-    assert engine.n_static_steps == 1
-    sent, syncs = engine.buffers.n_values_sent, engine.buffers.n_syncs
-    rows = engine.buffers.rows
+    assert engine.runner.n_static_steps == 1
+    sent, syncs = engine.runner.buffers.n_values_sent, engine.runner.buffers.n_syncs
+    rows = engine.runner.buffers.rows
     for _ in range(BLOCK_SIZE * 2):
         engine.step()
-    steps = engine.buffers.n_syncs - syncs
-    assert engine.buffers.rows is rows, "the same sequences every step: no row was placed again"
-    assert engine.buffers.longest_blocks == max(s.kv.n_blocks for s in engine.running)
+    steps = engine.runner.buffers.n_syncs - syncs
+    assert engine.runner.buffers.rows is rows, "the same sequences every step: no row was placed again"
+    assert engine.runner.buffers.longest_blocks == max(s.kv.n_blocks for s in engine.running)
     # No row's token, position or length was sent again (they advance on the device); only each sequence's
     # new blocks (one entry = 3 values, two per sequence over 2 * block_size steps).
-    assert engine.buffers.n_values_sent - sent == 3 * 3 * 2
+    assert engine.runner.buffers.n_values_sent - sent == 3 * 3 * 2
     assert steps == BLOCK_SIZE * 2
 
 
@@ -127,8 +134,8 @@ def test_rows_left_behind_are_inert_padding(tiny):
     while seqs[1].status is not Status.DONE:
         engine.step()
     engine.step()                                    # the first static step without it: 2 rows of 3 live
-    assert engine.buffers.n_rows == 2
-    assert engine.buffers.seq_lens[2:].tolist() == [0, 0] and engine.buffers.positions[2:].tolist() == [0, 0]
+    assert engine.runner.buffers.n_rows == 2
+    assert engine.runner.buffers.seq_lens[2:].tolist() == [0, 0] and engine.runner.buffers.positions[2:].tolist() == [0, 0]
     engine.run()
     for p, n, s in zip(prompts, (12, 3, 9), seqs):
         assert s.output_ids == hf_greedy(tiny, p, n, ignore_eos=True)
@@ -152,7 +159,7 @@ def test_a_model_changed_after_the_first_static_step_is_refused_and_loses_nothin
     seq = engine.add(random_prompts((6,), seed=5)[0], 8, ignore_eos=True)
     engine.step()
     engine.step()
-    assert engine.n_static_steps == 1
+    assert engine.runner.n_static_steps == 1
     made = list(seq.output_ids)
     lm.model.to(torch.float64)
     with pytest.raises(StaleGraphs, match="build a new engine"):
@@ -224,7 +231,7 @@ def test_preempted_groups_come_back_into_padded_rows_and_equal_hf(tiny, mode):
                               max_running=3, buckets=[8])
     groups = [engine.add_group(p, 10, ignore_eos=True, n=1) for p in prompts]
     engine.run()
-    assert engine.stats.n_preemptions >= 1 and engine.n_padded_rows > 0
+    assert engine.stats.n_preemptions >= 1 and engine.runner.n_padded_rows > 0
     for p, g in zip(prompts, groups):
         assert g.seqs[0].output_ids == hf_greedy(tiny, p, 10, ignore_eos=True)
     assert engine.allocator.n_free == engine.allocator.n_blocks
@@ -252,14 +259,13 @@ def test_forked_samples_and_beams_are_the_same_padded_or_not(tiny):
 def buckets_seen(engine) -> list[int]:
     """Spy on an engine's static decode passes: the list fills with the rows each pass ran (its bucket)."""
     seen = []
-    forward = engine._forward
+    replay = engine.runner.replay
 
-    def recording(input_ids, position_ids, batch, *args, **kwargs):
-        if isinstance(batch, StaticDecodeBatch):
-            seen.append(batch.block_tables.shape[0])
-        return forward(input_ids, position_ids, batch, *args, **kwargs)
+    def recording(batch):
+        seen.append(batch.block_tables.shape[0])
+        return replay(batch)
 
-    engine._forward = recording
+    engine.runner.replay = recording
     return seen
 
 
@@ -282,7 +288,7 @@ def test_prefix_cache_hits_map_into_padded_rows_and_equal_hf(tiny, buckets):
         engine.step()
         engine.step()
     engine.run()
-    assert engine.cache_stats.blocks_hit > 0 and engine.n_padded_rows > 0
+    assert engine.cache_stats.blocks_hit > 0 and engine.runner.n_padded_rows > 0
     assert len(set(seen)) >= 2 and set(seen) <= set(buckets)
     for p, n, s in zip(prompts, new_tokens, seqs):
         assert s.output_ids == hf_greedy(tiny, p, n, ignore_eos=True)
@@ -311,7 +317,7 @@ def test_preemption_and_forks_across_buckets_change_no_token(tiny, mode, engine_
         assert engine.stats.n_preemptions >= 1
         assert engine.allocator.n_free == engine.allocator.n_blocks
         runs.append([g.outputs for g in groups])
-    assert len(set(seen)) >= 2 and set(seen) <= set(engine.buckets) and engine.n_padded_rows > 0
+    assert len(set(seen)) >= 2 and set(seen) <= set(engine.runner.buckets) and engine.runner.n_padded_rows > 0
     assert runs[0] == runs[1]
     for p, outputs in zip(prompts[2:], runs[1][2:]):
         assert outputs[0] == hf_greedy(tiny, p, 10, ignore_eos=True)
@@ -352,10 +358,10 @@ def test_a_static_step_reads_the_device_once(tiny, engine_name, sampling, monkey
     reads = []
     for name in HOST_READS:
         monkeypatch.setattr(torch.Tensor, name, host_read(name, reads))
-    steps_before = engine.n_static_steps
+    steps_before = engine.runner.n_static_steps
     for _ in range(STEPS_WATCHED):
         engine.step()
-    steps = engine.n_static_steps - steps_before
+    steps = engine.runner.n_static_steps - steps_before
     monkeypatch.undo()
     assert steps == STEPS_WATCHED and reads == ["tolist"] * steps
 

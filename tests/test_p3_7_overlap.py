@@ -62,7 +62,7 @@ def test_steps_return_the_tokens_of_the_step_before(tiny):
     seqs = [engine.add(p, 6, ignore_eos=True) for p in random_prompts((5, 6, 7), seed=4)]
     assert len(engine.step()) == 3                # the prefill pass, in series: the first tokens
     assert engine.step() == []                    # first decode step launched, nothing read yet
-    assert engine._in_flight is not None and all(r.token == PENDING for r in engine.buffers.rows)
+    assert engine._in_flight is not None and all(r.token == PENDING for r in engine.runner.buffers.rows)
     out = engine.step()                           # launches the 3rd token's step, reads the 2nd's
     assert [o.seq for o in out] == seqs and all(len(s.output_ids) == 2 for s in seqs)
     engine.run()
@@ -92,15 +92,10 @@ def test_abort_mid_flight_delivers_the_pending_tokens(tiny):
     assert engine.allocator.n_free == engine.allocator.n_blocks
 
 
-def test_overlap_needs_the_static_step(tiny):
-    with pytest.raises(ValueError, match="static decode step"):
-        OverlappedDecodeEngine(tiny, max_running=2, static_decode=False)
-
-
 def test_an_overlapped_step_never_reads_a_synchronised_clock(tiny, monkeypatch):
     """On a GPU `now()` synchronises: called while a step is in flight, it would wait for that step and put
     the host back in series with the GPU. Steady overlapped steps must not call it."""
-    import phases.p2_2_scheduler.scheduler as scheduler
+    import phases.p3_5_paged_attention.engine as scheduler
     engine = OverlappedDecodeEngine(tiny, max_running=3, block_size=BLOCK_SIZE, n_blocks=64)
     seqs = [engine.add(p, 12, ignore_eos=True) for p in random_prompts((5, 6, 7), seed=7)]
     engine.step()

@@ -93,8 +93,8 @@ def test_fused_step_equals_hf_and_launches_every_fused_kernel(model, fused, monk
     found = engine.fused_modules
     assert (found.norms, found.mlps, found.left_norms) == (fused["norms"], fused["mlps"], [])
     calls = layers.fused_calls - before
-    steps = engine.n_static_steps
-    assert steps > 0 and engine.n_padded_rows > 0
+    steps = engine.runner.n_static_steps
+    assert steps > 0 and engine.runner.n_padded_rows > 0
     assert calls == {"rms_norm": steps * found.norms, "rotary": steps * lm.n_layers, "silu_and_mul": steps * found.mlps}
 
 

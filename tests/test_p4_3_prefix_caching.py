@@ -24,13 +24,13 @@ def _random_ids(n, seed):
 
 def _prefill_sizes(engine):
     """Record the token count of every prefill pass the engine runs."""
-    sizes, forward = [], engine._forward
+    sizes, forward = [], engine.runner.forward
 
     def spy(input_ids, position_ids, batch, logits_to_keep=1):
         if not batch.is_decode:
             sizes.append(input_ids.shape[1])
         return forward(input_ids, position_ids, batch, logits_to_keep)
-    engine._forward = spy
+    engine.runner.forward = spy
     return sizes
 
 
@@ -255,7 +255,7 @@ def test_random_streams_keep_refcounts_right_and_outputs_unchanged(tiny32, reque
         for blk in range(alloc.n_blocks):              # refcount == number of tables holding the block
             assert alloc.refcount(blk) == _holders(engine, blk)
     assert alloc.owned_ids() == [] and alloc.n_free == alloc.n_blocks   # no leak: free or cached-free
-    assert not engine._chains and not engine._prompt_hashes
+    assert not engine.kv.chains
     assert [seqs[i].output_ids for i in range(len(prompts))] == [s.output_ids for s in expected]
 
 
@@ -296,7 +296,8 @@ def test_beams_publish_their_history_under_the_right_names(tiny32):
         engine.step()
         for seq in engine.running:   # every beam's chain names exactly the tokens its own table holds
             n_full = seq.kv.n_filled // 2
-            assert engine._chains[seq.seq_id].hashes == chain_hashes(seq.all_ids[:n_full * 2], 2)
+            hashes = engine.kv.chains[seq.kv].hashes        # published up to its last claim
+            assert len(hashes) <= n_full and hashes == chain_hashes(seq.all_ids[:len(hashes) * 2], 2)
     assert group.best == hf_beam(tiny32, prompt, 3, 9)
     later = [engine.add(prompt + h.token_ids[:k], 4, ignore_eos=True) for h in group.hypotheses for k in (4, 7)]
     hits_before = engine.cache_stats.blocks_hit
@@ -326,7 +327,7 @@ def test_caching_off_is_phase_4_2_step_for_step(tiny32):
         runs.append(([r.output_ids if hasattr(r, "output_ids") else r.outputs for r in reqs], used, engine.n_steps,
                       engine.n_forward_passes, engine.n_copied, engine.n_prefill_tokens))
     assert runs[0] == runs[1]
-    assert engine.cache_stats.blocks_hit == 0 and not engine._chains
+    assert engine.cache_stats.blocks_hit == 0
 
 
 def test_a_failed_forward_pass_publishes_nothing(tiny32, monkeypatch):
@@ -339,10 +340,10 @@ def test_a_failed_forward_pass_publishes_nothing(tiny32, monkeypatch):
 
     def failing(*args, **kwargs):
         raise RuntimeError("injected failure")
-    engine._forward = failing                  # the pass fails after the prefill claimed its blocks
+    engine.runner.forward = failing                  # the pass fails after the prefill claimed its blocks
     with pytest.raises(RuntimeError, match="injected"):
         engine.step()
-    del engine._forward
+    del engine.runner.forward
     engine.abort(first)
     assert engine.allocator.n_cached == 0 and engine.allocator.n_free == engine.allocator.n_blocks
     second = engine.add(prompt, 3, ignore_eos=True)

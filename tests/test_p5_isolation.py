@@ -156,10 +156,16 @@ class PoisonedEngine(ServingEngine):
     validation can see."""
     poisoned_kind = PREFILL_PASS
 
-    def _forward(self, *args, **kwargs):
-        if any(g.max_new_tokens == POISON_MAX_TOKENS and self.poisoned_kind in roles for g, roles in self.in_pass.items()):
-            raise RuntimeError("poisoned pass")
-        return super()._forward(*args, **kwargs)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        run = self.runner.run
+
+        def poisoned(batch):
+            if any(g.max_new_tokens == POISON_MAX_TOKENS and self.poisoned_kind in roles
+                   for g, roles in self.in_pass.items()):
+                raise RuntimeError("poisoned pass")
+            return run(batch)
+        self.runner.run = poisoned
 
 
 def run_to_end(engine) -> tuple[list[StepFailed], int]:
@@ -203,7 +209,7 @@ def test_the_culprit_of_a_failing_pass_is_found_and_fails_alone(tiny32, kind, bu
             assert [s.output_ids for s in g.seqs] == [s.output_ids for s in ref.seqs], i
             assert all(s.finish_reason == "length" for s in g.seqs)
     assert engine.allocator.n_free == engine.allocator.n_blocks and not engine.isolating
-    assert engine._slots_promised == 0 and not engine.running and not engine.waiting
+    assert engine.slots_promised == 0 and not engine.running and not engine.waiting
     check_refcounts(engine.allocator, [])
 
 
@@ -239,13 +245,13 @@ def test_a_poisoned_request_fails_alone_beside_a_valid_stream(tiny32, kind, capl
 
 
 def test_a_fork_that_fails_half_way_rolls_back(tiny32):
-    """Phase 4.1's fork is all or nothing: the third sample's generator raises (what a seed + i overflow did);
+    """Phase 4.1's fork is all or nothing: making the third sample raises (what a seed + i overflow did);
     the two made before it are taken back, and no block or slot leaks."""
     class FailingFork(SharingEngine):
-        def _member_generator(self, sampling, index):
+        def new_member(self, group, parent, index):
             if index == 2:
                 raise ValueError("Overflow when unpacking long long")
-            return super()._member_generator(sampling, index)
+            return super().new_member(group, parent, index)
 
     engine = FailingFork(tiny32, max_running=4, block_size=4, n_blocks=32)
     group = engine.add_group(list(range(10, 21)), 4, SamplingParams(temperature=1.0, seed=1), n=3)
@@ -260,10 +266,10 @@ def test_a_fork_that_fails_half_way_rolls_back(tiny32):
 
 def test_the_served_engine_fails_only_the_group_whose_fork_failed(tiny32):
     class FailingFork(ServingEngine):
-        def _member_generator(self, sampling, index):
-            if sampling.seed == 99 and index == 2:
+        def new_member(self, group, parent, index):
+            if group.sampling.seed == 99 and index == 2:
                 raise ValueError("Overflow when unpacking long long")
-            return super()._member_generator(sampling, index)
+            return super().new_member(group, parent, index)
 
     reference = ServingEngine(tiny32, max_running=8, block_size=4, n_blocks=64)
     engine = FailingFork(tiny32, max_running=8, block_size=4, n_blocks=64)
@@ -274,7 +280,7 @@ def test_the_served_engine_fails_only_the_group_whose_fork_failed(tiny32):
     failures = run_to_end(engine)
     assert [g for f in failures for g in f.failed] == [engine.bad]
     assert [s.output_ids for s in engine.good.seqs] == [s.output_ids for s in reference.good.seqs]
-    assert engine.allocator.n_free == engine.allocator.n_blocks and engine._slots_promised == 0
+    assert engine.allocator.n_free == engine.allocator.n_blocks and engine.slots_promised == 0
 
 
 def test_block_ops_are_all_or_nothing():

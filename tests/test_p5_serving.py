@@ -302,11 +302,16 @@ class FailingEngine(SAMPLES.engine_class):
     """Raises inside the next forward pass when told to (after admission took blocks), as a CUDA error would."""
     fail_next = False
 
-    def _forward(self, *args, **kwargs):
-        if self.fail_next:
-            self.fail_next = False
-            raise RuntimeError("injected failure")
-        return super()._forward(*args, **kwargs)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        run = self.runner.run
+
+        def failing(batch):
+            if self.fail_next:
+                self.fail_next = False
+                raise RuntimeError("injected failure")
+            return run(batch)
+        self.runner.run = failing
 
 
 def test_a_failing_step_fails_its_requests_not_the_server(tiny32):

@@ -146,9 +146,7 @@ class Scheduler:
         eos_ids = self.lm.eos_token_ids
         outputs = []
         for seq, token in zip(seqs, tokens):
-            if seq.status is Status.PREFILLING:
-                seq.move(Status.DECODING)   # the prompt is in the cache; from here on it decodes
-            done = seq.append_token(token, eos_ids, t)
+            done = seq.take_token(token, eos_ids, t)
             if done:
                 self._finish(seq)
             outputs.append(StepOutput(seq, token, done))

@@ -81,6 +81,13 @@ class Sequence:
         """Tokens whose K/V the sequence holds or will hold: prompt + generated."""
         return len(self.prompt_ids) + len(self.output_ids)
 
+    def take_token(self, token_id: int, eos_ids: set[int], t: float | None = None) -> bool:
+        """The token sampled for this sequence in a step: a first token ends its prefill (PREFILLING ->
+        DECODING: its prompt is in the cache). True when the sequence is now finished."""
+        if self.status is Status.PREFILLING:
+            self.move(Status.DECODING)
+        return self.append_token(token_id, eos_ids, t)
+
     def append_token(self, token_id: int, eos_ids: set[int], t: float | None = None) -> bool:
         """Record a generated token; return True when the sequence is now finished."""
         self.output_ids.append(token_id)

@@ -36,7 +36,7 @@ from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAlloc
 from phases.p3_2_block_table.block_table import BlockTable
 from phases.p3_3_paged_cache.paged_cache import PagedCache
 
-__all__ = ["PagedScheduler", "worst_case_tokens", "blocks_for"]
+__all__ = ["PagedScheduler", "check_fits_pool", "worst_case_tokens", "blocks_for"]
 
 
 def worst_case_tokens(request) -> int:
@@ -47,6 +47,16 @@ def worst_case_tokens(request) -> int:
     `request`: a Sequence, or anything else with `prompt_ids` and `max_new_tokens`.
     """
     return len(request.prompt_ids) + request.max_new_tokens - 1
+
+
+def check_fits_pool(seq: Sequence, allocator: BlockAllocator) -> None:
+    """Refuse a request whose worst case the whole pool can never hold: waiting for it would never end.
+    ValueError, before it is queued, saying why."""
+    need = blocks_for(worst_case_tokens(seq), allocator.block_size)
+    if need > allocator.n_blocks:
+        raise ValueError(f"sequence {seq.seq_id}: {len(seq.prompt_ids)} prompt + {seq.max_new_tokens} new tokens "
+                         f"need up to {need} blocks of {allocator.block_size}, but the whole pool has "
+                         f"{allocator.n_blocks}")
 
 
 class PagedScheduler(ContinuousScheduler):
@@ -63,12 +73,7 @@ class PagedScheduler(ContinuousScheduler):
     # --- requests: one the whole pool can never hold is refused up front --------------------
     def _new_sequence(self, prompt, max_new_tokens, sampling, ignore_eos, arrival) -> Sequence:
         seq = super()._new_sequence(prompt, max_new_tokens, sampling, ignore_eos, arrival)
-        need = blocks_for(worst_case_tokens(seq), self.block_size)
-        if need > self.allocator.n_blocks:
-            # Waiting would never end: refuse it before it is queued, and say why.
-            raise ValueError(f"sequence {seq.seq_id}: {len(seq.prompt_ids)} prompt + {max_new_tokens} new tokens "
-                             f"need up to {need} blocks of {self.block_size}, but the whole pool has "
-                             f"{self.allocator.n_blocks}")
+        check_fits_pool(seq, self.allocator)
         return seq
 
     # --- the KV override points --------------------------------------------------------------

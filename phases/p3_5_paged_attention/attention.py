@@ -116,10 +116,6 @@ class PagedBatch:
     is_decode: bool             # True: [S, 1] layout; False: packed [1, N] prefill
     segments: list[Segment] = field(default_factory=list)  # prefill only
 
-    @property
-    def has_decode_tokens(self) -> bool:
-        """The pass carries decode tokens: a decode pass does, a packed prefill does not."""
-        return self.is_decode
 
     # Worked out at the first layer that needs them, reused by every other layer of the pass.
     @cached_property

@@ -56,9 +56,6 @@ class MixedBatch(PagedBatch):
     context_lens: torch.Tensor | None = None   # [P] int32: tokens of each chunk's sequence in the pool before it
     prefill_plan: PrefillPlan | None = None    # plan_prefill(cu, context) from host lists, once per pass
 
-    @property
-    def has_decode_tokens(self) -> bool:
-        return self.n_decode > 0
 
     @property
     def n_prefill_tokens(self) -> int:

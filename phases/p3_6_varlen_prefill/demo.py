@@ -47,6 +47,7 @@ from phases.p3_4_gather_kernel.dispatch import use_kernels
 from phases.p3_5_paged_attention.attention import PagedBatch, Segment, paged_attention_forward
 from phases.p3_5_paged_attention.demo import BATCHED
 from phases.p3_5_paged_attention.engine import BatchedPagedEngine
+from phases.p3_5_paged_attention.kv import BlockKV
 from phases.p3_6_varlen_prefill.attention import MixedBatch, varlen_attention_forward
 from phases.p3_6_varlen_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillEngine
 from phases.p3_6_varlen_prefill.pack import random_prefill_pack
@@ -90,14 +91,14 @@ def attention_pack(lm, seg_lens: list[int], prefix: int, block_size: int) -> Att
 
 
 # --- engine: the whole prefill pass, a held prefix on both engines ---------------------------------------
-class HeldPrefix:
-    """Mixin for phase 3.5's engine and this one: the engine holds the full blocks of one computed prefix;
-    a new prompt that starts with it maps them in (one more reference each), so its prefill starts past them
-    (`_prefill_from` = n_filled). The bench's "with prefix" rows measure prefill after a prefix this way."""
+class HeldPrefix(BlockKV):
+    """Phase 3.5's KV part, holding the full blocks of one computed prefix as well: a new prompt that starts
+    with it maps them in (one more reference each), so its prefill starts past them (at `n_filled`). The
+    bench's "with prefix" rows measure prefill after a prefix this way."""
     held_ids: list[int] = []
     held_blocks: list[int] = []
 
-    def hold_prefix(self, seq) -> None:
+    def hold(self, seq) -> None:
         """Keep `seq`'s full prompt blocks (its prefill has run) after it is gone."""
         n = len(seq.prompt_ids) // self.block_size
         self.held_blocks = list(seq.kv.block_ids[:n])
@@ -105,13 +106,13 @@ class HeldPrefix:
         for block in self.held_blocks:
             self.allocator.incref(block)
 
-    def drop_prefix(self) -> None:
+    def drop(self) -> None:
         for block in self.held_blocks:
             self.allocator.free(block)
         self.held_blocks, self.held_ids = [], []
 
-    def new_kv(self, seq):
-        table = super().new_kv(seq)
+    def new(self, seq):
+        table = super().new(seq)
         n = len(self.held_ids)
         if n and len(seq.prompt_ids) > n and seq.prompt_ids[:n] == self.held_ids:
             for block in self.held_blocks:
@@ -121,20 +122,19 @@ class HeldPrefix:
         return table
 
 
-class LoopEngine(HeldPrefix, BatchedPagedEngine):
-    pass
-
-
-class VarlenEngine(HeldPrefix, ChunkedPrefillEngine):
-    pass
+def with_held_prefix(engine):
+    """`engine` with the `HeldPrefix` KV part."""
+    engine.kv = HeldPrefix(engine.allocator)
+    return engine
 
 
 PREFILL_ENGINES = [
     Contender("p3_5", "BatchedPagedEngine (attention per segment per layer)",
-              lambda lm, budget, **pool: LoopEngine(lm, max_prefill_tokens=budget, **pool)),
+              lambda lm, budget, **pool: with_held_prefix(BatchedPagedEngine(lm, max_prefill_tokens=budget, **pool))),
     Contender("p3_6", "ChunkedPrefillEngine with a budget that takes the whole pack in one pass (varlen "
               "attention, one call per layer)",
-              lambda lm, budget, **pool: VarlenEngine(lm, max_num_batched_tokens=budget, **pool)),
+              lambda lm, budget, **pool: with_held_prefix(ChunkedPrefillEngine(lm, max_num_batched_tokens=budget,
+                                                                                **pool))),
 ]
 
 

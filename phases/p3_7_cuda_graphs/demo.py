@@ -43,7 +43,6 @@ from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton
 from phases.p3_5_paged_attention.reference import sdpa_decode_contiguous
 from phases.p3_6_varlen_prefill.demo import CHUNKED
 from phases.p3_6_varlen_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillEngine
-from phases.p3_7_cuda_graphs.attention import StaticDecodeBatch
 from phases.p3_7_cuda_graphs.decode_kernel import DEFAULT_CONFIG, launch_config, tiled_decode_attention
 from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
 from phases.p3_7_cuda_graphs.overlap import OverlappedDecodeEngine
@@ -150,7 +149,7 @@ def step_section(cfg: RunConfig, lm, report: Report, step_engines: dict | None =
             r = decode_step_ms(lambda lm_, n: make(lm_, n, blocks), lm, batch, cfg.prompt_len, cfg.steps)
             engine = r.pop("engine")
             graph = getattr(engine, "last_graph", None)
-            gpu = replay_ms(engine.graphs[graph][0]) if graph else None
+            gpu = replay_ms(engine.runner.graphs[graph][0]) if graph else None
             t.add_row(batch, name, r["ms"], r["tok_s"], gpu if gpu else "-", r["ms"] / gpu if gpu else "-")
             rows.append(dict(r, engine=name, gpu_ms=gpu))
             del engine
@@ -173,17 +172,18 @@ STUB_VOCAB = 8   # logits columns the stub returns: argmax over a real vocabular
 def stub_decode_forward(engine) -> None:
     """Replace `engine`'s decode passes by a stub returning zero logits [rows, STUB_VOCAB] (every row draws
     token 0; the step bench ignores EOS): what is left of a step is the host's work. Prefill passes still run."""
-    real = engine._forward
+    runner = engine.runner
+    real = runner.forward
     zeros = torch.zeros(engine.max_running, 1, STUB_VOCAB, device=engine.lm.device)   # [rows, 1 position, V]
 
     def forward(input_ids, position_ids, batch, logits_to_keep=1):
         if not batch.is_decode:
             return real(input_ids, position_ids, batch, logits_to_keep)
-        rows = batch.block_tables.shape[0]             # a table row per sequence (p3_7: per bucket row)
-        # What each engine's decode pass returns: p3_7's static step [bucket, V], phase 3.5's [S, 1, V].
-        return zeros[:rows, 0] if isinstance(batch, StaticDecodeBatch) else zeros[:rows]
+        return zeros[:batch.block_tables.shape[0]]     # phase 3.5's decode pass: [S, 1, V]
 
-    engine._forward = forward
+    runner.forward = forward
+    if hasattr(runner, "replay"):                      # p3_7's static step: [bucket, V]
+        runner.replay = lambda batch: zeros[:batch.block_tables.shape[0], 0]
 
 
 HOST_ENGINES = {name: make for name, make in STEP_ENGINES.items() if "graph" not in name} | {
@@ -297,19 +297,19 @@ def run_graphs(lm, requests: list[Request], max_running: int, block_size: int = 
                engine_cls: type = StaticDecodeEngine) -> EngineRun:
     n_blocks = workload_pool_blocks(lm, requests, block_size)
     engine = warm_graph_engine(lm, max_running, block_size, n_blocks, engine_cls)
-    done_before, steps_before, static_before = len(engine.finished), engine.n_steps, engine.n_static_steps
+    done_before, steps_before, static_before = len(engine.finished), engine.n_steps, engine.runner.n_static_steps
     submit(engine, lm, requests)
     engine.run()
     finished = sorted(engine.finished[done_before:], key=lambda s: s.seq_id)
     assert not pool_problems(engine.allocator), "blocks leaked"
     settings = dict(max_running=max_running, block_size=block_size, pool_blocks=n_blocks,
-                    max_num_batched_tokens=engine.max_num_batched_tokens, cuda_graphs=engine.cuda_graphs,
-                    buckets=engine.buckets)
+                    max_num_batched_tokens=engine.max_num_batched_tokens, cuda_graphs=engine.runner.cuda_graphs,
+                    buckets=engine.runner.buckets)
     return EngineRun.from_sequences(finished, engine.peak_blocks_used * engine.allocator.bytes_per_block,
-                                    note=f"{engine.n_static_steps - static_before} static decode steps of "
+                                    note=f"{engine.runner.n_static_steps - static_before} static decode steps of "
                                          f"{engine.n_steps - steps_before}, " +
-                                         (f"{len(engine.graphs)} graphs (captured when the engine was built)"
-                                          if engine.cuda_graphs else "run eagerly (no CUDA)")
+                                         (f"{len(engine.runner.graphs)} graphs (captured when the engine was built)"
+                                          if engine.runner.cuda_graphs else "run eagerly (no CUDA)")
                                     + (f", {engine.n_overlapped_steps} overlapped, {engine.n_wasted_rows} rows wasted on "
                                        "an EOS in flight" if issubclass(engine_cls, OverlappedDecodeEngine) else ""),
                                     settings=settings)

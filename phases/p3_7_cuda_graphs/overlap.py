@@ -25,18 +25,17 @@ Only steady decode streaks overlap. A step with prefill chunks, or one that woul
 a waiting request, first completes the pass in flight and then runs as phase 3.6/3.7 do.
 So admissions happen a step later than in `StaticDecodeEngine`. Greedy tokens equal
 HF `generate` (fp32), as the engine's do, and a seeded draw depends only on (seed,
-output index, token), which `_draw(ahead=1)` keeps. (On a GPU, in bf16, a wasted row
+output index, token), which `DeviceSampler.draw(ahead=1)` keeps. (On a GPU, in bf16, a wasted row
 or a later admission can change a step's bucket or split count and so the rounding:
 greedy near-ties may then differ from `StaticDecodeEngine`'s, as between any two
 batch compositions.) Nothing in the launch path waits for the GPU: host values go
 through pinned memory (`buffers.send`), and token timestamps are taken after the
-event, not with a synchronise (`_clock`).
+event, not with a synchronise.
 
 On a CPU nothing runs asynchronously (the copy is a clone, the "wait" returns at once),
 so the tests there check the bookkeeping: equal outputs, wasted rows, no leaked block.
-What the overlap buys is a GPU measurement (`graph_workload`, `graph_bench`), not made
-on a GPU yet. Later phases (copy-on-write, beams, prefix caching, preemption, the server)
-build on `StaticDecodeEngine`, not on this engine.
+What the overlap buys is a GPU measurement (`graph_workload`, `graph_bench`). It is a
+speed extra beside this phase's engine, not a step of the engine line.
 """
 
 from __future__ import annotations
@@ -90,15 +89,12 @@ class OverlappedDecodeEngine(StaticDecodeEngine):
 
     def __init__(self, lm, *args, **kwargs):
         super().__init__(lm, *args, **kwargs)
-        if not self.static_decode:
-            raise ValueError("OverlappedDecodeEngine needs the static decode step (static_decode=True)")
         self._in_flight: InFlight | None = None
         self._undelivered: list[StepOutput] = []   # outputs of a pass completed outside step() (abort)
         on_cuda = torch.device(lm.device).type == "cuda"
         self._host_ids = [torch.empty(self.max_running, dtype=torch.int64, pin_memory=True) if on_cuda else None
                           for _ in range(HOST_BUFFERS)]
         self._next_buffer = 0
-        self._known_tokens: list[int] | None = None   # what _sample returns while a pass is completed
         self.n_overlapped_steps = 0                   # decode steps launched before the previous one was read
         self.n_wasted_rows = 0                        # rows of sequences that had ended on an EOS in flight
 
@@ -112,7 +108,7 @@ class OverlappedDecodeEngine(StaticDecodeEngine):
         rows = self._rows_to_launch(previous)
         if previous is None and rows is None:
             return self._undelivered_and(super().step())       # prefill, admission, mixed pass: in series
-        with use_paged_attention(self.lm.model, self.attention_name):
+        with use_paged_attention(self.lm.model, self.runner.attention_name):
             if rows:
                 try:
                     self._in_flight = self._launch(rows, ahead=previous is not None)
@@ -145,10 +141,15 @@ class OverlappedDecodeEngine(StaticDecodeEngine):
         return [s for s in live if len(s.output_ids) + 1 < s.max_new_tokens] or None
 
     def _launch(self, seqs: list[Sequence], ahead: bool) -> InFlight:
-        """Run one static decode step and draw its tokens, all queued on the device; start their copy home."""
-        rows, logits = self._static_pass(seqs)
-        ids = self._draw(rows, logits, ahead=int(ahead))
-        self.buffers.record_pending(ids)          # the next step's input ids, on the device
+        """Claim a slot per row, run one static decode step and draw its tokens, all queued on the device;
+        start their copy home."""
+        for s in seqs:
+            self.kv.append_slots(s, 1)
+        rows, logits = self.runner.static_pass(seqs)
+        self.kv.written(rows)                     # queued, not run: the peak of blocks held is what it reads
+        ids = self.sampler.draw(rows, logits, ahead=int(ahead))
+        self.sampler.last = None                  # these ids are fed back as pending, not as the last sample
+        self.runner.buffers.record_pending(ids)   # the next step's input ids, on the device
         buffer = self._host_ids[self._next_buffer]
         self._next_buffer = (self._next_buffer + 1) % HOST_BUFFERS
         return InFlight(rows, SampledIds(ids, buffer))
@@ -158,30 +159,13 @@ class OverlappedDecodeEngine(StaticDecodeEngine):
         tokens = flight.ids.read()
         live = [(s, t) for s, t in zip(flight.rows, tokens) if s.status is Status.DECODING]
         self.n_wasted_rows += len(flight.rows) - len(live)
-        seqs = [s for s, _ in live]
-        self._known_tokens = [t for _, t in live]
-        try:
-            outputs = self._emit(seqs, None)
-        finally:
-            self._known_tokens = None
+        seqs, tokens = [s for s, _ in live], [t for _, t in live]
+        # The ids were read after their own event; a synchronised clock would wait for the step launched
+        # since, putting host and GPU back in series.
+        outputs = self.update(seqs, tokens, t=time.perf_counter())
         if self._in_flight is None:
-            self.buffers.settle(seqs, [t for _, t in live])   # nothing launched after it: the mirror is current
-        for out in outputs:
-            if out.finished:
-                self._retire(out.seq)
+            self.runner.buffers.settle(seqs, tokens)   # nothing launched after it: the mirror is current
         return outputs
-
-    def _clock(self) -> float:
-        if self._known_tokens is not None:
-            # The ids were read after their own event; a synchronised clock would wait for the step
-            # launched since, putting host and GPU back in series.
-            return time.perf_counter()
-        return super()._clock()
-
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor | None) -> list[int]:
-        if self._known_tokens is not None:
-            return self._known_tokens                  # drawn on the device when the step was launched
-        return super()._sample(seqs, logits)
 
     def _undelivered_and(self, outputs: list[StepOutput]) -> list[StepOutput]:
         held, self._undelivered = self._undelivered, []

@@ -18,9 +18,8 @@ i-th output of a sequence is a hash of (its seed, i, v) (`uniform_noise`:
 SplitMix64's mixer, in int64 tensor arithmetic that gives the same bits on a
 CPU and a GPU). So a sequence's draws depend on its seed and its own position
 only: not on the batch it shares, the bucket it was padded into, the step a
-preemption delayed it to, or the device. Seeds come from phase 2.2's
-per-sequence generator, made from the request's seed; a request with no seed
-gets a random one when first sampled.
+preemption delayed it to, or the device. A request with no seed gets a
+random one when first sampled.
 
 The filters are the same as `common.sampling.filter_logits` (tests check it);
 the draws differ from torch.multinomial's, so seeded sampled text differs from
@@ -34,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from common.sampling import SEED_MAX, SEED_MIN, SamplingParams
+from common.sampling import SEED_MAX, SEED_MIN, Sampler, SamplingParams
 from phases.p3_7_cuda_graphs.buffers import send
 
 UINT64 = 1 << 64
@@ -127,11 +126,42 @@ def sample_rows(logits: torch.Tensor, rows: SamplingRows | None) -> torch.Tensor
     return torch.where(rows.greedy, greedy_ids, drawn)
 
 
-def seed_of(generator: torch.Generator | None, fallback: dict, key) -> int:
-    """The int64 seed of a sequence: its generator's (made from the request's seed), or one
-    drawn at random once per `key` for a request with no seed."""
-    if generator is not None:
-        return _as_int64(generator.initial_seed())
-    if key not in fallback:
-        fallback[key] = random.randint(SEED_MIN, SEED_MAX)
-    return fallback[key]
+class DeviceSampler(Sampler):
+    """The sampler part, on the device: every row of a pass in one batch of tensor ops, ONE host transfer.
+
+    A row's i-th draw is keyed on (its request's seed, i), so it does not depend on the batch or the step.
+    A request with no seed gets a random one the first time it samples. `last` keeps the last call's
+    (sequences, ids on the device, ids on the host): a static decode step can feed the ids straight back."""
+
+    def __init__(self, device: str | torch.device = "cpu"):
+        super().__init__(device)
+        self.seeds: dict[int, int] = {}     # seq_id -> the seed of a request that named none
+        self.last: tuple | None = None
+
+    def sample(self, seqs: list, logits: torch.Tensor) -> list[int]:
+        ids = self.draw(seqs, logits)
+        tokens = ids.tolist()
+        self.last = (seqs, ids, tokens)
+        return tokens
+
+    def draw(self, seqs: list, logits: torch.Tensor, ahead: int = 0) -> torch.Tensor:
+        """Each row's next token id [S], on the device. ahead: tokens a row has drawn that the host has not
+        appended yet, so each draw keeps its output index."""
+        if all(s.sampling.greedy for s in seqs):
+            return sample_rows(logits, None)          # one argmax: no per-row parameters to send
+        seeds = [self.seed(s) for s in seqs]
+        rows = sampling_rows([s.sampling for s in seqs], seeds, [len(s.output_ids) + ahead for s in seqs],
+                             logits.shape[-1], logits.device)
+        return sample_rows(logits, rows)
+
+    def seed(self, seq) -> int:
+        """The int64 seed of `seq`'s draws: its request's, or one drawn at random once per sequence."""
+        if seq.sampling.seed is not None:
+            return _as_int64(seq.sampling.seed)
+        if seq.seq_id not in self.seeds:
+            self.seeds[seq.seq_id] = random.randint(SEED_MIN, SEED_MAX)
+        return self.seeds[seq.seq_id]
+
+    def forget(self, seq) -> None:
+        super().forget(seq)
+        self.seeds.pop(seq.seq_id, None)

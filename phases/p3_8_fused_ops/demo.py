@@ -63,7 +63,7 @@ def count_decode_step(lm, engine_cls: type, batch: int, prompt_len: int, block_s
         engine.add(ids, COUNT_NEW_TOKENS, ignore_eos=True)
     prefill_everything(engine)
     counted: list[Launches] = []
-    forward = engine._static_forward
+    forward = engine.runner.static_forward
 
     def counted_forward(decode_batch):
         with count_launches() as launches:
@@ -71,7 +71,7 @@ def count_decode_step(lm, engine_cls: type, batch: int, prompt_len: int, block_s
         counted.append(launches)
         return out
 
-    engine._static_forward = counted_forward
+    engine.runner.static_forward = counted_forward
     engine.step()
     return counted[0]
 

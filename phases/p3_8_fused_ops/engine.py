@@ -24,26 +24,36 @@ from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV, use_kernels
 from phases.p3_7_cuda_graphs.attention import StaticDecodeBatch
 from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
 from phases.p3_7_cuda_graphs.overlap import OverlappedDecodeEngine
+from phases.p3_7_cuda_graphs.runner import StaticRunner
 from phases.p3_8_fused_ops.layers import fused_ops_on, install_fused_ops
+
+
+class FusedRunner(StaticRunner):
+    """Phase 3.7's runner; its static pass runs with the fused norm, rotary and SwiGLU kernels on."""
+
+    fused_ops = False   # set by the engine, once it has installed the fused modules
+
+    def static_forward(self, batch: StaticDecodeBatch) -> torch.Tensor:
+        if not self.fused_ops:
+            return super().static_forward(batch)
+        with fused_ops_on():
+            return super().static_forward(batch)
 
 
 class FusedDecodeEngine(StaticDecodeEngine):
     """Phase 3.7's engine; its static decode step launches the fused norm, rotary and SwiGLU kernels."""
 
+    runner_class = FusedRunner
+
     def __init__(self, lm, *args, fused_ops: bool | None = None, **kwargs):
-        super().__init__(lm, *args, **kwargs)
         kernels_run_here = use_kernels(lm.device)
         if fused_ops and not kernels_run_here:
             raise ValueError(f"fused_ops=True needs the model on a CUDA device; it is on {lm.device} (the fused "
                              f"kernels would run in Triton's interpreter; tests set {FORCE_KERNELS_ENV}=1 for that)")
+        super().__init__(lm, *args, **kwargs)
         self.fused_ops = kernels_run_here if fused_ops is None else bool(fused_ops)
         self.fused_modules = install_fused_ops(lm.model) if self.fused_ops else None
-
-    def _static_forward(self, batch: StaticDecodeBatch) -> torch.Tensor:
-        if not self.fused_ops:
-            return super()._static_forward(batch)
-        with fused_ops_on():
-            return super()._static_forward(batch)
+        self.runner.fused_ops = self.fused_ops
 
 
 class FusedOverlappedEngine(FusedDecodeEngine, OverlappedDecodeEngine):

@@ -30,9 +30,9 @@ class _RecordingEngine(SharingEngine):
         super().__init__(*args, **kwargs)
         self.last_tables: dict[int, tuple[int, str]] = {}
 
-    def free_kv(self, seq) -> None:
+    def retire(self, seq) -> None:
         self.last_tables[seq.seq_id] = (seq.kv.n_filled, _ids(self, seq.kv))
-        super().free_kv(seq)
+        super().retire(seq)
 
 
 def _ids(engine: SharingEngine, table) -> str:

@@ -16,8 +16,9 @@ engine would prefill the prompt n times and store its K/V n times. Here:
      one, now its only owner, writes in place. Full prompt blocks are never
      written again, so they stay shared until the last sample finishes.
 
-The copies of a step are batched into one indexed copy run just before the
-forward pass (block_ops.CopyQueue), so a step with many forks costs one launch.
+The copies of a step are batched into one indexed copy, run at the end of
+`schedule()` before the forward pass writes (block_ops.CopyQueue), so a step
+with many forks costs one launch. The KV manager part is `CowKV` (kv.py).
 
 Admission is phase 3.3's rule with shared blocks counted once: a group of n
 needs n free slots (`can_admit`: it will run as n sequences) and, in the worst
@@ -36,12 +37,11 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from common.clock import SeqTiming
-from common.sampling import GREEDY, SamplingParams, make_generator
+from common.sampling import GREEDY, SamplingParams
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
-from phases.p3_1_block_allocator.allocator import blocks_for
-from phases.p3_3_paged_cache.scheduler import worst_case_tokens
 from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
-from phases.p4_1_copy_on_write.block_ops import CopyQueue, append_slots_cow, blocks_held, fork
+from phases.p4_1_copy_on_write.block_ops import blocks_held
+from phases.p4_1_copy_on_write.kv import CowKV, worst_case_blocks
 
 
 @dataclass(eq=False)  # identity: a group is one request, even if two have equal fields
@@ -78,23 +78,14 @@ class SequenceGroup:
         return [list(s.output_ids) for s in self.seqs]
 
 
-def worst_case_blocks(request, n: int, block_size: int) -> int:
-    """Most blocks n sequences forked from `request`'s prompt can hold at once: full prompt blocks counted once.
-
-    `request`: anything with `prompt_ids` and `max_new_tokens` (a Sequence, a SequenceGroup, a workload Request).
-    """
-    shared = len(request.prompt_ids) // block_size  # full prompt blocks: never written again, shared by all n
-    return shared + n * (blocks_for(worst_case_tokens(request), block_size) - shared)
-
-
 class SharingEngine(StaticDecodeEngine):
     def __init__(self, lm, **engine_kwargs):
         super().__init__(lm, **engine_kwargs)
-        self.copies = CopyQueue()                    # copy-on-write copies waiting for the next forward pass
+        self.kv = CowKV(self.allocator)
         self.groups: list[SequenceGroup] = []        # every request added, in order
         self._group_of: dict[int, SequenceGroup] = {}  # seq_id -> its request
         self._next_request_id = 0
-        # (distinct blocks held, blocks the same tables would hold unshared) at every decode pass
+        # (distinct blocks held, blocks the same tables would hold unshared) at every pass with decode tokens
         self.usage: list[tuple[int, int]] = []
 
     # --- requests ----------------------------------------------------------------
@@ -106,22 +97,23 @@ class SharingEngine(StaticDecodeEngine):
     def add_group(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,
                   ignore_eos: bool = False, arrival: float | None = None, *, n: int) -> SequenceGroup:
         """Queue a request for `n` samples of one prompt; returns its group (its `seqs` fill in at prefill)."""
-        return self._add_group(SequenceGroup, prompt, max_new_tokens, sampling, ignore_eos, arrival, n)
+        return self.add_request(SequenceGroup, prompt, max_new_tokens, sampling, ignore_eos, arrival, n)
 
-    def _add_group(self, group_cls, prompt, max_new_tokens, sampling, ignore_eos, arrival, n,
-                   **group_kwargs) -> SequenceGroup:
+    def add_request(self, group_cls, prompt, max_new_tokens, sampling, ignore_eos, arrival, n,
+                    **group_kwargs) -> SequenceGroup:
+        """Check and queue a request of `n` sequences as a `group_cls`."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an integer >= 1, got {n!r}")
         if n > self.max_running:
             raise ValueError(f"a group of {n} sequences cannot run under max_running={self.max_running}")
-        seq = self._new_sequence(prompt, max_new_tokens, sampling, ignore_eos, arrival)  # checked, not queued
+        seq = self.new_sequence(prompt, max_new_tokens, sampling, ignore_eos, arrival)  # checked, not queued
         sampling.validate(n_samples=n)  # sample i seeds with seed + i: the fork must never meet a seed torch refuses
         need = worst_case_blocks(seq, n, self.block_size)
         if need > self.allocator.n_blocks:
             raise ValueError(f"{n} sequences of {len(seq.prompt_ids)} prompt + {max_new_tokens} new tokens need "
                              f"up to {need} blocks of {self.block_size} tokens, but the whole pool has "
                              f"{self.allocator.n_blocks}")
-        self._queue(seq)
+        self.queue(seq)
         group = group_cls(self._next_request_id, seq.prompt, seq.prompt_ids, n, max_new_tokens, sampling, [seq],
                           **group_kwargs)
         self._next_request_id += 1
@@ -141,10 +133,10 @@ class SharingEngine(StaticDecodeEngine):
     # --- admission: a group needs n slots, its shared blocks count once -----------------
     def can_admit(self, seq: Sequence) -> bool:
         """A slot for every sequence the group will run as, then phase 3.6's rule."""
-        return self.group_of(seq).n <= self.n_free_slots - self._slots_promised and super().can_admit(seq)
+        return self.group_of(seq).n <= self.n_free_slots - self.slots_promised and super().can_admit(seq)
 
     def blocks_to_admit(self, seq: Sequence) -> int:
-        return worst_case_blocks(seq, self.group_of(seq).n, self.block_size)
+        return self.kv.blocks_to_admit(seq, self.group_of(seq).n)
 
     def blocks_promised(self) -> int:
         """Blocks the running groups may still claim: the worst case of their members minus the distinct
@@ -160,24 +152,19 @@ class SharingEngine(StaticDecodeEngine):
         return promised
 
     @property
-    def _slots_promised(self) -> int:
+    def slots_promised(self) -> int:
         """Slots the running groups not forked yet will take at their fork (a group's prefill may take
-        several steps, and it can be preempted or rolled back before it forks)."""
+        several steps)."""
         groups = {self.group_of(s) for s in self.running}
         return sum(g.n - len(g.seqs) for g in groups if not g.forked)
 
-    # --- copy-on-write ---------------------------------------------------------------
-    def _append_slots(self, seq: Sequence, n: int) -> list[int]:
-        """Claim slots; a shared block about to be written is copied first (copy queued for this step)."""
-        return append_slots_cow(seq.kv, self.allocator, n, self.copies)
-
-    def _forward(self, input_ids, position_ids, batch, logits_to_keep=1) -> torch.Tensor:
-        # Every copy decided while claiming this pass's slots runs now, in one
-        # indexed copy, before any layer writes its new K/V into the pool.
-        self.copies.flush(self.allocator.kv_store)
-        if batch.has_decode_tokens:
+    # --- schedule: the step's copies run before its pass writes ------------------------------------
+    def schedule(self):
+        batch = super().schedule()
+        self.kv.before_pass()      # every copy decided while claiming slots, in one indexed copy
+        if batch.decode:
             self.usage.append(self.block_usage())
-        return super()._forward(input_ids, position_ids, batch, logits_to_keep)
+        return batch
 
     def block_usage(self) -> tuple[int, int]:
         """(blocks the running sequences hold, blocks they would hold if nothing were shared)."""
@@ -186,49 +173,52 @@ class SharingEngine(StaticDecodeEngine):
     @property
     def n_copied(self) -> int:
         """Blocks copied by copy-on-write so far."""
-        return self.copies.n_copied
+        return self.kv.copies.n_copied
+
+    @property
+    def copies(self):
+        return self.kv.copies
 
     # --- forking a group after its prefill ----------------------------------------------
-    def _emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
+    def emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
         """A group's parent just prefilled: fork its samples, each sampling from the parent's logits row."""
         members, rows = [], []
         for row, seq in enumerate(seqs):
             group = self.group_of(seq)
-            forked = [] if group.forked else self._fork_group(group)
+            forked = [] if group.forked else self.fork_group(group)
             members += [seq] + forked
             rows += [row] * (1 + len(forked))
         if len(members) != len(seqs):
             logits = logits[rows]  # [n_members, V]: one row per sample, shared rows repeated
-        return super()._emit(members, logits)
+        return super().emit(members, logits)
 
-    def _fork_group(self, group: SequenceGroup) -> list[Sequence]:
+    def fork_group(self, group: SequenceGroup) -> list[Sequence]:
         """Samples 1..n-1 of a freshly prefilled group, sharing every block of sample 0.
 
         All or nothing: if a sample or its table cannot be made, the samples made so far are taken back
-        (`_unfork`) and the error goes on; the group is its parent alone again, and no block leaks."""
+        (`unfork`) and the error goes on; the group is its parent alone again, and no block leaks."""
         parent = group.seqs[0]
         try:
-            children = [self._new_member(group, parent, i) for i in range(1, group.n)]
-            self._fork_kv(children, [parent] * len(children))
+            children = [self.new_member(group, parent, i) for i in range(1, group.n)]
+            self.fork_kv(children, [parent] * len(children))
         except Exception:
-            self._unfork(group)
+            self.unfork(group)
             raise
         return children
 
-    def _unfork(self, group: SequenceGroup) -> None:
-        """Take back every member but the parent (sample 0): slot, table, generator and records."""
+    def unfork(self, group: SequenceGroup) -> None:
+        """Take back every member but the parent (sample 0): slot, table and records."""
         for child in group.seqs[1:]:
             if child.kv is not None:
-                child.kv.release(self.allocator)
-                child.kv = None
-            if child in self.slots:
-                self._vacate(child)
-            self._generators.pop(child.seq_id, None)
+                self.kv.free(child)
+            if child in self.running:
+                self.running.remove(child)
+            self.sampler.forget(child)
             self._group_of.pop(child.seq_id, None)
             self.sequences.remove(child)
         del group.seqs[1:]
 
-    def _fork_kv(self, seqs: list[Sequence], parents: list[Sequence]) -> None:
+    def fork_kv(self, seqs: list[Sequence], parents: list[Sequence]) -> None:
         """seqs[i] continues parents[i]: its table becomes a fork of the parent's (one more owner per block,
         nothing copied), its old table, if any, is released. Every fork is taken before any old table is
         released, so a block held by both generations never touches the free list; if one fork fails, the
@@ -236,7 +226,7 @@ class SharingEngine(StaticDecodeEngine):
         tables: list = []
         try:
             for p in parents:
-                tables.append(fork(p.kv, self.allocator))
+                tables.append(self.kv.fork(p))
         except Exception:
             for table in tables:
                 table.release(self.allocator)
@@ -246,21 +236,17 @@ class SharingEngine(StaticDecodeEngine):
                 seq.kv.release(self.allocator)
             seq.kv = table
 
-    def _new_member(self, group: SequenceGroup, parent: Sequence, index: int) -> Sequence:
-        """A running sequence of `group` that starts where `parent` is (same state and tokens; no table yet)."""
-        child = Sequence(self._next_id, parent.prompt, parent.prompt_ids, parent.max_new_tokens, parent.sampling,
+    def new_member(self, group: SequenceGroup, parent: Sequence, index: int) -> Sequence:
+        """A running sequence of `group` that starts where `parent` is (same state and tokens; no table yet).
+        Sample i draws with seed + i (sample 0 is what a plain request would draw)."""
+        sampling = parent.sampling if parent.sampling.seed is None else \
+            replace(parent.sampling, seed=parent.sampling.seed + index)
+        child = Sequence(self._next_id, parent.prompt, parent.prompt_ids, parent.max_new_tokens, sampling,
                          parent.ignore_eos, status=parent.status, output_ids=list(parent.output_ids),
                          timing=SeqTiming(arrival=parent.timing.arrival), history=list(parent.history))
         self._next_id += 1
-        self._generators[child.seq_id] = self._member_generator(group.sampling, index)
         self._group_of[child.seq_id] = group
         group.seqs.append(child)
         self.sequences.append(child)
-        self._occupy(child)
+        self.running.append(child)
         return child
-
-    def _member_generator(self, sampling: SamplingParams, index: int) -> torch.Generator | None:
-        """Sample i draws from its own stream, seeded seed + i (sample 0 is what a plain request would draw)."""
-        if sampling.seed is None:
-            return None
-        return make_generator(replace(sampling, seed=sampling.seed + index), self.lm.device)

@@ -8,7 +8,7 @@ objects that stay in the engine's running list). Every step:
      requests, parallel samples, plain requests);
   2. `BeamSearch.step` (beam.py) picks the k best continuations; beam slot i
      continues from parent beam j = `parents[i]` with one more token;
-  3. slot i gets `fork(parent j's table)` (phase 4.1's `_fork_kv`, as a
+  3. slot i gets `fork(parent j's table)` (phase 4.1's `fork_kv`, as a
      sample forks its parent): the new beams are aliases of their parents,
      refcounts counting how many children each parent has;
   4. the old tables are released. A block held only by beams that were not
@@ -70,9 +70,9 @@ class BeamSearchEngine(SharingEngine):
                         arrival: float | None = None) -> BeamGroup:
         """Queue a beam-search request (text or token ids); returns its group (`group.best` once `group.done`)."""
         search = BeamSearch(beam_width, max_new_tokens, self.lm.eos_token_ids, length_penalty, early_stopping)
-        return self._add_group(BeamGroup, prompt, max_new_tokens, GREEDY, False, arrival, beam_width, search=search)
+        return self.add_request(BeamGroup, prompt, max_new_tokens, GREEDY, False, arrival, beam_width, search=search)
 
-    def _emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
+    def emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
         """Beam rows go to their group's search; every other row is sampled as before."""
         beam_rows: dict[BeamGroup, list[int]] = {}
         other_rows = []
@@ -84,7 +84,7 @@ class BeamSearchEngine(SharingEngine):
                 other_rows.append(row)
         outputs = []
         if other_rows:
-            outputs += super()._emit([seqs[r] for r in other_rows], logits[other_rows])
+            outputs += super().emit([seqs[r] for r in other_rows], logits[other_rows])
         for group, rows in beam_rows.items():
             if not group.forked:      # the prompt's first prefill: one row, the search opens its beams
                 outputs += self._beam_step(group, [seqs[rows[0]]], logits[rows])
@@ -96,11 +96,11 @@ class BeamSearchEngine(SharingEngine):
                 outputs += self._beam_step(group, list(beams), torch.stack(rows_v))
         return outputs
 
-    def free_kv(self, seq: Sequence) -> None:
+    def retire(self, seq: Sequence) -> None:
         group = self._group_of.get(seq.seq_id)
         if isinstance(group, BeamGroup):
-            group.held.pop(seq, None)   # preempted (or aborted) after its prefill ended: its row is stale
-        super().free_kv(seq)
+            group.held.pop(seq, None)   # taken out after its prefill ended: its row is stale
+        super().retire(seq)
 
     def _beam_step(self, group: BeamGroup, beams: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
         # The search expects its live beams in its own order (best first): slot order.
@@ -110,7 +110,7 @@ class BeamSearchEngine(SharingEngine):
         t = now(self.lm.device)
         if not group.forked:  # the prompt was just prefilled: open slots 1..k-1 (their tables come below)
             for i in range(1, group.n):
-                self._new_member(group, beams[0], i)
+                self.new_member(group, beams[0], i)
         for slot in group.seqs:
             if slot.status is Status.PREFILLING:
                 slot.move(Status.DECODING)
@@ -118,7 +118,7 @@ class BeamSearchEngine(SharingEngine):
             return self._finish_beams(group, beams, t)
         # Slot i continues beam parents[i]: its table becomes a fork of the parent's (every fork is
         # taken before any old table is released, so a block both generations hold stays owned).
-        self._fork_kv(group.seqs, [beams[p] for p in parents])
+        self.fork_kv(group.seqs, [beams[p] for p in parents])
         outputs = []
         for slot, tokens in zip(group.seqs, group.search.running_tokens):
             slot.output_ids = list(tokens)
@@ -137,6 +137,6 @@ class BeamSearchEngine(SharingEngine):
             slot.output_ids = list(hyp.token_ids) if hyp else []
             slot.finish_reason = hyp.finish_reason if hyp else "pruned"
             slot.timing.token(t)
-            self._finish(slot)
+            self.finish(slot)
             outputs.append(StepOutput(slot, slot.output_ids[-1] if slot.output_ids else -1, True))
         return outputs

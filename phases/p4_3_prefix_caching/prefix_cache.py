@@ -66,7 +66,7 @@ class PrefixCachingAllocator(BlockAllocator):
         self._table: dict[int, CachedBlock] = {}                    # block hash -> its entry
         self._entry: list[CachedBlock | None] = [None] * self.n_blocks  # block id -> its entry
         self.evictor = Evictor()
-        self.clock = 0               # logical time; the engine ticks it once per step
+        self.clock = 0               # logical time; the engine ticks it once per pass
         self.n_evictions = 0         # cached blocks whose memory was taken back
         self.n_register_conflicts = 0  # a full block not cached: its hash held different contents
 

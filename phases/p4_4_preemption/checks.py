@@ -46,9 +46,9 @@ class Audited:
         if any(self.group_of(s) is group for s in self.running):
             self.violations.append(f"step {self.n_steps}: request {group.request_id} only partly preempted")
 
-    def _fill_free_slots(self) -> None:
+    def admit(self) -> None:
         before = self._running_ids()
-        super()._fill_free_slots()
+        super().admit()
         self._check_fcfs(self._running_ids() - before, "admitted")
 
     def _swap_in(self) -> None:

@@ -30,7 +30,8 @@ recovery    `preemption_mode="recompute"`: the group's blocks are dropped and
             prefills prompt + generated tokens (see "Recomputation" below).
             A group still part-way through its prefill (phase 3.6's chunks)
             is always recomputed, in either mode: it has no decode state to
-            save, and its full blocks stay in the prefix cache. `preemption_mode="swap"` (swap.py): the group's blocks are
+            save, and its full blocks stay in the prefix cache.
+            `preemption_mode="swap"` (swap.py): the group's blocks are
             copied to a CPU pool (shared blocks once) and freed; the earliest
             swapped group is copied back into fresh blocks as soon as it fits
             beside the running ones' next tokens and the reserve, and resumes
@@ -57,10 +58,10 @@ was preempted), so a re-prefill of p + o tokens redoes p + o - 1 tokens' worth
 of earlier work (`stats.tokens_recomputed`). Its blocks stay in the prefix
 cache (cached-free) until the pool needs them, so the re-prefill maps every
 full block still cached and computes only the rest (vLLM v1's cheap
-recomputation): the cache looks up prompt + outputs (`_cacheable_ids`).
+recomputation): the cache looks up every token the prefill will feed.
 A group of samples (or beams) is recomputed together. Its first member in the
 queue, the lead, prefills its whole sequence; as soon as the lead's chunks have
-claimed its FULL prompt blocks, every other member forks them (`_claim_chunk`)
+claimed its FULL prompt blocks, every other member forks them (`claim`)
 and prefills only its own tail. Chunks go in admission order, so a member's
 first chunk runs in the same pass as the lead's last one or later: the blocks
 it forked are written by then (every layer writes all new K/V before any
@@ -129,11 +130,11 @@ class PreemptingEngine(PrefixCachingEngine):
         """Sequences whose blocks are in the CPU pool (neither waiting nor running)."""
         return [s for g in self.swapped for s in self._preempted(g)]
 
-    def _withdraw(self, seq: Sequence) -> bool:
+    def withdraw(self, seq: Sequence) -> bool:
         self._computed.pop(seq.seq_id, None)
         group = self._group_of.get(seq.seq_id)
         if seq.status is not Status.PREEMPTED or group not in self.swapped:
-            return super()._withdraw(seq)
+            return super().withdraw(seq)
         seq.kv.release(self.swap_space.cpu)     # a swapped-out sequence's blocks are in the CPU pool
         seq.kv = None
         if len(self._preempted(group)) == 1:    # it was the group's last one out there
@@ -141,11 +142,30 @@ class PreemptingEngine(PrefixCachingEngine):
         return True
 
     # --- one step ---------------------------------------------------------------------
-    def step(self) -> list[StepOutput]:
+    def schedule(self):
+        """Make room for every running sequence's next token (preempting), bring swapped groups back if
+        nothing was preempted, then phase 4.1's schedule (admission is `admit` below)."""
         self._preempted_now = self._make_room_for_decode()
         if not self._preempted_now:
             self._swap_in()
-        return super().step()  # admits (our `_fill_free_slots`), prefills, decodes
+        batch = super().schedule()
+        recomputed = sum(max(0, min(c.end, self._computed_before(c.seq)) - c.start) for c in batch.chunks)
+        self._timed = (now(self.lm.device), recomputed, sum(c.length for c in batch.chunks)) if recomputed else None
+        self._prefilled = [c.seq for c in batch.chunks if c.last]
+        return batch
+
+    def step(self) -> list[StepOutput]:
+        """Phase 3.5's step; the tokens a pass computed again are counted, and the pass's time (with its
+        sampling and update) booked by their share of its prefill tokens."""
+        self._timed, self._prefilled = None, []
+        outputs = super().step()
+        if self._timed is not None:
+            start_s, recomputed, prefill_tokens = self._timed
+            self.stats.tokens_recomputed += recomputed
+            self.stats.recompute_s += (now(self.lm.device) - start_s) * recomputed / prefill_tokens
+        for seq in self._prefilled:
+            self._computed.pop(seq.seq_id, None)
+        return outputs
 
     @staticmethod
     def _preempted(group: SequenceGroup) -> list[Sequence]:
@@ -207,9 +227,10 @@ class PreemptingEngine(PrefixCachingEngine):
         decoding = all(s.status is Status.DECODING for s in members)
         for s in members:
             s.move(Status.PREEMPTED)
-            self._vacate(s)
         tables = [s.kv for s in members]
         if self.swap_space is not None and decoding and self.swap_space.can_swap_out(tables):
+            for s in members:
+                self.running.remove(s)
             self.swap_space.swap_out(tables)
             i = bisect_left([g.request_id for g in self.swapped], group.request_id)
             self.swapped.insert(i, group)
@@ -218,7 +239,7 @@ class PreemptingEngine(PrefixCachingEngine):
             self.stats.n_swap_fallbacks += 1
         for s in members:
             self._computed[s.seq_id] = max(self._computed.get(s.seq_id, 0), s.kv.n_filled)
-            self.free_kv(s)   # the blocks go (cached ones stay findable); the generator stays for the resume
+            self.retire(s)   # the blocks go (cached ones stay findable); its random stream stays for the resume
         # Back to the waiting queue at its arrival position: every new request arrived later, so
         # in practice that is the front, behind only earlier preempted groups.
         rids = [self.group_of(s).request_id for s in self.waiting]
@@ -239,7 +260,7 @@ class PreemptingEngine(PrefixCachingEngine):
             reserve = self.blocks_promised() + self._decode_blocks(members, self.swap_space.cpu)
             if self.running:
                 reserve += self.watermark_blocks
-            if len(members) > self.n_free_slots - self._slots_promised \
+            if len(members) > self.n_free_slots - self.slots_promised \
                     or not self.swap_space.can_swap_in(tables, reserve):
                 return
             self.swap_space.swap_in(tables)
@@ -247,16 +268,16 @@ class PreemptingEngine(PrefixCachingEngine):
             self.admitted_ids.append(group.request_id)
             for s in members:
                 s.move(Status.DECODING)
-                self._occupy(s)
+                self.running.append(s)
 
     # --- admission: optimistic, first come first served, whole groups --------------------------
     def blocks_to_admit(self, seq: Sequence) -> int:
         """Blocks `seq`'s prefill takes NOW: its prompt (+ outputs if recomputed), less the blocks it shares:
         a recomputed sample's full prompt blocks (forked from its lead), and cached blocks someone holds."""
         forked = len(seq.prompt_ids) // self.block_size if self._lead(seq) not in (None, seq) else 0
-        return blocks_for(len(seq.all_ids), self.block_size) - forked - self._shared_hits(seq, start_block=forked)
+        return blocks_for(len(seq.all_ids), self.block_size) - forked - self.kv.blocks_in_use(seq, start_block=forked)
 
-    def _fill_free_slots(self) -> None:
+    def admit(self) -> None:
         """Admit whole groups from the head of the queue while their prefill fits now (plus the reserve)."""
         if self._preempted_now:
             return
@@ -267,26 +288,22 @@ class PreemptingEngine(PrefixCachingEngine):
                 break  # nothing newer than a swapped group starts before it is back
             members = [s for s in self.waiting if self.group_of(s) is group]
             width = len(members) if group.forked else group.n
-            if width > self.n_free_slots - self._slots_promised:
+            if width > self.n_free_slots - self.slots_promised:
                 break
             need = sum(self.blocks_to_admit(s) for s in members)
             reserve = self.watermark_blocks if self.running else 0  # alone in the pool: no reserve needed
             tokens = sum(len(s.all_ids) for s in members)
-            if need + reserve > budget or not self._fits_prefill_tokens(tokens):
+            if need + reserve > budget or not self.fits_prefill_pass(tokens):
                 break  # FCFS: nobody overtakes the head of the queue
             if any(s.output_ids or s.seq_id in self._computed for s in members):
                 self.stats.n_recomputed += 1
             for _ in members:   # a group's members wait side by side at the head (they were preempted together)
-                seq = self._admit()
+                seq = self.admit_head()
                 assert self.group_of(seq) is group, "a preempted group's members went back to the queue together"
-                seq.kv = self.new_kv(seq)
             budget -= need
             self.admitted_ids.append(group.request_id)
 
     # --- recovery: recompute --------------------------------------------------------------------
-    def _cacheable_ids(self, seq: Sequence) -> list[int]:
-        return seq.all_ids  # what its prefill chunks feed: the prompt, or prompt + outputs when recomputing
-
     @staticmethod
     def _recomputing(seq: Sequence) -> bool:
         """Preempted and waiting to be recomputed, or admitted again and not re-prefilled yet."""
@@ -301,10 +318,10 @@ class PreemptingEngine(PrefixCachingEngine):
         queue = self.waiting if seq.status is Status.PREEMPTED else self.running
         return next(s for s in queue if self.group_of(s) is group and self._recomputing(s))
 
-    def _claim_chunk(self, chunk) -> list[int]:
+    def claim(self, chunk):
         """Claim the chunk's slots; once a recomputing lead has claimed every slot of its full prompt blocks
         (so nobody writes them again, and no copy-on-write ever splits them), the group's other members fork them."""
-        slots = super()._claim_chunk(chunk)
+        chunk = super().claim(chunk)
         lead = chunk.seq
         full_prompt = len(lead.prompt_ids) // self.block_size * self.block_size
         if self._recomputing(lead) and self._lead(lead) is lead and lead.kv.n_filled >= full_prompt:
@@ -312,29 +329,12 @@ class PreemptingEngine(PrefixCachingEngine):
             for seq in self.running:
                 if seq is not lead and self.group_of(seq) is group and self._recomputing(seq):
                     self._fork_prompt(lead, seq)
-        return slots
+        return chunk
 
     def _computed_before(self, seq: Sequence) -> int:
         """Tokens of `seq` whose K/V had been computed before it was dropped: every token but the last output for
         a sequence with outputs (that decode never ran), what the pool held for one preempted mid-prefill."""
         return max(self._computed.get(seq.seq_id, 0), len(seq.all_ids) - 1 if self._recomputing(seq) else 0)
-
-    def _mixed_pass(self, chunks, decoding) -> list[StepOutput]:
-        """Phase 3.6's pass; the tokens in it that had been computed before are counted, and the pass's time
-        booked by their share."""
-        recomputed = sum(max(0, min(c.end, self._computed_before(c.seq)) - c.start) for c in chunks)
-        if not recomputed:
-            outputs = super()._mixed_pass(chunks, decoding)
-        else:
-            dev = self.lm.device
-            start_s = now(dev)
-            outputs = super()._mixed_pass(chunks, decoding)
-            self.stats.tokens_recomputed += recomputed
-            self.stats.recompute_s += (now(dev) - start_s) * recomputed / sum(c.length for c in chunks)
-        for c in chunks:
-            if c.last:
-                self._computed.pop(c.seq.seq_id, None)
-        return outputs
 
     def _fork_prompt(self, lead: Sequence, seq: Sequence) -> None:
         """Share the lead's full prompt blocks (it computes them in this same pass) instead of recomputing them."""

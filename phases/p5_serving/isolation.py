@@ -8,9 +8,11 @@ and could leave blocks claimed by nobody. Validation (`SamplingParams`,
 second line, for what is left:
 
 1. Outputs already made are kept. A step runs one forward pass (phase 3.6:
-   decode tokens and prefill chunks together), or several while isolating;
-   tokens an earlier pass made are real, so the engine hands them over with
-   the failure (`StepFailed.outputs`).
+   decode tokens and prefill chunks together), or several while isolating
+   (`run_batch` cuts the step's batch into narrower ones); tokens an earlier
+   pass made are real, so the engine hands them over with the failure
+   (`StepFailed.outputs`). Groups whose narrower pass never ran had slots
+   claimed for it that hold nothing: they are rolled back too (below).
 2. The failing pass names the suspects: the groups (requests) in it. One
    suspect is the culprit: it alone fails (`StepFailed.failed`). Several
    are rolled back to where recomputation can take them up (below) and the
@@ -22,8 +24,8 @@ second line, for what is left:
 3. The isolation ends once every suspect has come through a pass in the
    roles it had in the pass that failed (prefilling a chunk, decoding, or
    both: a recomputed group's members can do both in one pass), or has
-   finished. While isolating, the step's token budget is shared by its
-   narrower passes, in arrival order.
+   finished. While isolating, the step's batch (one token budget) is shared
+   by its narrower passes, in arrival order.
 
 Rolling a group back uses what phase 4.4 built for preemption: its blocks go
 back to the pool (full blocks stay in the prefix cache: they were written by
@@ -31,16 +33,17 @@ passes that succeeded), and its sequences go back to the waiting queue at
 their arrival position. A sequence with outputs is PREEMPTED and
 recomputed (prompt + outputs in one prefill; nothing is sampled or streamed
 twice); a request that had made nothing is un-admitted: its samples are
-un-forked (phase 4.1's `_unfork`) and its parent is WAITING again with a
-fresh generator of the same seed, so a seeded request still draws what it would have drawn.
+un-forked (phase 4.1's `unfork`) and its parent is WAITING again, its random
+stream started afresh, so a seeded request still draws what it would have drawn.
 The KV of a failed pass is never trusted: it is dropped, never swapped.
 
 Limits: a beam-search group in a failing pass fails with it (its search
 state moved on in the pass and cannot be rolled back; the server never makes
 beams). Seeded samples are not among the limits: since phase 3.7 each draw
 is keyed on (seed, token index), not taken from a generator's state, so a
-pass whose sampling raised part-way leaves nothing drawn behind. A failure with no group to blame (nothing running) is
-raised as it is: the caller must fail everything.
+pass whose sampling raised part-way leaves nothing drawn behind. A failure
+with no group to blame (nothing running) is raised as it is: the caller must
+fail everything.
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 
-from common.sampling import make_generator
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
+from phases.p3_5_paged_attention.runner import Batch
 from phases.p4_1_copy_on_write.engine import SequenceGroup
 from phases.p4_2_beam_search.engine import BeamGroup
 from phases.p4_4_preemption.engine import PreemptingEngine
@@ -79,26 +82,24 @@ class IsolatingEngine(PreemptingEngine):
         self.n_groups_failed = 0
         self.n_groups_retried = 0
         self._made: list[StepOutput] = []          # outputs of the step in flight, pass by pass
+        self._unrun: list[SequenceGroup] = []      # groups of this step's narrower passes that have not run yet
         self.in_pass: dict[SequenceGroup, frozenset[str]] | None = None  # groups in the pass running now, their roles
 
     # --- the step, and what a failure leaves --------------------------------------------
     def step(self) -> list[StepOutput]:
-        self._made = []
+        self._made, self._unrun = [], []
         try:
             return super().step()
         except Exception as error:
             raise self._recover(error) from error
         finally:
-            self._made, self.in_pass = [], None
+            self._made, self._unrun, self.in_pass = [], [], None
 
     def _recover(self, error: Exception) -> StepFailed:
         """Put the engine back together after `error`; return the StepFailed that says what became of whom."""
         self.n_step_failures += 1
         in_pass = self.in_pass or dict.fromkeys(self._groups(self.running))   # no pass running: anyone, any role
-        self.copies.discard()              # copies for the failed pass: their blocks go back below
-        for seq in list(self.running):     # finished in a pass that succeeded: retire, as the step would have
-            if seq.status is Status.DONE:
-                self._retire(seq)
+        self.kv.copies.discard()           # copies for a pass that never ran: their blocks go back below
         involved = sorted((g for g in in_pass if not g.done), key=lambda g: g.request_id)
         if not involved:
             raise error                    # nothing to blame: the caller fails everything
@@ -107,19 +108,20 @@ class IsolatingEngine(PreemptingEngine):
         else:  # a beam search cannot be rolled back: it fails with the pass
             failed = [g for g in involved if isinstance(g, BeamGroup)]
             retried = [g for g in involved if not isinstance(g, BeamGroup)]
-        for group in retried:
+        unrun = [g for g in self._unrun if g not in in_pass and not g.done]   # claimed slots never written
+        for group in retried + unrun:
             self._roll_back(group)
         for group in failed:
             self._fail(group)
         self.n_groups_failed += len(failed)
-        self.n_groups_retried += len(retried)
+        self.n_groups_retried += len(retried) + len(unrun)
         if len(retried) > 1 or (retried and self.isolation_width is not None):
             width = math.ceil(len(involved) / 2)
             self.isolation_width = width if self.isolation_width is None else min(self.isolation_width, width)
             self.suspects.update({g: in_pass[g] for g in retried})
         else:
             self._end_isolation()          # the culprit is found (or the only suspect is retried): a new round
-        return StepFailed(error, list(self._made), failed, retried)
+        return StepFailed(error, list(self._made), failed, retried + unrun)
 
     def _groups(self, seqs) -> list[SequenceGroup]:
         """The distinct groups of `seqs`, in arrival order."""
@@ -134,10 +136,10 @@ class IsolatingEngine(PreemptingEngine):
                 self._take_back(s, Status.PREEMPTED)   # recomputed from prompt + outputs when admitted again
         else:  # it made nothing yet: un-admit it, as if it had never been admitted
             if group.forked:
-                self._unfork(group)
+                self.unfork(group)
             parent = group.seqs[0]
             self._take_back(parent, Status.WAITING)
-            self._generators[parent.seq_id] = make_generator(group.sampling, self.lm.device)
+            self.sampler.forget(parent)                # its random stream starts afresh, from its seed
             members = [parent]
         rids = [self.group_of(s).request_id for s in self.waiting]
         i = bisect_left(rids, group.request_id)        # its arrival position: ahead of every later request
@@ -146,9 +148,10 @@ class IsolatingEngine(PreemptingEngine):
 
     def _take_back(self, seq: Sequence, status: Status) -> None:
         """Release `seq`'s blocks and slot and set its status: an undo, not one of the state machine's moves."""
+        if seq in self.running:
+            self.running.remove(seq)
         if seq.kv is not None:
-            self.free_kv(seq)
-        self._vacate(seq)
+            self.kv.free(seq)
         seq.status = status
         seq.history.append(status)
 
@@ -160,47 +163,36 @@ class IsolatingEngine(PreemptingEngine):
             s.finish_reason = "error"
 
     # --- the passes of a step: one, or narrower ones while isolating ---------------------------
-    def _forward_passes(self) -> list[StepOutput]:
-        """Phase 3.6's one pass; while isolating, one pass per `isolation_width` groups (in arrival order,
-        a group's members together: a recomputed group's lead goes first), sharing the step's token budget."""
+    def run_batch(self, batch: Batch) -> list[StepOutput]:
+        """Phase 3.5's pass; while isolating, one pass per `isolation_width` groups (in arrival order, a
+        group's members together), each a slice of the step's batch."""
         if not self.isolating:
-            return super()._forward_passes()
-        running = self.running
-        groups = self._groups(running)
-        outputs, budget = [], self.max_num_batched_tokens
-        for i in range(0, len(groups), self.isolation_width):
-            narrow = set(groups[i:i + self.isolation_width])
-            members = [s for s in running if self.group_of(s) in narrow]
-            decoding = [s for s in members if s.status is Status.DECODING]
-            chunks = self._schedule_chunks(budget - len(decoding), among=members)
-            budget -= len(decoding) + sum(c.length for c in chunks)
-            if chunks:
-                outputs += self._mixed_pass(chunks, decoding)
-            elif decoding:
-                outputs += self._decode(decoding)
+            return self._watched(batch)
+        groups = self._groups(batch.seqs)
+        narrow = [set(groups[i:i + self.isolation_width]) for i in range(0, len(groups), self.isolation_width)]
+        outputs = []
+        for k, window in enumerate(narrow):
+            self._unrun = [g for later in narrow[k + 1:] for g in later]
+            part = Batch(chunks=[c for c in batch.chunks if self.group_of(c.seq) in window])
+            for seq, slot in zip(batch.decode, batch.decode_slots):
+                if self.group_of(seq) in window:
+                    part.decode.append(seq)
+                    part.decode_slots.append(slot)
+            outputs += self._watched(part)
         return outputs
 
-    def _mixed_pass(self, chunks, decoding: list[Sequence]) -> list[StepOutput]:
-        return self._watched(decoding + [c.seq for c in chunks], super()._mixed_pass, chunks, decoding)
-
-    def _decode(self, seqs: list[Sequence]) -> list[StepOutput]:
-        return self._watched(seqs, super()._decode, seqs)
-
-    def _watched(self, seqs: list[Sequence], run_pass, *args) -> list[StepOutput]:
+    def _watched(self, batch: Batch) -> list[StepOutput]:
         """Run one forward pass, noting who is in it and in what role (the suspects, should it raise)."""
         roles: dict[SequenceGroup, set[str]] = {}
-        for s in seqs:
-            roles.setdefault(self.group_of(s), set()).add(PREFILL_PASS if s.status is Status.PREFILLING else DECODE_PASS)
-        roles = {g: frozenset(r) for g, r in roles.items()}
-        self.in_pass = roles
-        outputs = run_pass(*args)
-        self.in_pass = None
-        self._cleared(roles)
-        return outputs
-
-    def _emit(self, seqs: list[Sequence], logits) -> list[StepOutput]:
-        outputs = super()._emit(seqs, logits)
+        for c in batch.chunks:
+            roles.setdefault(self.group_of(c.seq), set()).add(PREFILL_PASS)
+        for s in batch.decode:
+            roles.setdefault(self.group_of(s), set()).add(DECODE_PASS)
+        self.in_pass = {g: frozenset(r) for g, r in roles.items()}
+        outputs = super().run_batch(batch)
         self._made += outputs   # kept, should a later pass of this step fail
+        self._cleared(self.in_pass)
+        self.in_pass = None
         return outputs
 
     def _cleared(self, roles: dict[SequenceGroup, frozenset[str]]) -> None:

@@ -31,8 +31,6 @@ class ServingEngine(IsolatingEngine):
         gone = {id(s) for s in group.seqs}
         for seq in group.seqs:
             self._group_of.pop(seq.seq_id, None)
-            self.returned_at.pop(seq.seq_id, None)
-            self.kv_bytes_at_finish.pop(seq.seq_id, None)
             self.waited_for_blocks.discard(seq.seq_id)
         self.sequences = [s for s in self.sequences if id(s) not in gone]  # the ones still in flight: a short list
         if group in self.groups:

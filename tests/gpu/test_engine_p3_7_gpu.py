@@ -42,13 +42,13 @@ def test_graph_decode_equals_hf_generate(tier_lm, no_tf32, buckets, budget, engi
     outputs = run_ignoring_eos(engine, prompts, NEW_TOKENS)
     for p, n, out in zip(prompts, NEW_TOKENS, outputs):
         assert out == hf_greedy(tier_lm, p, n, ignore_eos=True)
-    assert engine.n_static_steps > 0
+    assert engine.runner.n_static_steps > 0
     if engine_cls is OverlappedDecodeEngine:
         assert engine.n_overlapped_steps > 0
     if ON_CUDA:
-        assert engine.cuda_graphs and engine.graphs
+        assert engine.runner.cuda_graphs and engine.runner.graphs
         if budget == 4096 and buckets is None:
-            assert len(engine.graphs) >= 2      # the batch shrank through several buckets, each its own graph
+            assert len(engine.runner.graphs) >= 2      # the batch shrank through several buckets, each its own graph
 
 
 @pytest.mark.skipif(not ON_CUDA, reason="CUDA graphs need a CUDA device")
@@ -56,7 +56,7 @@ def test_graphs_captured_up_front_and_a_changed_dtype_is_refused(tier_tiny, no_t
     from common.model import load_model
     lm = load_model("tiny", device="cuda", dtype=torch.float32)
     engine = StaticDecodeEngine(lm, max_running=4, block_size=4, n_blocks=64)
-    assert engine.capture_all() == len(engine.buckets)
+    assert engine.capture_all() == len(engine.runner.buckets)
     prompt = random_prompts((7,), seed=12)[0]
     seq = engine.add(prompt, 5, ignore_eos=True)
     engine.run()

@@ -69,4 +69,4 @@ def test_fused_graph_decode_equals_hf_generate(gpu_device, no_tf32, monkeypatch,
     calls = layers.fused_calls - before
     # Every fused kind ran: on CUDA while each graph was captured (replays run no Python), else every step.
     assert set(calls) == {"rms_norm", "rotary", "silu_and_mul"}
-    assert engine.graphs if ON_CUDA else not engine.graphs
+    assert engine.runner.graphs if ON_CUDA else not engine.runner.graphs

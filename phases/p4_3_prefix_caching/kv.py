@@ -1,0 +1,160 @@
+"""The KV manager of phase 4.3: tables whose full blocks are published under a chained hash and found again.
+
+`PrefixKV` is phase 4.1's `CowKV` on a `PrefixCachingAllocator`, with three
+additions, each in the method the scheduler already calls:
+
+- `new(seq)`: look the sequence's tokens up, block by block, and map the hits
+  into its new table (`acquire` = one more reference each), with `n_filled`
+  set past them. The prefill then starts at `n_filled`: the cached prefix is
+  read in place from the pool, never computed. At most (len - 1) // block_size
+  blocks are matched: the last token is always computed, since its logits give
+  the next token.
+- `written(seqs)`: after a pass, publish every block of these sequences that
+  it filled. A pass that fails never gets here, so a block whose K/V were
+  never written is never found.
+- `blocks_to_admit` and `blocks_in_use`: a hit that someone else holds costs
+  the pool nothing, so admission does not count it. (A cached-free hit still
+  counts: reviving it takes it from the evictable pool.)
+
+`fork` hands a forked table its parent's chain of hashes, so a sample or a
+beam keeps publishing where its parent left off. `written` also ticks the
+allocator's logical clock, once per pass, so the blocks released between two
+passes share one `last_use` and the evictor drops the deepest first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from weakref import WeakKeyDictionary
+
+from phases.p2_2_scheduler.sequence import Sequence
+from phases.p3_2_block_table.block_table import BlockTable
+from phases.p4_1_copy_on_write.kv import CowKV
+from phases.p4_3_prefix_caching.block_hash import ROOT_HASH, block_tokens, chain_hashes
+from phases.p4_3_prefix_caching.prefix_cache import CachedBlock, PrefixCachingAllocator, PrefixMatch
+
+
+@dataclass
+class CacheStats:
+    """Counters over every admitted request."""
+    n_requests: int = 0
+    prompt_tokens: int = 0
+    blocks_queried: int = 0   # full prompt blocks that could have hit ((len - 1) // block_size each)
+    blocks_hit: int = 0
+    tokens_skipped: int = 0   # prompt tokens whose prefill a hit saved
+    collisions: int = 0       # lookups stopped by a hash hit with other contents
+
+    @property
+    def hit_rate(self) -> float:
+        return self.blocks_hit / self.blocks_queried if self.blocks_queried else float("nan")
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__, hit_rate=self.hit_rate)
+
+
+@dataclass
+class Chain:
+    """One table's place in the cache: the hashes and cache entries of its full blocks so far."""
+    hashes: list[int] = field(default_factory=list)           # hash of full block i
+    entries: list[CachedBlock] = field(default_factory=list)  # entry naming block i's contents (maybe another block's)
+    broken: bool = False  # a block could not be cached (collision): nothing after it can be chained
+
+    def last_hash(self) -> int:
+        return self.hashes[-1] if self.hashes else ROOT_HASH
+
+    def last_entry(self) -> CachedBlock | None:
+        return self.entries[-1] if self.entries else None
+
+    def copy(self) -> "Chain":
+        return Chain(list(self.hashes), list(self.entries), self.broken)
+
+
+class PrefixKV(CowKV):
+    """Phase 4.1's tables, with full blocks published in a prefix cache and mapped into new tables."""
+
+    def __init__(self, allocator: PrefixCachingAllocator, stats: CacheStats | None = None):
+        if not isinstance(allocator, PrefixCachingAllocator):
+            raise TypeError(f"prefix caching needs a PrefixCachingAllocator, got {type(allocator).__name__}")
+        super().__init__(allocator)
+        self.stats = stats if stats is not None else CacheStats()
+        # table -> its chain; a table that is released and dropped takes its chain with it
+        self.chains: WeakKeyDictionary[BlockTable, Chain] = WeakKeyDictionary()
+        self._looked_up: tuple[Sequence, int, list[int]] | None = None   # (seq, tokens hashed, hashes): the last lookup
+
+    # --- lookup ---------------------------------------------------------------------------------
+    def lookup(self, seq: Sequence) -> tuple[list[int], PrefixMatch]:
+        """The hashes of `seq`'s full blocks, and the cached prefix they match. The head of the waiting queue
+        is looked up at every admission check, so its hashes are kept until another sequence is looked up."""
+        ids = seq.all_ids
+        last = self._looked_up
+        if last is not None and last[0] is seq and last[1] == len(ids):
+            hashes = last[2]
+        else:
+            hashes = chain_hashes(ids, self.block_size)
+            self._looked_up = (seq, len(ids), hashes)
+        max_blocks = (len(ids) - 1) // self.block_size  # leave >= 1 token to compute: its logits are needed
+        return hashes, self.allocator.match_prefix(ids, hashes, max_blocks)
+
+    def blocks_in_use(self, seq: Sequence, start_block: int = 0) -> int:
+        """Cached blocks `seq` would map in (logical block `start_block` on) that some table already holds."""
+        _, match = self.lookup(seq)
+        return sum(1 for e in match.entries[start_block:] if self.allocator.refcount(e.block_id) > 0)
+
+    def blocks_to_admit(self, seq: Sequence, n: int) -> int:
+        return super().blocks_to_admit(seq, n) - self.blocks_in_use(seq)
+
+    # --- the part's jobs ------------------------------------------------------------------------
+    def new(self, seq: Sequence) -> BlockTable:
+        """An empty table, then the cached prefix of `seq`'s tokens mapped into it."""
+        table = super().new(seq)
+        hashes, match = self.lookup(seq)
+        self._looked_up = None
+        for entry in match.entries:
+            table.block_ids.append(self.allocator.acquire(entry))
+        table.n_filled = len(match.entries) * self.block_size
+        self.chains[table] = Chain(hashes=hashes[:len(match.entries)], entries=list(match.entries))
+        n_ids = len(seq.all_ids)
+        s = self.stats
+        s.n_requests += 1
+        s.prompt_tokens += n_ids
+        s.blocks_queried += (n_ids - 1) // self.block_size
+        s.blocks_hit += len(match.entries)
+        s.tokens_skipped += table.n_filled
+        s.collisions += match.collided
+        return table
+
+    def written(self, seqs: list[Sequence]) -> None:
+        super().written(seqs)
+        self.allocator.tick()
+        for seq in seqs:
+            self.publish(seq)
+
+    def fork(self, parent: Sequence) -> BlockTable:
+        """Phase 4.1's fork; the new table continues the parent's chain."""
+        table = super().fork(parent)
+        parent_chain = self.chains.get(parent.kv)
+        self.chains[table] = parent_chain.copy() if parent_chain is not None else Chain()
+        return table
+
+    # --- publishing ----------------------------------------------------------------------------
+    def publish(self, seq: Sequence) -> None:
+        """Hash and register every block of `seq` that became full since the last call. Called after the pass
+        and before its tokens are appended, so the table holds exactly all_ids[:n_filled] (the token fed at
+        position p is prompt or output token p)."""
+        table = seq.kv
+        chain = self.chains.get(table)
+        if chain is None:
+            chain = self.chains[table] = Chain()
+        n_full = table.n_filled // self.block_size
+        if chain.broken or n_full == len(chain.hashes):
+            return
+        ids = seq.all_ids[:n_full * self.block_size]
+        new_hashes = chain_hashes(ids, self.block_size, parent_hash=chain.last_hash(), start_block=len(chain.hashes))
+        for i, h in enumerate(new_hashes, start=len(chain.hashes)):
+            entry = self.allocator.register(table.block_ids[i], h, block_tokens(ids, self.block_size, i),
+                                            parent=chain.last_entry())
+            if entry is None:
+                chain.broken = True
+                return
+            chain.hashes.append(h)
+            chain.entries.append(entry)
