@@ -1,0 +1,43 @@
+"""docs/architecture.md traces one step of the served engine with file:line; the trace must match the code.
+
+Each row of the trace names `Class.method` and `path:line`. The check: the method that runs for the
+served engine (or for its KV, runner or sampler part) is that class's, and it is defined at that line.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+from phases.p5_serving.samples import ServingEngine
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC = ROOT / "docs" / "architecture.md"
+ROW = re.compile(r"\| (\w+) \|[^|]*\| `(\w+)\.(\w+)` `([\w/.]+\.py):(\d+)` \|")
+STAGES = ["step", "schedule", "admit", "chunks", "claim", "run_batch", "run", "written", "emit", "sample", "update"]
+PART_OF_STAGE = {"run": "runner", "written": "kv", "sample": "sampler"}   # every other stage is the engine's
+
+
+def trace_rows() -> list[tuple[str, str, str, str, int]]:
+    """(stage, class, method, path, line) of every row of the doc's step trace, in order."""
+    return [(s, c, m, p, int(n)) for s, c, m, p, n in ROW.findall(DOC.read_text())]
+
+
+def test_the_step_trace_names_every_stage_in_order():
+    assert [row[0] for row in trace_rows()] == STAGES
+
+
+def test_each_traced_method_is_the_one_that_runs_and_is_where_the_doc_says(tiny32):
+    engine = ServingEngine(tiny32, max_running=4, block_size=4, n_blocks=32)
+    for stage, cls_name, method, path, line in trace_rows():
+        owner = getattr(engine, PART_OF_STAGE[stage]) if stage in PART_OF_STAGE else engine
+        fn = getattr(type(owner), method)
+        assert fn.__qualname__ == f"{cls_name}.{method}", (stage, fn.__qualname__)
+        source = Path(inspect.getsourcefile(fn)).resolve().relative_to(ROOT).as_posix()
+        assert (source, inspect.getsourcelines(fn)[1]) == (path, line), (stage, source, inspect.getsourcelines(fn)[1])
+
+
+def test_the_check_reads_a_row():
+    row = "| run | the mixed pass | `StaticRunner.run` `phases/p3_7_cuda_graphs/runner.py:107` |"
+    assert ROW.findall(row) == [("run", "StaticRunner", "run", "phases/p3_7_cuda_graphs/runner.py", "107")]
