@@ -287,7 +287,7 @@ def warm_graph_engine(lm, max_running: int, block_size: int, n_blocks: int,
     if key not in _WARM_ENGINES:
         engine = engine_cls(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks,
                             max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS)
-        engine.capture_all()
+        engine.runner.capture_all()
         _WARM_ENGINES.clear()                  # one at a time: each holds a KV pool
         _WARM_ENGINES[key] = engine
     return _WARM_ENGINES[key]

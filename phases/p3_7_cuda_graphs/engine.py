@@ -28,7 +28,3 @@ class StaticDecodeEngine(ChunkedPrefillEngine):
         super().__init__(lm, *args, **kwargs)
         self.sampler = DeviceSampler(lm.device)
         self.runner = self.runner_class(lm, self.allocator, self.sampler, self.max_running, cuda_graphs, buckets)
-
-    def capture_all(self) -> int:
-        """Capture every bucket's decode graph now instead of at first use (see `StaticRunner.capture_all`)."""
-        return self.runner.capture_all()

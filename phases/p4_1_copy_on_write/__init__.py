@@ -3,7 +3,8 @@
 Files:
 - block_ops.py  fork a block table, copy-on-write before a write, one indexed copy for a step's copies
                 (`CopyQueue`), `blocks_held` / `check_refcounts`
-- engine.py     `SharingEngine(StaticDecodeEngine)`: `add_group(..., n=k)` prefills the prompt once and
+- kv.py         `CowKV(BlockKV)`: the KV part with forks and copy-on-write; `worst_case_blocks`
+- engine.py     `SharingEngine(ChunkedPrefillEngine)` on phase 3.7's runner and sampler: `add_group(..., n=k)` prefills the prompt once and
                 forks k samples over its blocks (`add()` is a group of one); phase 3.3's admission rule
                 with shared blocks counted once (`worst_case_blocks`); `SequenceGroup`
 - demo.py       `cow_demo`: the block tables of n samples right after the fork and after the copy-on-write

@@ -39,7 +39,9 @@ import torch
 from common.clock import SeqTiming
 from common.sampling import GREEDY, SamplingParams
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
-from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
+from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
+from phases.p3_7_cuda_graphs.runner import StaticRunner
+from phases.p3_7_cuda_graphs.sampler import DeviceSampler
 from phases.p4_1_copy_on_write.block_ops import blocks_held
 from phases.p4_1_copy_on_write.kv import CowKV, worst_case_blocks
 
@@ -78,10 +80,15 @@ class SequenceGroup:
         return [list(s.output_ids) for s in self.seqs]
 
 
-class SharingEngine(StaticDecodeEngine):
-    def __init__(self, lm, **engine_kwargs):
+class SharingEngine(ChunkedPrefillEngine):
+    """Phase 3.6's scheduling on phase 3.7's parts (the static decode runner, the device sampler), with
+    requests of n sequences over shared blocks (`CowKV`)."""
+
+    def __init__(self, lm, *, cuda_graphs: bool | None = None, buckets: list[int] | None = None, **engine_kwargs):
         super().__init__(lm, **engine_kwargs)
         self.kv = CowKV(self.allocator)
+        self.sampler = DeviceSampler(lm.device)
+        self.runner = StaticRunner(lm, self.allocator, self.sampler, self.max_running, cuda_graphs, buckets)
         self.groups: list[SequenceGroup] = []        # every request added, in order
         self._group_of: dict[int, SequenceGroup] = {}  # seq_id -> its request
         self._next_request_id = 0

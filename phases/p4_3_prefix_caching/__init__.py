@@ -7,9 +7,11 @@ Files:
                    recently used, then the deepest prefix first)
 - prefix_cache.py  `PrefixCachingAllocator`, phase 3.1's allocator plus the global `hash -> CachedBlock`
                    table and a third block state, cached-free
-- engine.py        `PrefixCachingEngine(BeamSearchEngine)`: phase 4.2's engine whose admission, KV hooks
-                   and forks map cached prompt blocks in and publish new full ones (on by default;
-                   `prefix_caching=False` turns it off); `CacheStats`
+- kv.py            `PrefixKV(CowKV)`: the KV part that maps cached prompt blocks in, publishes new full
+                   ones after each pass and discounts held hits in admission; `CacheStats`
+- engine.py        `PrefixCachingEngine(BeamSearchEngine)`: phase 4.2's engine with `PrefixKV` (on by
+                   default; `prefix_caching=False` chooses `CowKV`), and the two functions that give any
+                   engine this part (`prefix_cache_pool`, `use_prefix_cache`)
 - demo.py          `prefix_demo`, one-shot and few-shot system prompts with and without the cache: hit
                    rate, prefill tokens skipped, TTFT, throughput
 - README.md        the three block states, the hooks, the measured tables

@@ -21,7 +21,24 @@ from phases.p4_2_beam_search.engine import BeamSearchEngine
 from phases.p4_3_prefix_caching.kv import CacheStats, PrefixKV
 from phases.p4_3_prefix_caching.prefix_cache import PrefixCachingAllocator
 
-__all__ = ["PrefixCachingEngine", "CacheStats"]
+__all__ = ["PrefixCachingEngine", "CacheStats", "prefix_cache_pool", "use_prefix_cache"]
+
+
+def prefix_cache_pool(lm, prefix_caching: bool, block_size: int, n_blocks: int | None,
+                      allocator: BlockAllocator | None) -> BlockAllocator | None:
+    """The pool an engine with a prefix cache needs: a `PrefixCachingAllocator`, unless one is given or the
+    cache is off (None: the engine makes its usual pool)."""
+    if prefix_caching and allocator is None:
+        return PrefixCachingAllocator.for_model(lm, block_size=block_size, n_blocks=n_blocks)
+    return allocator
+
+
+def use_prefix_cache(engine, prefix_caching: bool) -> None:
+    """Give `engine` the prefix-cache KV part (`PrefixKV`), or leave it phase 4.1's `CowKV` when off."""
+    engine.prefix_caching = prefix_caching
+    engine.cache_stats = CacheStats()      # stays at zero with caching off
+    if prefix_caching:
+        engine.kv = PrefixKV(engine.allocator, engine.cache_stats)
 
 
 class PrefixCachingEngine(BeamSearchEngine):
@@ -29,10 +46,6 @@ class PrefixCachingEngine(BeamSearchEngine):
 
     def __init__(self, lm, *, prefix_caching: bool = True, block_size: int = DEFAULT_BLOCK_SIZE,
                  n_blocks: int | None = None, allocator: BlockAllocator | None = None, **engine_kwargs):
-        if prefix_caching and allocator is None:
-            allocator = PrefixCachingAllocator.for_model(lm, block_size=block_size, n_blocks=n_blocks)
+        allocator = prefix_cache_pool(lm, prefix_caching, block_size, n_blocks, allocator)
         super().__init__(lm, block_size=block_size, n_blocks=n_blocks, allocator=allocator, **engine_kwargs)
-        self.prefix_caching = prefix_caching
-        self.cache_stats = CacheStats()      # stays at zero with caching off
-        if prefix_caching:
-            self.kv = PrefixKV(self.allocator, self.cache_stats)
+        use_prefix_cache(self, prefix_caching)

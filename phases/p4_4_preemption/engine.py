@@ -1,7 +1,8 @@
 """`PreemptingEngine`: optimistic FCFS admission; when the pool runs dry, the latest request gives its blocks back.
 
-The last engine of the line: phase 4.3's (samples, beams, copy-on-write,
-prefix caching) with a new admission policy and preemption. Phases 3.3-4.3
+The last engine of the line: phase 4.2's (samples, beams, copy-on-write) with
+phase 4.3's prefix cache as its KV part, and a new admission policy and
+preemption. Phases 3.3-4.3
 admitted a request only if its *worst case* (prompt + max_new_tokens, for
 every sample) fit beside everyone else's worst case, so decode never ran out
 of blocks, and most of the reserved blocks sat empty (outputs usually stop
@@ -79,9 +80,10 @@ from dataclasses import dataclass
 
 from common.clock import now
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
-from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks, blocks_for
+from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, OutOfBlocks, blocks_for
 from phases.p4_1_copy_on_write.engine import SequenceGroup
-from phases.p4_3_prefix_caching.engine import PrefixCachingEngine
+from phases.p4_2_beam_search.engine import BeamSearchEngine
+from phases.p4_3_prefix_caching.engine import prefix_cache_pool, use_prefix_cache
 from phases.p4_4_preemption.swap import SwapSpace
 
 PREEMPTION_MODES = ("recompute", "swap")
@@ -98,12 +100,18 @@ class PreemptionStats:
     n_swap_fallbacks: int = 0    # swap-mode preemptions recomputed because the CPU pool was full
 
 
-class PreemptingEngine(PrefixCachingEngine):
+class PreemptingEngine(BeamSearchEngine):
+    """Phase 4.2's engine with phase 4.3's prefix cache as its KV part, admitting optimistically and
+    preempting the latest request when the pool runs dry."""
+
     def __init__(self, lm, preemption_mode: str = "recompute", watermark_blocks: int | None = None,
-                 cpu_blocks: int | None = None, **engine_kwargs):
+                 cpu_blocks: int | None = None, *, prefix_caching: bool = True, block_size: int = DEFAULT_BLOCK_SIZE,
+                 n_blocks: int | None = None, allocator: BlockAllocator | None = None, **engine_kwargs):
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
-        super().__init__(lm, **engine_kwargs)
+        allocator = prefix_cache_pool(lm, prefix_caching, block_size, n_blocks, allocator)
+        super().__init__(lm, block_size=block_size, n_blocks=n_blocks, allocator=allocator, **engine_kwargs)
+        use_prefix_cache(self, prefix_caching)
         self.preemption_mode = preemption_mode
         n = self.allocator.n_blocks
         self.watermark_blocks = math.ceil(DEFAULT_WATERMARK_FRACTION * n) if watermark_blocks is None \
