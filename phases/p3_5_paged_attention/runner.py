@@ -42,6 +42,17 @@ class Chunk:
         """It ends the prefill: its last row's logits give the sequence's next token."""
         return self.end == len(self.seq.all_ids)
 
+    @property
+    def ids(self) -> list[int]:
+        """The tokens the pass feeds for this chunk, one per position."""
+        return self.seq.all_ids[self.start:self.end]
+
+    @property
+    def rows_kept(self) -> range:
+        """This chunk's rows whose logits the pass returns (offsets into the chunk): the last row of a chunk
+        that ends the prefill, none otherwise."""
+        return range(self.length - 1, self.length) if self.last else range(0)
+
 
 @dataclass
 class Batch:
@@ -89,7 +100,7 @@ class PagedRunner:
         ids, positions, slots, segments = [], [], [], []
         for row, c in enumerate(chunks):
             segments.append(Segment(start=len(ids), length=c.length, context_len=c.start, row=row))
-            ids += c.seq.all_ids[c.start:c.end]
+            ids += c.ids
             positions += range(c.start, c.end)
             slots += c.slots
         self.n_prefill_tokens += len(ids)

@@ -8,7 +8,7 @@ phase 3.5's decode pass (input_ids [S, 1], the same kernel), so steady
 decoding costs what it cost.
 
 Logits are kept only where a token is sampled: the last row of each chunk that
-ends its prompt, and every decode row (`Batch.emitting`'s order).
+ends its prompt (`Chunk.rows_kept`), and every decode row (`Batch.emitting`'s order).
 """
 
 from __future__ import annotations
@@ -47,13 +47,13 @@ class MixedRunner(PagedRunner):
         cu, context = [0], []                            # chunk rows (from row D), and what precedes each chunk
         for c in chunks:
             slots += c.slots
-            ids += c.seq.all_ids[c.start:c.end]
+            ids += c.ids
             positions += range(c.start, c.end)
             cu.append(cu[-1] + c.length)
             context.append(c.start)
         n_decode = len(decoding)
         batch = self.mixed_batch(decoding, chunks, slots, cu, context)
-        keep = [n_decode + cu[i + 1] - 1 for i, c in enumerate(chunks) if c.last] + list(range(n_decode))
+        keep = [n_decode + cu[i] + r for i, c in enumerate(chunks) for r in c.rows_kept] + list(range(n_decode))
         dev = self.lm.device
         logits = self.forward(torch.tensor([ids], device=dev), torch.tensor([positions], device=dev), batch,
                               logits_to_keep=torch.tensor(keep, dtype=torch.int64, device=dev))[0]   # [K, V]

@@ -1,0 +1,7 @@
+"""Phase 4.5: speculative decoding: a proposer guesses k tokens, the target checks them in one pass, the KV rolls back.
+
+engine.py       `SpeculativeEngine`: phase 4.4's engine; proposals become `Verify` chunks of the step's mixed pass
+proposers.py    `NgramProposer` (prompt lookup), `DraftProposer` on its own paged pool, `self_draft`, `truncate`
+acceptance.py   greedy acceptance and the rejection-sampling rule that keeps the target's distribution
+demo.py         `spec_demo`: acceptance and speed by workload and batch size
+"""

@@ -1,0 +1,131 @@
+"""Which proposed tokens the target keeps: one verification pass's logits -> each sequence's new tokens.
+
+A sequence proposed m tokens d_1 .. d_m. The verification pass fed its last
+sampled token and the m proposals, so its m + 1 logits rows are the target's
+distributions p_1 .. p_{m+1} at the m + 1 positions that follow, each
+conditioned on the proposals before it. Walking them left to right:
+
+greedy    keep d_i while it is the target's argmax of p_i; at the first
+          mismatch emit that argmax instead, and stop. If all m match, p_{m+1}
+          gives one more token for free (the "bonus"). Exactly the tokens plain
+          greedy decoding makes, a few at a time.
+sampling  the rule of Leviathan et al. and Chen et al.: keep d_i with
+          probability min(1, p_i(d_i) / q_i(d_i)), where q_i is the
+          distribution d_i was drawn from (a point mass for an n-gram or a
+          greedy draft: q_i(d_i) = 1). At the first rejection draw from the
+          residual max(0, p_i - q_i), renormalised, and stop; if all m are
+          kept, draw the bonus from p_{m+1}. Every emitted token is then
+          distributed exactly as p_i, whatever q was (tests check it).
+
+p_i is the distribution a plain step would sample from: temperature, top-k and
+top-p applied as in phase 3.7's device sampler, whose per-row filter this reuses.
+
+Seeded draws stay reproducible. Phase 3.7 keys the noise of a sequence's j-th
+output on (its seed, j); here the residual and bonus draws use that same
+noise (a Gumbel-max draw, as phase 3.7 does), and the acceptance test uses a
+second stream keyed on (seed ^ ACCEPT_STREAM, j). So a seeded request draws the
+same tokens run after run, whatever it is batched with.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from phases.p3_7_cuda_graphs.sampler import _as_int64, filter_rows, sampling_rows, uniform_noise
+
+ACCEPT_STREAM = _as_int64(0xA5A5_5A5A_C3C3_3C3C)   # xor-ed into a seed: the acceptance test's own random stream
+
+
+@dataclass
+class Proposal:
+    """What a proposer offers one sequence: `tokens` [m], and the distributions they were drawn from."""
+    tokens: list[int]
+    probs: torch.Tensor | None = None   # [m, V] q_i; None: each token is certain (a point mass)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def target_logits(logits: torch.Tensor, params: list, vocab: int) -> torch.Tensor:
+    """logits [R, V] -> the scaled, filtered logits every row samples from (-inf outside top-k/top-p); greedy rows
+    are left as they are (only their argmax is read)."""
+    rows = sampling_rows(params, [0] * len(params), [0] * len(params), vocab, logits.device)
+    if rows is None:
+        return logits.float()
+    scaled = logits.float() / rows.temperature[:, None]
+    return filter_rows(scaled, rows.top_k, rows.top_p) if rows.filtered else scaled
+
+
+def accept(seqs: list, proposals: list[Proposal], logits: torch.Tensor, seeds: list[int]) -> list[list[int]]:
+    """The new tokens of each sequence: its kept proposals, then one token from the target.
+
+    seqs[i] (with `sampling` and `output_ids`) proposed proposals[i]; its m_i + 1 rows of logits [R, V] follow
+    the rows of seqs[:i], R = sum(m_i + 1). seeds[i]: its draws' seed (ignored for a greedy sequence)."""
+    vocab = logits.shape[-1]
+    counts = [len(p) + 1 for p in proposals]
+    params = [s.sampling for s, n in zip(seqs, counts) for _ in range(n)]
+    scaled = target_logits(logits, params, vocab)                                       # [R, V]
+    greedy = all(s.sampling.greedy for s in seqs)
+    argmax = scaled.argmax(-1).tolist()                                                 # [R]
+    if greedy:
+        return [_accept_greedy(p.tokens, argmax[r:r + n]) for p, r, n in zip(proposals, _starts(counts), counts)]
+
+    # Sampled rows: the target's probability of each proposed token, the uniforms of the acceptance test, and
+    # for every row the token a rejection there would emit (the residual's draw; for the last row, the bonus).
+    dev = logits.device
+    seed_rows = torch.tensor([_as_int64(seeds[i]) for i, n in enumerate(counts) for _ in range(n)], device=dev)
+    counters = torch.tensor([len(s.output_ids) + j for s, n in zip(seqs, counts) for j in range(n)], device=dev)
+    probs = scaled.softmax(-1)                                                          # [R, V] p
+    drafts = [t for p in proposals for t in p.tokens + [0]]   # row -> its proposed token (0: none, on last rows)
+    drafted = torch.tensor(drafts, device=dev)
+    q = torch.zeros_like(probs)                                                         # [R, V] q (0 on last rows)
+    for p, r, n in zip(proposals, _starts(counts), counts):
+        if p.probs is not None:
+            q[r:r + n - 1] = p.probs.to(q.dtype)
+        else:
+            q[torch.arange(r, r + n - 1, device=dev), drafted[r:r + n - 1]] = 1.0
+    p_at = probs.gather(1, drafted[:, None])[:, 0]                                      # [R] p_i(d_i)
+    q_at = q.gather(1, drafted[:, None])[:, 0]                                          # [R] q_i(d_i)
+    u = uniform_noise(seed_rows ^ ACCEPT_STREAM, counters, 1)[:, 0]                     # [R]
+    kept = (u * q_at < p_at).tolist()                                                   # u < p/q, without dividing
+    residual = (probs - q).clamp(min=0)                                                 # [R, V]
+    empty = residual.sum(-1, keepdim=True) <= 0
+    residual = torch.where(empty, probs, residual)        # p == q: a rejection cannot happen; draw from p anyway
+    gumbel = -torch.log(-torch.log(uniform_noise(seed_rows, counters, vocab)))
+    drawn = (residual.log() + gumbel).argmax(-1).tolist()                               # [R]
+
+    out = []
+    for i, (p, r, n) in enumerate(zip(proposals, _starts(counts), counts)):
+        if seqs[i].sampling.greedy:
+            out.append(_accept_greedy(p.tokens, argmax[r:r + n]))
+            continue
+        tokens = []
+        for j in range(n - 1):
+            if not kept[r + j]:
+                break
+            tokens.append(p.tokens[j])
+        tokens.append(drawn[r + len(tokens)])
+        out.append(tokens)
+    return out
+
+
+def _accept_greedy(proposed: list[int], argmax: list[int]) -> list[int]:
+    """The proposals while they equal the target's argmax, then the argmax at the first mismatch (or the bonus)."""
+    tokens = []
+    for d, best in zip(proposed, argmax):
+        if d != best:
+            break
+        tokens.append(d)
+    tokens.append(argmax[len(tokens)])
+    return tokens
+
+
+def _starts(counts: list[int]) -> list[int]:
+    """Row where each sequence's rows begin."""
+    starts, r = [], 0
+    for n in counts:
+        starts.append(r)
+        r += n
+    return starts

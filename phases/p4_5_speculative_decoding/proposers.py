@@ -1,0 +1,231 @@
+"""Proposers: cheap guesses at each sequence's next few tokens, for the target to check in one pass.
+
+Two kinds, one interface (`propose(seqs, k, seeds)` -> one `Proposal` per sequence,
+possibly empty; `release(seq)` when a sequence stops speculating):
+
+`NgramProposer` (prompt lookup, as vLLM's "ngram" method): find the last earlier
+    place where the sequence's final n tokens occurred (n from `max_n` down to
+    `min_n`) and propose the k tokens that followed it there. No model, no
+    memory, a few microseconds: it pays off when outputs copy their context
+    (code edits, summaries quoting the source, repeated structure) and
+    proposes nothing in open chat.
+
+`DraftProposer`: a smaller model with the same tokenizer runs k steps ahead,
+    with its own paged pool and a block table per sequence. Each `propose` call
+    first feeds what the draft has not seen yet (the prompt, the tokens the
+    target emitted last step) in one packed pass, then one pass per further
+    token, every sequence together (phase 3.6's runner on the draft's pool).
+    The draft keeps the K/V of the tokens it fed; where they differ from the
+    sequence's tokens (its rejected proposals), its table is cut back to the
+    common prefix, and the blocks past it go back to its pool.
+
+`self_draft(lm, n_layers)` builds the draft from the target itself: its first
+`n_layers` decoder layers, then its final norm and head (an early exit, as in
+LayerSkip and Draft & Verify's self-speculation). It shares every weight
+with the target, so it costs no memory but its pool. This repo packages one
+model, so a self-draft is the draft that runs everywhere; any model with the
+same tokenizer works as well (`DraftProposer(draft_lm, ...)`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from common.sampling import SamplingParams
+from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks
+from phases.p3_2_block_table.block_table import BlockTable
+from phases.p3_5_paged_attention.runner import Batch, Chunk
+from phases.p3_6_varlen_prefill.runner import MixedRunner
+from phases.p3_7_cuda_graphs.sampler import _as_int64, sample_rows, sampling_rows
+from phases.p4_5_speculative_decoding.acceptance import Proposal, target_logits
+
+DEFAULT_MAX_N = 3        # longest suffix the n-gram proposer looks for (vLLM's prompt_lookup_max default is 5)
+DEFAULT_MIN_N = 1
+DRAFT_STREAM = _as_int64(0x5EED_D4AF_7000_0001)   # xor-ed into a seed: the draft's own random stream
+
+
+class NgramProposer:
+    """Prompt lookup: the tokens that followed the last earlier occurrence of the sequence's suffix."""
+
+    name = "ngram"
+
+    def __init__(self, max_n: int = DEFAULT_MAX_N, min_n: int = DEFAULT_MIN_N):
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"n-gram sizes need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        self.max_n, self.min_n = max_n, min_n
+
+    def propose(self, seqs: list, k: int, seeds: list[int]) -> list[Proposal]:
+        return [Proposal(lookup(s.all_ids, k, self.max_n, self.min_n)) for s in seqs]
+
+    def release(self, seq) -> None:
+        pass   # nothing kept per sequence
+
+
+def lookup(ids: list[int], k: int, max_n: int = DEFAULT_MAX_N, min_n: int = DEFAULT_MIN_N) -> list[int]:
+    """Up to k tokens that followed the last earlier occurrence of ids' final n tokens, longest n first."""
+    length = len(ids)
+    for n in range(min(max_n, length - 1), min_n - 1, -1):
+        suffix = ids[length - n:]
+        first = suffix[0]
+        for i in range(length - n - 1, -1, -1):      # right to left: the latest occurrence wins
+            if ids[i] == first and ids[i:i + n] == suffix:
+                return ids[i + n:i + n + k]
+    return []
+
+
+# --- a draft model ---------------------------------------------------------------------------------
+def self_draft(lm, n_layers: int):
+    """The target's first `n_layers` decoder layers under its own norm and head, as a model of its own
+    (a LoadedModel like `lm`). Nothing is copied: the draft's modules ARE the target's."""
+    layers = getattr(getattr(lm.model, "model", None), "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ValueError(f"{type(lm.model).__name__} has no `model.layers` list to take a self-draft from")
+    if isinstance(n_layers, bool) or not isinstance(n_layers, int) or not 1 <= n_layers < len(layers):
+        raise ValueError(f"a self-draft takes 1 .. {len(layers) - 1} of the target's {len(layers)} layers, "
+                         f"got {n_layers!r}")
+    # Shallow copies with their own module dicts: replacing `layers` here leaves the target whole. The config
+    # stays shared, so switching the attention implementation switches it for the layers both models run.
+    inner = copy.copy(lm.model.model)
+    inner._modules = dict(inner._modules)
+    inner.layers = nn.ModuleList(list(layers)[:n_layers])
+    draft = copy.copy(lm.model)
+    draft._modules = dict(draft._modules)
+    draft.model = inner
+    return dataclasses.replace(lm, name=f"{lm.name}[:{n_layers} layers]", model=draft, n_layers=n_layers)
+
+
+@dataclass(eq=False)
+class DraftState:
+    """What the draft keeps for one sequence: the tokens it fed, their K/V in its pool, and this round's guesses.
+    Duck-types the parts of a `Sequence` the runner reads (`all_ids`, `kv`)."""
+    fed: list[int]          # tokens whose K/V the draft's table holds, in order
+    kv: BlockTable
+    all_ids: list[int]      # this round: the sequence's tokens, then the draft's proposals so far
+
+
+class DraftProposer:
+    """A draft model k tokens ahead of each sequence, on a paged pool of its own."""
+
+    name = "draft"
+
+    def __init__(self, target_lm, draft_lm, n_blocks: int | None = None, block_size: int | None = None):
+        check_same_vocabulary(target_lm, draft_lm)
+        self.lm = draft_lm
+        sizes = {"block_size": block_size} if block_size else {}
+        self.allocator = BlockAllocator.for_model(draft_lm, n_blocks=n_blocks, **sizes)
+        self.runner = MixedRunner(draft_lm, self.allocator)
+        self.states: dict[int, DraftState] = {}       # seq_id -> its draft state
+        self.n_out_of_blocks = 0                       # proposals skipped because the draft's pool was full
+
+    def release(self, seq) -> None:
+        state = self.states.pop(seq.seq_id, None)
+        if state is not None:
+            state.kv.release(self.allocator)
+
+    def propose(self, seqs: list, k: int, seeds: list[int]) -> list[Proposal]:
+        """k draft passes: the first feeds every token the draft has not seen, each later one the last guess.
+        seeds[i]: seqs[i]'s draw seed (the draft draws from its own stream of it)."""
+        seed_of = {s.seq_id: seed for s, seed in zip(seqs, seeds)}
+        active = [(seq, self._state(seq)) for seq in seqs]
+        tokens: dict[int, list[int]] = {s.seq_id: [] for s in seqs}
+        probs: dict[int, list[torch.Tensor]] = {s.seq_id: [] for s in seqs}
+        for _ in range(k):
+            chunks = []
+            for seq, state in list(active):
+                n_new = len(state.all_ids) - state.kv.n_filled
+                try:
+                    slots = state.kv.append_slots(self.allocator, n_new)
+                except OutOfBlocks:      # the draft's pool is full: this sequence proposes what it has
+                    self.n_out_of_blocks += 1
+                    active.remove((seq, state))
+                    continue
+                chunks.append(Chunk(state, state.kv.n_filled - n_new, n_new, slots))
+                state.fed = list(state.all_ids)
+            if not chunks:
+                break
+            logits = self.runner.run(Batch(chunks=chunks))                       # [len(chunks), V]
+            picked, q = self._draw(active, logits, seed_of)
+            for (seq, state), token, row in zip(active, picked, q):
+                tokens[seq.seq_id].append(token)
+                if row is not None:
+                    probs[seq.seq_id].append(row)
+                state.all_ids.append(token)
+        out = []
+        for seq in seqs:
+            rows = probs[seq.seq_id]
+            out.append(Proposal(tokens[seq.seq_id], torch.stack(rows) if rows else None))
+        return out
+
+    def _state(self, seq) -> DraftState:
+        """`seq`'s draft state, its table cut back to the longest prefix the sequence still agrees with."""
+        state = self.states.get(seq.seq_id)
+        ids = seq.all_ids
+        if state is None:
+            state = self.states[seq.seq_id] = DraftState([], BlockTable(self.allocator.block_size), [])
+        keep = common_prefix(state.fed, ids)
+        keep = min(keep, len(ids) - 1)      # the last token is fed again: its logits give the first guess
+        truncate(state.kv, self.allocator, keep)
+        state.fed = state.fed[:keep]
+        state.all_ids = list(ids)
+        return state
+
+    def _draw(self, active: list, logits: torch.Tensor, seed_of: dict[int, int]
+              ) -> tuple[list[int], list[torch.Tensor | None]]:
+        """Each row's guess: the argmax for a greedy sequence (a point mass), a draw from the draft's own
+        distribution q otherwise (returned, so acceptance can weigh p / q)."""
+        seqs = [seq for seq, _ in active]
+        params: list[SamplingParams] = [s.sampling for s in seqs]
+        vocab = logits.shape[-1]
+        if all(p.greedy for p in params):
+            return logits.float().argmax(-1).tolist(), [None] * len(seqs)
+        seeds = [_as_int64(seed_of[s.seq_id]) ^ DRAFT_STREAM for s in seqs]
+        counters = [len(state.all_ids) for _, state in active]
+        rows = sampling_rows(params, seeds, counters, vocab, logits.device)
+        picked = sample_rows(logits, rows).tolist()
+        q = target_logits(logits, params, vocab).softmax(-1)
+        return picked, [None if p.greedy else q[i] for i, p in enumerate(params)]
+
+
+def check_same_vocabulary(target_lm, draft_lm) -> None:
+    """A draft must speak the target's token ids: the same vocabulary size and the same token -> id map."""
+    if draft_lm.vocab_size != target_lm.vocab_size:
+        raise ValueError(f"the draft model's vocabulary has {draft_lm.vocab_size} entries and the target's "
+                         f"{target_lm.vocab_size}: a draft must use the target's tokenizer")
+    if draft_lm.tokenizer is not target_lm.tokenizer and \
+            draft_lm.tokenizer.get_vocab() != target_lm.tokenizer.get_vocab():
+        raise ValueError("the draft model's tokenizer maps tokens to other ids than the target's: a draft must use "
+                         "the target's tokenizer")
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of a and b."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n          # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def truncate(table: BlockTable, allocator: BlockAllocator, n_filled: int) -> int:
+    """Cut `table` back to its first `n_filled` tokens: blocks past them go back to `allocator` (one owner less
+    each). Returns how many blocks were released."""
+    if not 0 <= n_filled <= table.n_filled:
+        raise ValueError(f"cannot cut a table of {table.n_filled} tokens back to {n_filled}")
+    keep = -(-n_filled // table.block_size)
+    dropped = table.block_ids[keep:]
+    for block_id in reversed(dropped):
+        allocator.free(block_id)
+    del table.block_ids[keep:]
+    table.n_filled = n_filled
+    return len(dropped)
