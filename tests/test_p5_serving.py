@@ -350,6 +350,27 @@ def test_packaged_model_chat_equals_hf_greedy(smol32):
         wait_idle(srv)
 
 
+def test_packaged_model_served_with_speculation_equals_hf_greedy(smol32):
+    """`--speculative ngram`: the served answer is the plain greedy answer, made in fewer steps."""
+    from phases.p5_serving.launch import build_parser
+    args = build_parser().parse_args(["--speculative", "ngram", "--num-speculative-tokens", "3"])
+    app = create_app(smol32, max_running=4, n_blocks=64, speculative=args.speculative,
+                     num_speculative_tokens=args.num_speculative_tokens)
+    engine = app.state.engine.engine
+    assert engine.proposer.name == "ngram" and engine.num_speculative_tokens == 3
+    q = "Repeat this line three times: one two three four five."
+    messages = [{"role": "user", "content": q}]
+    ids = smol32.prompt_ids(q)
+    with BackgroundServer(app) as srv:
+        got = client(srv).chat.completions.create(model="smollm2-135m", messages=messages, max_tokens=32,
+                                                  temperature=0)
+        wait_idle(srv)
+    assert got.choices[0].message.content == smol32.decode(hf_greedy(smol32, ids, 32))
+    assert engine.spec_stats.accepted > 0 and engine.n_steps < got.usage.completion_tokens
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["--speculative", "eagle"])
+
+
 # --- the demo, and the commands ---------------------------------------------------------
 def test_bench_serve_quick_runs():
     from measure.cli import run_demo

@@ -1,8 +1,7 @@
 """`PreemptingEngine`: optimistic FCFS admission; when the pool runs dry, the latest request gives its blocks back.
 
-The last engine of the line: phase 4.2's (samples, beams, copy-on-write) with
-phase 4.3's prefix cache as its KV part, and a new admission policy and
-preemption. Phases 3.3-4.3
+Phase 4.2's engine (samples, beams, copy-on-write) with phase 4.3's prefix
+cache as its KV part, and a new admission policy and preemption. Phases 3.3-4.3
 admitted a request only if its *worst case* (prompt + max_new_tokens, for
 every sample) fit beside everyone else's worst case, so decode never ran out
 of blocks, and most of the reserved blocks sat empty (outputs usually stop

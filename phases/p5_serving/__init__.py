@@ -1,8 +1,8 @@
-"""Phase 5: serving - the last engine of the line (samples, beams, prefix caching, preemption) behind an OpenAI-compatible HTTP API, with streaming, aborts, a bounded queue, and failures isolated to the request that caused them.
+"""Phase 5: serving - the last engine of the line (samples, beams, prefix caching, preemption, speculation) behind an OpenAI-compatible HTTP API, with streaming, aborts, a bounded queue, and failures isolated to the request that caused them.
 
 Files, in reading order:
 - detokenize.py    token ids -> text deltas (incremental detokenization) and stop strings
-- isolation.py     `IsolatingEngine(PreemptingEngine)`: a step that raises fails only its culprit (rollback by
+- isolation.py     `IsolatingEngine(SpeculativeEngine)`: a step that raises fails only its culprit (rollback by
                    recomputation, narrower passes until the culprit fails alone)
 - samples.py       `ServingEngine(IsolatingEngine)` (forgets finished requests), and `n` samples of one
                    prompt behind one adapter

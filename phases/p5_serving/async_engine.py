@@ -1,6 +1,6 @@
 """`AsyncEngine`: the served engine, stepped by one thread while requests come and go on an asyncio loop.
 
-The engine (phase 4.4's, the last of the line: samples.py) is synchronous:
+The engine (phase 4.5's, the last of the line: samples.py) is synchronous:
 `add_group()` queues, `step()` runs one forward pass, decode tokens and prefill
 chunks together (tens of ms on a CPU, a few on a GPU), and returns the tokens it
 made. A server has many clients at once, each waiting on its own tokens, on an

@@ -1,4 +1,4 @@
-"""`IsolatingEngine`: phase 4.4's engine, where a step that raises fails only the request that caused it.
+"""`IsolatingEngine`: phase 4.5's engine, where a step that raises fails only the request that caused it.
 
 A server steps one engine for every client at once, so an exception in a
 step (a kernel that trips on one prompt's shape, a bad value that slipped
@@ -55,7 +55,7 @@ from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_5_paged_attention.runner import Batch
 from phases.p4_1_copy_on_write.engine import SequenceGroup
 from phases.p4_2_beam_search.engine import BeamGroup
-from phases.p4_4_preemption.engine import PreemptingEngine
+from phases.p4_5_speculative_decoding.engine import SpeculativeEngine
 
 # a group's roles in a forward pass: prefilling a chunk, decoding, or both (a recomputed group's members)
 PREFILL_PASS, DECODE_PASS = "prefill", "decode"
@@ -73,7 +73,7 @@ class StepFailed(RuntimeError):
         self.retried = retried      # groups rolled back, to be recomputed in narrower passes
 
 
-class IsolatingEngine(PreemptingEngine):
+class IsolatingEngine(SpeculativeEngine):
     def __init__(self, lm, **engine_kwargs):
         super().__init__(lm, **engine_kwargs)
         self.isolation_width: int | None = None   # while isolating: groups per forward pass at most

@@ -18,6 +18,7 @@ from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_5_paged_attention.engine import DEFAULT_MAX_RUNNING
 from phases.p3_6_varlen_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from phases.p4_4_preemption.engine import PREEMPTION_MODES
+from phases.p4_5_speculative_decoding.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, SPECULATIVE_METHODS
 from phases.p5_serving.async_engine import DEFAULT_MAX_WAITING
 
 LOCALHOST = "127.0.0.1"
@@ -93,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preemption-mode", choices=PREEMPTION_MODES, default="recompute",
                    help="how a request preempted for room comes back: recompute its KV (default) or swap it "
                         "to a CPU pool and back")
+    p.add_argument("--speculative", choices=SPECULATIVE_METHODS, default=None,
+                   help="speculative decoding (off by default): ngram (prompt lookup) or draft (the model's first "
+                        "--draft-layers layers as a draft); greedy outputs are unchanged, sampled ones keep their "
+                        "distribution")
+    p.add_argument("--num-speculative-tokens", type=int, default=DEFAULT_NUM_SPECULATIVE_TOKENS,
+                   help=f"tokens proposed per sequence and step at most (default {DEFAULT_NUM_SPECULATIVE_TOKENS})")
+    p.add_argument("--draft-layers", type=int, default=None,
+                   help="layers of the self-draft (--speculative draft; default a quarter of the model's)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -105,13 +114,16 @@ def main(argv: list[str] | None = None) -> int:
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     app = create_app(lm, max_running=args.max_running, max_waiting=args.max_waiting,
                      block_size=args.block_size, n_blocks=args.n_blocks, prefix_caching=not args.no_prefix_caching,
-                     preemption_mode=args.preemption_mode, max_num_batched_tokens=args.max_num_batched_tokens)
+                     preemption_mode=args.preemption_mode, max_num_batched_tokens=args.max_num_batched_tokens,
+                     speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
+                     draft_layers=args.draft_layers)
     pool = app.state.engine.engine.allocator
     print(f"serving '{lm.name}' ({lm.device}, {str(lm.dtype).removeprefix('torch.')}) on "
           f"http://{args.host}:{args.port}/v1  - KV pool {pool.n_blocks} blocks x {pool.block_size} tokens, "
           f"max_running {args.max_running}, max_waiting {args.max_waiting}, "
           f"max_num_batched_tokens {args.max_num_batched_tokens}, "
-          f"prefix caching {'off' if args.no_prefix_caching else 'on'}, preemption by {args.preemption_mode}",
+          f"prefix caching {'off' if args.no_prefix_caching else 'on'}, preemption by {args.preemption_mode}, "
+          f"speculative decoding {args.speculative or 'off'}",
           flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)

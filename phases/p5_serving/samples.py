@@ -1,7 +1,8 @@
 """The served engine, and `n` samples of one prompt (the OpenAI `n` parameter) behind one small adapter.
 
-`ServingEngine` is the last engine of the line, phase 4.4's `PreemptingEngine`
-(samples over shared blocks, beam search, prefix caching, preemption), plus
+`ServingEngine` is the last engine of the line, phase 4.5's `SpeculativeEngine`
+(samples over shared blocks, beam search, prefix caching, preemption, and
+speculative decoding when asked for), plus
 two things a server needs: a failing step fails only the request that caused
 it (isolation.py), and it forgets a request once it is over. The engine
 keeps records of every request for a finished run's report (its groups, its
@@ -22,7 +23,7 @@ from phases.p5_serving.isolation import IsolatingEngine
 
 
 class ServingEngine(IsolatingEngine):
-    """Phase 4.4's engine that isolates failures and drops a request's records once it is over."""
+    """Phase 4.5's engine that isolates failures and drops a request's records once it is over."""
 
     def group_or_none(self, seq) -> SequenceGroup | None:
         return self._group_of.get(seq.seq_id)

@@ -37,6 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_5_paged_attention.engine import DEFAULT_MAX_RUNNING
 from phases.p3_6_varlen_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from phases.p4_5_speculative_decoding.engine import DEFAULT_NUM_SPECULATIVE_TOKENS
 from phases.p5_serving import protocol as P
 from phases.p5_serving.async_engine import DEFAULT_MAX_WAITING, AsyncEngine, EngineFailed, QueueFull
 from phases.p5_serving.formats import ChatFormat, CompletionFormat
@@ -264,15 +265,19 @@ def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DE
                block_size: int = DEFAULT_BLOCK_SIZE, n_blocks: int | None = None, engine=None,
                model_name: str | None = None, prefix_caching: bool = True,
                preemption_mode: str = "recompute",
-               max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS) -> FastAPI:
+               max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, speculative: str | None = None,
+               num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
+               draft_layers: int | None = None) -> FastAPI:
     """The app for one loaded model.
 
     The engine is the last of the line (samples.py) unless one is given: prefix caching on unless
     `prefix_caching=False`, preemption by recomputation unless `preemption_mode="swap"`, long prompts
-    prefilled in chunks of at most `max_num_batched_tokens` tokens per step (decode tokens included)."""
+    prefilled in chunks of at most `max_num_batched_tokens` tokens per step (decode tokens included), and
+    speculative decoding when `speculative` names a method ("ngram", or "draft": a self-draft of `draft_layers`)."""
     engine = engine or SAMPLES.engine_class(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks,
                                             prefix_caching=prefix_caching, preemption_mode=preemption_mode,
-                                            max_num_batched_tokens=max_num_batched_tokens)
+                                            max_num_batched_tokens=max_num_batched_tokens, speculative=speculative,
+                                            num_speculative_tokens=num_speculative_tokens, draft_layers=draft_layers)
     aengine = AsyncEngine(engine, max_waiting=max_waiting)
     app = FastAPI(title="inference-engine-phases: OpenAI-compatible server", lifespan=lifespan)
     app.state.server = ServerState(lm, aengine, model_name or lm.name, int(time.time()), metrics_registry(aengine))
