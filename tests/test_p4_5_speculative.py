@@ -250,6 +250,27 @@ def test_guesses_never_copy_a_shared_block(tiny32):
     assert copies[0] == copies[1] == 2
 
 
+def test_guesses_never_evict_a_cached_block(tiny32):
+    """A finished request's blocks stay cached (cached-free). A later request's guesses take only truly free
+    blocks: with none left, a step evicts exactly what plain decoding's step evicts."""
+    first, second = _prompts(tiny32, 2, seed=21)
+    truth = _truth(tiny32, [first, second], 24)
+    evicted = []
+    for speculative in (None, Scripted(truth, 1.0, seed=6)):
+        engine = SpeculativeEngine(tiny32, speculative=speculative, num_speculative_tokens=8, block_size=4,
+                                   n_blocks=-(-(len(first) + 23) // 4) + -(-len(second) // 4) - 1)
+        assert _run(engine, [first], 24) == [truth[tuple(first)]]    # its full blocks stay in the cache
+        engine.add(second, 24, ignore_eos=True)
+        engine.step()                                                # the prefill: no block is truly free now
+        assert engine.allocator.n_uncached_free == 0 < engine.allocator.n_free
+        for _ in range(6):
+            before = engine.allocator.n_evictions
+            engine.step()
+            evicted.append(engine.allocator.n_evictions - before)
+    assert evicted[:6] == evicted[6:]
+    assert engine.spec_stats.proposed > 0
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 10_000), n_seqs=st.integers(1, 6), wrong=st.floats(0, 1), k=st.integers(1, 6),
        n_blocks=st.integers(24, 60), caching=st.booleans(), block_size=st.sampled_from([1, 2, 4, 8]))
@@ -263,16 +284,21 @@ def test_no_block_leaks_under_any_pattern_of_rejections(tiny32, seed, n_seqs, wr
     assert _run(engine, prompts, 12) == [truth[tuple(p)] for p in prompts]
 
 
-def test_seeded_sampled_requests_are_reproducible(tiny32):
+@pytest.mark.parametrize("proposer", ["scripted", "draft"])
+def test_seeded_sampled_requests_are_reproducible(tiny32, proposer):
+    """Seeded sampling with speculation: the same tokens run after run (the draft samples its guesses from its
+    own distribution q, which acceptance weighs)."""
     prompts = _prompts(tiny32, 3, seed=12)
     truth = _truth(tiny32, prompts, 16)
     runs = []
     for _ in range(2):
-        engine = SpeculativeEngine(tiny32, speculative=Scripted(truth, 0.3, seed=5), n_blocks=64, block_size=4)
+        speculative = Scripted(truth, 0.3, seed=5) if proposer == "scripted" else "draft"
+        engine = SpeculativeEngine(tiny32, speculative=speculative, draft_layers=1, n_blocks=64, block_size=4)
         seqs = [engine.add(p, 16, SamplingParams(temperature=0.8, top_k=20, seed=100 + i), ignore_eos=True)
                 for i, p in enumerate(prompts)]
         engine.run()
         runs.append([s.output_ids for s in seqs])
+        assert engine.spec_stats.proposed > 0 and engine.allocator.n_free == engine.allocator.n_blocks
     assert runs[0] == runs[1]
 
 
@@ -349,3 +375,13 @@ def test_beam_search_with_speculation_is_refused(tiny32):
     plain = SpeculativeEngine(tiny32, n_blocks=16)
     plain.add_beam_search([5, 6, 7], 4, beam_width=2)
     plain.run()
+
+
+def test_spec_demo_quick_runs_and_every_output_equals_plain():
+    from measure.cli import run_demo
+    report = run_demo("spec_demo", model="tiny", device="cpu", quick=True)
+    assert report.meta["dtype"] == "float32"                      # the demo's CPU default
+    assert report.data["acceptance"] and report.data["speed"]
+    assert all(r["identical"] == r["n"] for r in report.data["acceptance"])
+    assert all(r["identical"] == r["batch"] and r["plain_tok_s"] > 0 for r in report.data["speed"])
+    assert any(r["proposed"] > 0 for r in report.data["acceptance"])

@@ -5,3 +5,10 @@ proposers.py    `NgramProposer` (prompt lookup), `DraftProposer` on its own page
 acceptance.py   greedy acceptance and the rejection-sampling rule that keeps the target's distribution
 demo.py         `spec_demo`: acceptance and speed by workload and batch size
 """
+
+from phases.p4_5_speculative_decoding.acceptance import Proposal, accept
+from phases.p4_5_speculative_decoding.engine import SpecStats, SpeculativeEngine, Verify
+from phases.p4_5_speculative_decoding.proposers import DraftProposer, NgramProposer, self_draft, truncate
+
+__all__ = ["Proposal", "accept", "SpecStats", "SpeculativeEngine", "Verify", "DraftProposer", "NgramProposer",
+           "self_draft", "truncate"]

@@ -18,8 +18,8 @@ schedule   after phase 4.4's schedule (preemption, admission, every decoding
            becomes a `Verify` chunk of m + 1 rows: its last token and the guesses,
            at positions n_filled - 1 .. n_filled + m - 1. Speculation only uses
            what is left over: the step's token budget after decode tokens and
-           chunks, and free blocks (a guess never preempts anyone, and never
-           delays an admission). A guess never runs past max_new_tokens.
+           chunks, and free blocks (a guess never preempts anyone, never evicts
+           a cached block, and never delays an admission). A guess never runs past max_new_tokens.
 runner     unchanged: a verification is a chunk of phase 3.6's mixed pass, whose
            rows read the sequence's earlier tokens in place from the pool and
            each other causally. It keeps every row's logits (`rows_kept`).
@@ -90,13 +90,14 @@ class SpecStats:
 
 
 def make_proposer(lm, speculative, draft_layers: int | None, draft_blocks: int):
-    """A proposer from a method name ("ngram", "draft": a self-draft of `draft_layers` layers), or the given one."""
+    """A proposer from a method name ("ngram", "draft": a self-draft of `draft_layers` layers, by default half
+    the target's), or the given one."""
     if speculative is None or hasattr(speculative, "propose"):
         return speculative
     if speculative == "ngram":
         return NgramProposer()
     if speculative == "draft":
-        n = max(1, lm.n_layers // 4) if draft_layers is None else draft_layers
+        n = max(1, lm.n_layers // 2) if draft_layers is None else draft_layers
         return DraftProposer(lm, self_draft(lm, n), n_blocks=draft_blocks)
     raise ValueError(f"speculative must be one of {SPECULATIVE_METHODS}, a proposer, or None; got {speculative!r}")
 
@@ -153,8 +154,10 @@ class SpeculativeEngine(PreemptingEngine):
         self.kv.before_pass()   # a no-op: guesses write their own blocks, never a shared one
 
     def _slots_free(self, seq: Sequence) -> int:
-        """Positions `seq` can claim without preempting: the rest of its last block, then the free blocks."""
-        return seq.kv.capacity - seq.kv.n_filled + self.allocator.n_free * self.block_size
+        """Positions `seq` can claim without preempting anyone or evicting a cached block: the rest of its last
+        block, then the truly free blocks (a guess likely to be rejected is not worth a prefix-cache entry)."""
+        free = getattr(self.allocator, "n_uncached_free", self.allocator.n_free)   # prefix caching off: n_free
+        return seq.kv.capacity - seq.kv.n_filled + free * self.block_size
 
     def retire(self, seq: Sequence) -> None:
         """Leaving the running set (finished, preempted for recomputation, aborted): the proposer's state goes."""

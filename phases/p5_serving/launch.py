@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-speculative-tokens", type=int, default=DEFAULT_NUM_SPECULATIVE_TOKENS,
                    help=f"tokens proposed per sequence and step at most (default {DEFAULT_NUM_SPECULATIVE_TOKENS})")
     p.add_argument("--draft-layers", type=int, default=None,
-                   help="layers of the self-draft (--speculative draft; default a quarter of the model's)")
+                   help="layers of the self-draft (--speculative draft; default half of the model's)")
     p.add_argument("--log-level", default="info")
     return p
 
