@@ -1,30 +1,22 @@
 """Which proposed tokens the target keeps: one verification pass's logits -> each sequence's new tokens.
 
-A sequence proposed m tokens d_1 .. d_m. The verification pass fed its last
-sampled token and the m proposals, so its m + 1 logits rows are the target's
-distributions p_1 .. p_{m+1} at the m + 1 positions that follow, each
-conditioned on the proposals before it. Walking them left to right:
+A sequence proposed d_1 .. d_m; the pass fed its last token and the m guesses,
+so its m + 1 rows are the target's distributions p_1 .. p_{m+1}. Left to right:
 
-greedy    keep d_i while it is the target's argmax of p_i; at the first
-          mismatch emit that argmax instead, and stop. If all m match, p_{m+1}
-          gives one more token for free (the "bonus"). Exactly the tokens plain
-          greedy decoding makes, a few at a time.
-sampling  the rule of Leviathan et al. and Chen et al.: keep d_i with
-          probability min(1, p_i(d_i) / q_i(d_i)), where q_i is the
-          distribution d_i was drawn from (a point mass for an n-gram or a
-          greedy draft: q_i(d_i) = 1). At the first rejection draw from the
-          residual max(0, p_i - q_i), renormalised, and stop; if all m are
-          kept, draw the bonus from p_{m+1}. Every emitted token is then
-          distributed exactly as p_i, whatever q was (tests check it).
+greedy    keep d_i while it is argmax p_i; at the first mismatch emit that argmax
+          and stop; if all m match, argmax p_{m+1} is a bonus token.
+sampling  Leviathan et al. / Chen et al.: keep d_i with probability
+          min(1, p_i(d_i) / q_i(d_i)), q_i the distribution d_i was drawn from (a
+          point mass for an n-gram or greedy draft); at the first rejection draw
+          from max(0, p_i - q_i), renormalised, and stop; if all are kept, draw
+          the bonus from p_{m+1}. Every emitted token is distributed as p_i.
 
-p_i is the distribution a plain step would sample from: temperature, top-k and
-top-p applied as in phase 3.7's device sampler, whose per-row filter this reuses.
+p_i is what a plain step samples from: temperature, top-k and top-p as in
+phase 3.7's device sampler, whose row filter this reuses.
 
-Seeded draws stay reproducible. Phase 3.7 keys the noise of a sequence's j-th
-output on (its seed, j); here the residual and bonus draws use that same
-noise (a Gumbel-max draw, as phase 3.7 does), and the acceptance test uses a
-second stream keyed on (seed ^ ACCEPT_STREAM, j). So a seeded request draws the
-same tokens run after run, whatever it is batched with.
+Seeded draws stay reproducible: phase 3.7 keys a sequence's j-th draw on
+(seed, j); the residual and bonus draws use that same noise (Gumbel-max), the
+acceptance test a second stream keyed on (seed ^ ACCEPT_STREAM, j).
 """
 
 from __future__ import annotations

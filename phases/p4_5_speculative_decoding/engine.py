@@ -1,42 +1,28 @@
 """`SpeculativeEngine`: guess a sequence's next k tokens cheaply, check them all in one target pass, keep what agrees.
 
-A decode step makes one token per sequence, and at small batches it costs
-about what reading the weights costs, whatever the batch: most of the GPU
-waits on memory. Speculative decoding spends that idle compute. A proposer
-(proposers.py) guesses up to k tokens per decoding sequence; the target scores
-the last sampled token and all k guesses in ONE pass, and acceptance
-(acceptance.py) keeps the guesses it agrees with plus one token of its own.
-A step then makes 1 to k + 1 tokens per sequence, and every one of them is
-what the target alone would make: the same tokens under greedy decoding, the
-same distribution under sampling.
+A proposer (proposers.py) guesses up to k tokens per decoding sequence; the
+target scores the last sampled token and the guesses in ONE pass; acceptance
+(acceptance.py) keeps the guesses it agrees with plus one token of its own. A
+step makes 1 to k + 1 tokens per sequence, all of them what the target alone
+would make. Phase 4.4's engine, with one change per part it touches:
 
-The engine is phase 4.4's with three changes, one per part it touches:
+schedule  after phase 4.4's schedule, a decoding sequence with m guesses becomes a
+          `Verify` chunk of m + 1 rows (its last token, then the guesses). Only
+          spare capacity is used: the step's budget after decode tokens and
+          chunks, and truly free blocks, so a guess never preempts, never evicts
+          a cached block, never delays an admission, never runs past max_new_tokens.
+runner    unchanged: phase 3.6's mixed pass runs the chunk and keeps every row's
+          logits (`rows_kept`). Decode-only steps keep phase 3.7's static path; a
+          graph's decode kernel takes one query row per sequence, so a step with a
+          verification is a mixed pass.
+kv        the rejected guesses' slots are cut from the table, emptied blocks back
+          to the pool (`truncate`), BEFORE the KV part hears the pass ran: only
+          accepted tokens are ever published to the prefix cache. Copy-on-write
+          happens on the real last token's write; the guesses land in that block,
+          now private, or in fresh ones.
 
-schedule   after phase 4.4's schedule (preemption, admission, every decoding
-           sequence's next slot, prefill chunks), proposals are asked for the
-           decoding sequences, and each sequence with a proposal of m tokens
-           becomes a `Verify` chunk of m + 1 rows: its last token and the guesses,
-           at positions n_filled - 1 .. n_filled + m - 1. Speculation only uses
-           what is left over: the step's token budget after decode tokens and
-           chunks, and free blocks (a guess never preempts anyone, never evicts
-           a cached block, and never delays an admission). A guess never runs past max_new_tokens.
-runner     unchanged: a verification is a chunk of phase 3.6's mixed pass, whose
-           rows read the sequence's earlier tokens in place from the pool and
-           each other causally. It keeps every row's logits (`rows_kept`).
-           Decode-only steps still take phase 3.7's static (graph) path; a step
-           with a verification is a mixed pass, because the graph's decode kernel
-           takes exactly one query row per sequence.
-kv         after the pass, the rejected guesses' slots are released: the table is
-           cut back to the tokens kept, and a block left empty returns to the
-           pool (`proposers.truncate`) BEFORE the KV part hears that the pass
-           ran. So only accepted tokens are ever published to the prefix cache.
-           Copy-on-write happens on the write of the sequence's real last token
-           (into the block it shares, if any); the guesses after it land in that
-           block, now private, or in fresh blocks, so no guess ever copies a block.
-
-Refused, with a message: k < 1, a draft whose vocabulary differs from the
-target's, and beam search (a beam's next tokens depend on every beam's scores
-at once: there is no single sequence to guess for).
+Refused: k < 1, a draft with another vocabulary, beam search (a beam's next
+tokens depend on every beam's scores at once).
 """
 
 from __future__ import annotations

@@ -1,30 +1,22 @@
 """Proposers: cheap guesses at each sequence's next few tokens, for the target to check in one pass.
 
-Two kinds, one interface (`propose(seqs, k, seeds)` -> one `Proposal` per sequence,
-possibly empty; `release(seq)` when a sequence stops speculating):
+One interface: `propose(seqs, k, seeds)` -> one `Proposal` per sequence (maybe
+empty), and `release(seq)` when a sequence stops speculating.
 
-`NgramProposer` (prompt lookup, as vLLM's "ngram" method): find the last earlier
-    place where the sequence's final n tokens occurred (n from `max_n` down to
-    `min_n`) and propose the k tokens that followed it there. No model, no
-    memory, a few microseconds: it pays off when outputs copy their context
-    (code edits, summaries quoting the source, repeated structure) and
-    proposes nothing in open chat.
+`NgramProposer` (prompt lookup, vLLM's "ngram"): the k tokens that followed
+    the last earlier occurrence of the sequence's final n tokens (n from max_n
+    down to min_n). No model, no memory; it proposes when outputs copy their
+    context (code edits, quoting summaries, repeated structure).
+`DraftProposer`: a smaller model with the same tokenizer, k passes ahead, on a
+    paged pool of its own with a block table per sequence: the first pass feeds
+    what the draft has not seen (packed, phase 3.6's runner), each later one its
+    last guess. Where its tokens and the sequence's differ (rejected guesses),
+    its table is cut back to the common prefix.
 
-`DraftProposer`: a smaller model with the same tokenizer runs k steps ahead,
-    with its own paged pool and a block table per sequence. Each `propose` call
-    first feeds what the draft has not seen yet (the prompt, the tokens the
-    target emitted last step) in one packed pass, then one pass per further
-    token, every sequence together (phase 3.6's runner on the draft's pool).
-    The draft keeps the K/V of the tokens it fed; where they differ from the
-    sequence's tokens (its rejected proposals), its table is cut back to the
-    common prefix, and the blocks past it go back to its pool.
-
-`self_draft(lm, n_layers)` builds the draft from the target itself: its first
-`n_layers` decoder layers, then its final norm and head (an early exit, as in
-LayerSkip and Draft & Verify's self-speculation). It shares every weight
-with the target, so it costs no memory but its pool. This repo packages one
-model, so a self-draft is the draft that runs everywhere; any model with the
-same tokenizer works as well (`DraftProposer(draft_lm, ...)`).
+`self_draft(lm, n_layers)`: the target's first n_layers decoder layers under its
+own norm and head (an early exit, as in LayerSkip and Draft & Verify). It shares
+every weight with the target and costs only its pool; with one packaged model,
+it is the draft that runs everywhere.
 """
 
 from __future__ import annotations
