@@ -2,10 +2,9 @@
 
 Files, in reading order:
 - detokenize.py    token ids -> text deltas (incremental detokenization) and stop strings
-- isolation.py     `IsolatingEngine(SpeculativeEngine)`: a step that raises fails only its culprit (rollback by
-                   recomputation, narrower passes until the culprit fails alone)
-- samples.py       `ServingEngine(IsolatingEngine)` (forgets finished requests), and `n` samples of one
-                   prompt behind one adapter
+- isolation.py     `ServingEngine(SpeculativeEngine)`: a step that raises fails only its culprit (rollback by
+                   recomputation, narrower passes until the culprit fails alone); finished requests forgotten
+- samples.py       `n` samples of one prompt behind one adapter
 - metrics.py       the engine snapshot behind /health, and /metrics with prometheus-client
 - async_engine.py  `AsyncEngine`: one thread steps the engine; requests come and go on an asyncio loop
 - protocol.py      the OpenAI request/response bodies (pydantic), error bodies

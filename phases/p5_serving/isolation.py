@@ -1,4 +1,4 @@
-"""`IsolatingEngine`: phase 4.5's engine, where a step that raises fails only the request that caused it.
+"""`ServingEngine`: phase 4.5's engine, where a step that raises fails only the request that caused it.
 
 A server steps one engine for every client at once, so an exception in a
 step (a kernel that trips on one prompt's shape, a bad value that slipped
@@ -73,7 +73,10 @@ class StepFailed(RuntimeError):
         self.retried = retried      # groups rolled back, to be recomputed in narrower passes
 
 
-class IsolatingEngine(SpeculativeEngine):
+class ServingEngine(SpeculativeEngine):
+    """The served engine: phase 4.5's, with failures isolated to their culprit, and a request's records
+    forgotten once it is over (a server runs for days; a run's report reads them, a server never does)."""
+
     def __init__(self, lm, **engine_kwargs):
         super().__init__(lm, **engine_kwargs)
         self.isolation_width: int | None = None   # while isolating: groups per forward pass at most
@@ -215,3 +218,18 @@ class IsolatingEngine(SpeculativeEngine):
     @property
     def isolating(self) -> bool:
         return self.isolation_width is not None
+
+    # --- a server runs for days: a request's records go once it is over ------------------------
+    def group_or_none(self, seq) -> SequenceGroup | None:
+        return self._group_of.get(seq.seq_id)
+
+    def forget(self, group: SequenceGroup) -> None:
+        gone = {id(s) for s in group.seqs}
+        for seq in group.seqs:
+            self._group_of.pop(seq.seq_id, None)
+            self.waited_for_blocks.discard(seq.seq_id)
+        self.sequences = [s for s in self.sequences if id(s) not in gone]  # the ones still in flight: a short list
+        if group in self.groups:
+            self.groups.remove(group)
+        self.suspects.pop(group, None)
+        self.usage.clear()             # per-pass sharing statistics, for demos

@@ -1,12 +1,10 @@
 """The served engine, and `n` samples of one prompt (the OpenAI `n` parameter) behind one small adapter.
 
-`ServingEngine` is the last engine of the line, phase 4.5's `SpeculativeEngine`
-(samples over shared blocks, beam search, prefix caching, preemption, and
-speculative decoding when asked for), plus
-two things a server needs: a failing step fails only the request that caused
-it (isolation.py), and it forgets a request once it is over. The engine
-keeps records of every request for a finished run's report (its groups, its
-sequences, their KV bytes and return times); a server runs for days.
+`ServingEngine` (isolation.py) is the last engine of the line, phase 4.5's
+`SpeculativeEngine` (samples over shared blocks, beam search, prefix caching,
+preemption, and speculative decoding when asked for), plus two things a server
+needs: a failing step fails only the request that caused it, and it forgets a
+request once it is over.
 
 The async engine asks five things of `SharedSamples`: queue a request of `n`
 samples (one `SequenceGroup`: the prompt is prefilled once and its samples
@@ -19,25 +17,7 @@ from __future__ import annotations
 
 from common.sampling import SamplingParams
 from phases.p4_1_copy_on_write.engine import SequenceGroup
-from phases.p5_serving.isolation import IsolatingEngine
-
-
-class ServingEngine(IsolatingEngine):
-    """Phase 4.5's engine that isolates failures and drops a request's records once it is over."""
-
-    def group_or_none(self, seq) -> SequenceGroup | None:
-        return self._group_of.get(seq.seq_id)
-
-    def forget(self, group: SequenceGroup) -> None:
-        gone = {id(s) for s in group.seqs}
-        for seq in group.seqs:
-            self._group_of.pop(seq.seq_id, None)
-            self.waited_for_blocks.discard(seq.seq_id)
-        self.sequences = [s for s in self.sequences if id(s) not in gone]  # the ones still in flight: a short list
-        if group in self.groups:
-            self.groups.remove(group)
-        self.suspects.pop(group, None)
-        self.usage.clear()             # per-pass sharing statistics, for demos
+from phases.p5_serving.isolation import ServingEngine
 
 
 class SharedSamples:
