@@ -164,3 +164,38 @@ def shared_prefix_len(prompts: list[list[int]]) -> int:
     while all(len(p) > n for p in prompts) and len({p[n] for p in prompts}) == 1:
         n += 1
     return n
+
+
+# --- phase 4.5: workloads that copy their context, and open chat ---------------------------------
+SPEC_CODE = '''def total_price(items, tax):
+    subtotal = 0
+    for item in items:
+        subtotal = subtotal + item["price"] * item["quantity"]
+    total = subtotal + subtotal * tax
+    return round(total, 2)'''
+SPEC_TEXT = ("The Great Barrier Reef is the largest coral reef system in the world. It lies off the coast of "
+             "Queensland, Australia, and stretches for over two thousand kilometres. The reef is home to thousands "
+             "of species of fish, corals and molluscs. Rising sea temperatures cause coral bleaching, which has "
+             "damaged large parts of the reef in recent years.")
+# name -> prompts. The first three copy much of their context into the answer; chat copies little.
+SPEC_WORKLOADS = {
+    "code_edit": [
+        f"Rename the variable `subtotal` to `net` in this Python function. Reply with the whole function.\n\n{SPEC_CODE}",
+        f"Add a docstring to this Python function. Reply with the whole function.\n\n{SPEC_CODE}",
+        f"Rename the function to `order_total` and keep everything else. Reply with the whole function.\n\n{SPEC_CODE}",
+        f"Add type hints to this Python function. Reply with the whole function.\n\n{SPEC_CODE}",
+    ],
+    "quote_summary": [
+        f"Summarize this text in two sentences, quoting it word for word where you can.\n\n{SPEC_TEXT}",
+        f"Which sentence of this text talks about fish? Quote it exactly.\n\n{SPEC_TEXT}",
+        f"Copy the first two sentences of this text.\n\n{SPEC_TEXT}",
+        f"What causes coral bleaching, according to this text? Quote the text.\n\n{SPEC_TEXT}",
+    ],
+    "repeated": [
+        "Write the days of the week as a list, each line in the form 'Day N: <name> is day N of the week.'",
+        "Write a multiplication table for 7, from 7 x 1 to 7 x 10, one line each in the form '7 x N = M'.",
+        "List the months of the year, each line in the form 'Month N: <name>'.",
+        "Write a JSON list of five people, each with the keys \"name\", \"age\" and \"city\".",
+    ],
+    "chat": SHORT_PROMPTS[:2] + LONG_PROMPTS[:2],
+}
