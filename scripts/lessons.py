@@ -326,13 +326,20 @@ def docstring_of(tree: Tree, folder: str) -> str:
 
 
 def subject(short: str, first_line: str) -> str:
-    """`p3_5: adds paged attention to phase 3.3's scheduler`: the docstring's first line, without
-    "Phase 3.5", cut at the last clause boundary that fits SUBJECT_MAX (else at a word)."""
+    """`p3_5: adds paged attention to phase 3.3's scheduler`: the docstring's first line without
+    "Phase 3.5", cut where it fits SUBJECT_MAX: at its first colon if that leaves a clause of
+    20 characters or more, else at the last comma, colon, dash or parenthesis outside parentheses."""
     text = re.sub(r"^Phase [\d.]+\s*[:,]?\s*", "", first_line.strip()).rstrip(".")
     room = SUBJECT_MAX - len(short) - 2
     if len(text) > room:
-        cuts = [m.start() for m in re.finditer(r": |, |; | \(| - ", text) if 12 <= m.start() <= room]
-        text = text[:cuts[-1]] if cuts else text[:room].rsplit(" ", 1)[0]
+        cuts, depth = [], 0
+        for i, ch in enumerate(text):
+            if text.startswith((": ", ", ", "; ", " - ", " ("), i) and depth == 0 and 12 <= i <= room:
+                cuts.append(i)
+            depth += (ch == "(") - (ch == ")")
+        colon = text.find(": ")
+        text = (text[:colon] if 20 <= colon <= room else text[:cuts[-1]] if cuts
+                else text[:room].rsplit(" ", 1)[0])
     return f"{short}: {text}"
 
 
@@ -390,7 +397,7 @@ def build(repo: Path = ROOT, rev: str = "HEAD") -> tuple[Plan, list[str]]:
             info = "".join(f"{tree.entries[p][0]} {tree.entries[p][1]}\t{p}\n" for p in paths)
             git("update-index", "--add", "--index-info", repo=repo, env=env, input=info)
             tree_id = git("write-tree", repo=repo, env=env).strip()
-            msg = message(tree, short, plan.folders[short], paths, f"{current or 'HEAD'} at {commit[:12]}")
+            msg = message(tree, short, plan.folders[short], paths, f"commit {commit[:12]}")
             parent = git("commit-tree", tree_id, *(["-p", parent] if parent else []), "-F", "-",
                          repo=repo, env=env, input=msg).strip()
             commits.append(parent)
