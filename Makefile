@@ -12,7 +12,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 DEMOS  := decode_sweep sweep waste_demo latency_demo wall alloc_demo table_demo block_size_study vm_analogy snapshot grow_demo tput gather_bench stack_bench attn_bench workload_bench bench_serve prefix_demo cow_demo share_demo preempt_demo stress_demo spec_demo prefill_bench graph_bench graph_workload fused_bench fused_workload serve_workload
 
-.PHONY: install demo test notebooks gpu-check gpu-headline list serve $(DEMOS) clean-cache
+.PHONY: install demo test notebooks lessons lessons-check gpu-check gpu-headline list serve $(DEMOS) clean-cache
 
 install: $(VENV)/.installed
 
@@ -35,6 +35,15 @@ test: install
 # Each notebook is a pair: notebooks/NN_x.py (edit this) and NN_x.ipynb (executed, outputs kept).
 notebooks: install
 	$(PY) scripts/run_notebooks.py
+
+# The course as history: a local branch `lessons`, one commit per phase, tagged lesson-<phase> (lesson-p0 ..
+# lesson-p5), built from HEAD's tracked files without touching the working tree; see scripts/lessons.py.
+# lessons-check also runs each lesson's own tests on that lesson's files alone (minutes; make test runs a sample).
+lessons:
+	$(PYTHON) scripts/lessons.py
+
+lessons-check: install
+	$(PY) scripts/lessons.py --run-tests
 
 # The venv is built only when gpu-check runs with it; GPU_PY=<python> runs on an existing CUDA install.
 GPU_PY ?= $(PY)
