@@ -47,8 +47,8 @@ from measure.workload import DATASET_MEANS, PAPER_CONTEXT_LIMIT, rate_trace
 PAPER_POOL_TOKENS = 15_700   # OPT-13B on an A100-40GB: the paper's Table 1 (12 GB / 800 KB per token)
 MAX_RUNNING = 1024           # far above what the pool holds: memory, not the slot count, limits the batch
 WARMUP_REQUESTS = 4
-# What the paper reports for OPT-13B on ShareGPT (§6.1): rates sustained at similar latency, and requests
-# batched at once (Fig. 13a), paged over each Orca variant. It quotes no Pow2 figure in the text.
+# What the paper reports on ShareGPT (§6.1), paged over each Orca variant: rates sustained at similar latency
+# (OPT-13B, 66B and 175B) and requests batched at once (OPT-13B, Fig. 13a). It quotes no Pow2 figure.
 PAPER_RATE_RATIO = {"oracle": "1.7-2.7x", "max": "2.7-8x"}
 PAPER_BATCH_RATIO = {"oracle": "2.2x", "max": "4.3x"}
 QUICK = dict(duration_s=0.5, rates=[8.0, 32.0], scale=1 / 64, block_size=4, latency_bound=1.0)
@@ -235,7 +235,8 @@ def ratio_table(report: Report, policies: list[str], runs: dict, sustained: dict
         "sustained rate: where the policy's normalized latency crosses the bound, interpolated linearly between "
         "the two rates around the crossing; '>=': it never crossed in the rates run",
         "batched: mean requests per step while requests arrive, at the highest rate both policies ran",
-        "paper: OPT-13B on ShareGPT, one A100 (vLLM paper §6.1, Fig. 12 and 13a); it quotes no Pow2 figure",
+        "paper: vLLM paper §6.1 on ShareGPT, rates across OPT-13B, 66B and 175B (Fig. 12, first row), batched "
+        "requests for OPT-13B on one A100 (Fig. 13a); it quotes no Pow2 figure",
     ]
 
 
