@@ -85,3 +85,12 @@ def tiny32():
 @pytest.fixture(params=["tiny", "smollm2-135m"])
 def any32(request, smol32, tiny32):
     return {"tiny": tiny32, "smollm2-135m": smol32}[request.param]
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module of many tiny forward passes: on a shared 2-core machine, far faster."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -27,13 +27,7 @@ PACKAGED_PROMPTS = ["What is the capital of France?",
 PACKAGED_NEW_TOKENS = 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Many tiny forward passes: on a shared 2-core machine one intra-op thread is far faster.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")   # many tiny passes: one thread is faster
 
 
 class Engine(Audited, PreemptingEngine):

@@ -10,10 +10,11 @@ from measure.workload import DATASET_MEANS, burst, dataset_lengths, rate_trace
 from phases.p3_1_block_allocator.allocator import OutOfBlocks, blocks_for
 from phases.p4_4_preemption.engine import PreemptingEngine
 from phases.p4_4_preemption.reservation import RESERVATION_POLICIES, ReservingEngine, reserved_tokens
-from tests.test_p4_4_preemption import one_thread  # noqa: F401  (autouse: one intra-op thread, as there)
 
 BLOCK = 4
 CONTEXT = 64
+
+pytestmark = pytest.mark.usefixtures("one_thread")   # many tiny passes: one thread is faster
 
 
 def engine(lm, policy: str, n_blocks: int):
