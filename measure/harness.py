@@ -30,12 +30,14 @@ Helpers for the phases' runners, written against the engines' shared shape
 `workload_pool_blocks` (a pool that never makes anyone wait), `pool_problems`
 (a pool's invariants and leaks), and for the step-timed traces of
 measure/workload.py: `drive` (feed a trace to an engine step by step, as a
-server's engine loop would) and `outputs_of` (each request's tokens).
+server's engine loop would) and `outputs_of` (each request's tokens); for a trace timed in seconds
+(`Request.arrival_s`), `drive_timed` does the same on the wall clock.
 """
 
 from __future__ import annotations
 
 import gc
+import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -161,6 +163,30 @@ def drive(engine, trace: list[TracedRequest], on_step: Callable | None = None) -
             on_step(outputs)
         step += 1
     return groups
+
+
+def drive_timed(engine, lm, requests: list[Request], on_step: Callable | None = None) -> list:
+    """Add each request once its arrival time (`arrival_s` after the start) has passed on the wall clock, and
+    step while there is work, like a server's engine loop; idle, sleep until the next arrival. A request's
+    latency counts from its arrival, not from the step that picked it up. `on_step(step_outputs)` after every
+    step. Returns the sequences in request order."""
+    order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
+    seqs: list = [None] * len(requests)
+    t0 = now(lm.device)
+    k = 0
+    while k < len(order) or engine.has_work:
+        if not engine.has_work:
+            time.sleep(max(0.0, requests[order[k]].arrival_s - (now(lm.device) - t0)))
+        while k < len(order) and requests[order[k]].arrival_s <= now(lm.device) - t0:
+            r = requests[order[k]]
+            seqs[order[k]] = engine.add(r.ids(lm), r.max_new_tokens, sampling=r.sampling, ignore_eos=r.ignore_eos,
+                                        arrival=t0 + r.arrival_s)
+            k += 1
+        if engine.has_work:
+            outputs = engine.step()
+            if on_step is not None:
+                on_step(outputs)
+    return seqs
 
 
 def outputs_of(groups: list) -> list[list[list[int]]]:

@@ -14,6 +14,11 @@ plain (greedy), n seeded samples, or a beam search of width n:
 - `burst`: n greedy requests that all arrive at once, lengths drawn uniformly;
 - `stress_trace`: bursts every few steps, a seeded mix of the three kinds.
 measure/harness.py's `drive(engine, trace)` feeds one to an engine.
+
+`rate_trace` is the vLLM paper's serving workload (§6.1): prompt and output
+lengths drawn like ShareGPT's or Alpaca's (the paper's means, scaled), arriving
+as a Poisson process in seconds; measure/harness.py's `drive_timed` feeds it
+to an engine on the wall clock.
 """
 
 from __future__ import annotations
@@ -162,3 +167,39 @@ def stress_trace(vocab_size: int, n_requests: int, prompt_len: tuple[int, int], 
 def demand_tokens(trace: list[TracedRequest]) -> int:
     """KV tokens the trace would hold if every request ran to max_new_tokens at once, nothing shared."""
     return sum(r.n * (len(r.prompt_ids) + r.max_new_tokens) for r in trace)
+
+
+# --- the vLLM paper's workloads (§6.1): lengths like ShareGPT's or Alpaca's, Poisson arrivals ----------------
+# Mean (prompt, output) tokens of the two datasets the paper synthesizes its requests from, as printed in its
+# Fig. 11; the text gives their ratios (ShareGPT's prompts 8.4x longer than Alpaca's, outputs 5.8x).
+DATASET_MEANS = {"sharegpt": (161.31, 337.99), "alpaca": (19.31, 58.45)}
+# The paper publishes histograms, not a spread: ours is a lognormal of this sigma (a long right tail, median
+# about 0.6x the mean), scaled to the dataset's means.
+LENGTH_SIGMA = 1.0
+PAPER_CONTEXT_LIMIT = 2048   # OPT's maximum sequence length: what the paper's Orca (Max) reserves
+
+
+def dataset_lengths(dataset: str, n: int, scale: float, context_limit: int,
+                    seed: int = DEFAULT_SEED) -> list[tuple[int, int]]:
+    """n (prompt, output) token counts drawn like `dataset`'s, its means times `scale`; each at least 1, and
+    prompt + output within `context_limit` (the tail is cut there, as the paper's traces are)."""
+    if dataset not in DATASET_MEANS:
+        raise ValueError(f"unknown dataset {dataset!r}: choose one of {sorted(DATASET_MEANS)}")
+    rng = np.random.default_rng(seed + 4)
+    out = []
+    for mean in DATASET_MEANS[dataset]:
+        mu = np.log(mean * scale) - LENGTH_SIGMA ** 2 / 2     # a lognormal's mean is exp(mu + sigma^2 / 2)
+        out.append(np.maximum(1, np.rint(rng.lognormal(mu, LENGTH_SIGMA, size=n))).astype(int))
+    prompts = np.minimum(out[0], context_limit - 1)
+    return [(int(p), int(min(o, context_limit - p))) for p, o in zip(prompts, out[1])]
+
+
+def rate_trace(vocab_size: int, n: int, rate_per_s: float, dataset: str, scale: float, context_limit: int,
+               seed: int = DEFAULT_SEED) -> list[Request]:
+    """n random-token requests with `dataset_lengths` and Poisson arrivals at `rate_per_s`, EOS ignored, so
+    each generates exactly its drawn output length. The same seed gives the same lengths at every rate."""
+    lengths = dataset_lengths(dataset, n, scale, context_limit, seed)
+    prompts = random_prompt_ids([p for p, _ in lengths], vocab_size, seed)
+    arrivals = poisson_arrivals(n, rate_per_s, seed)
+    return [Request(prompt_ids=ids, max_new_tokens=o, arrival_s=t, ignore_eos=True)
+            for ids, (_, o), t in zip(prompts, lengths, arrivals)]

@@ -353,9 +353,16 @@ COMPARISONS: dict[str, Comparison] = {
                cpu("preempt-demo", "12 requests at once", ("swap",), "total tok/s"), None),
         Figure("swap: MB moved", "beyond the blog",
                cpu("preempt-demo", "12 requests at once", ("swap",), "MB moved"), None),
+        *[Figure(f"{what}, paged / Orca ({orca})", f"beyond the blog (vLLM paper: {paper})",
+                 cpu("rate-sweep", "Highest rate sustained", (f"Orca ({orca})",), col), None)
+          for what, col, papers in (("rate sustained", "rate: paged / this", ("1.7-2.7x", "2.7-8x")),
+                                    ("requests batched", "batched: paged / this", ("2.2x", "4.3x")))
+          for orca, paper in zip(("Oracle", "Max"), papers)],
     ], "The blog never runs out of blocks; the vLLM paper's section 4.5 is the reference. Its Fig. 19 found "
        "recomputation at most 1.2x swapping's cost on a GPU; on our CPU it costs 148-174x (no PCIe copy to pay "
-       "for, and a compute-bound prefill on 2 cores), as the README's micro-benchmark shows."),
+       "for, and a compute-bound prefill on 2 cores), as the README's micro-benchmark shows. The rate rows are "
+       "its §6.1 (ShareGPT on A100s) against `rate_sweep`, its setup scaled down 16 times on a shared CPU (see "
+       "below: rough figures)."),
     "p5_serving": Comparison([
         Figure("completed req/s at 0.5 req/s offered", "beyond the blog",
                cpu("bench-serve", "streaming chat requests", ("0.50",), "req/s"), None),

@@ -7,12 +7,17 @@ Files:
              latest group (a group part-way through its prefill too), recovery by
              `preemption_mode="recompute"` (prompt + outputs re-prefilled in chunks, still-cached blocks
              mapped back in) or `"swap"`
+- reservation.py  `ReservingEngine`: Orca's reservations (oracle, pow2, max) on this engine, each request
+             holding its whole reservation from admission to finish, the baselines paged allocation is
+             measured against (`rate_sweep`)
 - checks.py  `Audited` (FCFS, latest-first, whole groups, checked as the engine runs) and `check_finished`
              (no request lost, no block leaked)
 - demo.py    `preempt_demo` (recompute vs swap, block sizes 8..128, and the recovery micro-benchmark of
              the paper's Fig. 19a) and `stress_demo` (a seeded bursty trace, every invariant checked): this
              phase's engines handed to the harness in measure/ (preempt_bench.py, recovery_bench.py,
-             stress_bench.py; traces from workload.py, driven by harness.py's `drive`)
+             stress_bench.py; traces from workload.py, driven by harness.py's `drive`) and `rate_sweep` (paged
+             allocation against the three reservations under Poisson arrivals, the paper's Fig. 12 and 13;
+             measure/rate_bench.py, driven by harness.py's `drive_timed`)
 - README.md  the rules, the engine line, the measured tables
 """
 

@@ -19,7 +19,8 @@ stress_demo   A seeded random trace: bursts of plain requests, n seeded
 
 The harness is in measure/ (it imports no phase; this file hands it this phase's
 engine line): measure/preempt_bench.py (runs, tables, plot of preempt_demo),
-measure/recovery_bench.py (the micro-benchmark), measure/stress_bench.py. The
+measure/recovery_bench.py (the micro-benchmark), measure/stress_bench.py,
+measure/rate_bench.py (rate_sweep). The
 traces (`burst`, `stress_trace`) are measure/workload.py's step-timed traces,
 fed to the engine by measure/harness.py's `drive`.
 
@@ -37,11 +38,13 @@ from __future__ import annotations
 
 from measure.demos import RunConfig, demo
 from measure.preempt_bench import PreemptionLine, plot_preempt, preempt_options, run_preempt_demo
+from measure.rate_bench import plot_rate_sweep, rate_options, run_rate_sweep
 from measure.report import Report
 from measure.stress_bench import run_stress_demo, stress_options
 from phases.p4_1_copy_on_write.engine import worst_case_blocks
 from phases.p4_4_preemption.checks import Audited, check_finished
 from phases.p4_4_preemption.engine import PREEMPTION_MODES, PreemptingEngine
+from phases.p4_4_preemption.reservation import PAGED, RESERVATION_POLICIES, ReservingEngine
 from phases.p4_4_preemption.swap import SwapSpace
 
 
@@ -65,3 +68,24 @@ def preempt_demo(cfg: RunConfig) -> Report:
       help="a seeded random trace (bursts, samples, beams) overflowing the pool many times; invariants checked")
 def stress_demo(cfg: RunConfig) -> Report:
     return run_stress_demo(cfg, LINE)
+
+
+def paged_engine(lm, context_limit: int, **engine_kwargs) -> PreemptingEngine:
+    """vLLM's policy: the preempting engine as it is (no prefix cache: the sweep's random prompts share nothing)."""
+    return PreemptingEngine(lm, prefix_caching=False, **engine_kwargs)
+
+
+def reserving(policy: str):
+    def make(lm, context_limit: int, **engine_kwargs) -> ReservingEngine:
+        return ReservingEngine(lm, policy, context_limit=context_limit, **engine_kwargs)
+    return make
+
+
+# The paper's legend order: vLLM, then Orca from the best guess of a request's length to the worst.
+RATE_ENGINES = {PAGED: paged_engine} | {p: reserving(p) for p in RESERVATION_POLICIES}
+
+
+@demo("rate_sweep", phase="p4_4", options=rate_options(tuple(RATE_ENGINES)), plot=plot_rate_sweep,
+      help="Poisson arrivals at rising rates: paged allocation vs Orca's Max / Pow2 / Oracle reservations")
+def rate_sweep(cfg: RunConfig) -> Report:
+    return run_rate_sweep(cfg, RATE_ENGINES)

@@ -1,0 +1,153 @@
+"""Orca's reservations on this engine: the baselines the vLLM paper measures paged allocation against (§6.1).
+
+Orca (as the paper builds it) keeps a request's K/V in one contiguous chunk,
+so it must reserve the chunk when it admits the request, for the longest the
+request might grow, and hold all of it until the request finishes. The paper
+tries three guesses of that length, and so does `ReservingEngine`:
+
+  max     the context limit (the model's maximum length): no guess at all
+  pow2    the next power of two of the request's final length (prompt +
+          output): at most 2x over, the size a buddy allocator hands out
+  oracle  exactly the final length: knowledge no real server has, Orca's
+          upper bound
+
+Paged allocation, vLLM's policy, is `PreemptingEngine` as it is: a request
+is admitted when its prompt fits, takes a block only as one fills, and the
+latest request is preempted if the pool runs dry. The two differ only in
+admission and in when blocks are claimed; the runner, the sampler and the
+pool are the same, so a policy changes who runs when, never a token.
+
+How a reservation runs here:
+
+  admission  first come, first served: the head of the queue is admitted
+             when its whole reservation is free (`blocks_to_admit`). Running
+             requests already hold everything they will ever write, so
+             nothing is promised to them (`blocks_promised` is 0) and no
+             watermark is kept.
+  claiming   `ReservedKV.new` claims every reserved block at admission, so
+             the table is full-size before the prefill writes a token; a write
+             past it raises (`append_slots`), and the table never grows.
+  decoding   never runs out of blocks, so nothing is ever preempted.
+  finishing  the whole reservation goes back at once.
+
+Blocks stand in for the contiguous chunk: a reservation of L tokens holds
+blocks_for(L) blocks, so the chunk is rounded up to a whole block (with small
+blocks, a few tokens). What the paper's Orca also loses to external
+fragmentation between chunks of different sizes is not modelled: blocks need
+not be adjacent. Both make these baselines slightly kinder than the paper's.
+
+The final length is what a request asks for: run with ignore_eos=True and
+max_new_tokens = the number of tokens it generates, and Oracle knows it
+exactly. A request that may stop early at EOS still runs correctly; its
+reservation is then larger than it needed.
+
+Requests of one sequence only: n samples or beams would fork blocks into
+reserved tables (`add_group(n>1)` and `add_beam_search` are refused).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from phases.p2_2_scheduler.sequence import Sequence
+from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks, blocks_for
+from phases.p3_2_block_table.block_table import BlockTable
+from phases.p4_1_copy_on_write.engine import SequenceGroup
+from phases.p4_1_copy_on_write.kv import CowKV
+from phases.p4_4_preemption.engine import PreemptingEngine
+
+RESERVATION_POLICIES = ("oracle", "pow2", "max")   # from the best guess of a request's length to the worst
+PAGED = "paged"   # the name the demos give the plain PreemptingEngine beside the three reservations
+
+
+def check_policy(policy: str) -> str:
+    """`policy` if it names a reservation policy; ValueError naming the choices otherwise."""
+    if policy not in RESERVATION_POLICIES:
+        raise ValueError(f"unknown reservation policy {policy!r}: choose one of {list(RESERVATION_POLICIES)} "
+                         f"(paged allocation, vLLM's policy, is the plain PreemptingEngine)")
+    return policy
+
+
+def reserved_tokens(policy: str, final_len: int, context_limit: int) -> int:
+    """Tokens a request of `final_len` (prompt + output) reserves under `policy`, never past the context limit."""
+    check_policy(policy)
+    if policy == "max":
+        return context_limit
+    if policy == "pow2":
+        return min(1 << (final_len - 1).bit_length(), context_limit)   # 25 -> 32, 32 -> 32, 33 -> 64
+    return final_len
+
+
+class ReservedKV(CowKV):
+    """Block tables that claim their whole reservation at admission and never grow."""
+
+    def __init__(self, allocator: BlockAllocator, reservation: Callable[[Sequence], int]):
+        super().__init__(allocator)
+        self.reservation = reservation    # seq -> tokens it reserves
+
+    def blocks_reserved(self, seq: Sequence) -> int:
+        return blocks_for(self.reservation(seq), self.block_size)
+
+    def new(self, seq: Sequence) -> BlockTable:
+        """`seq`'s table at admission, every reserved block claimed (all or nothing), none written yet."""
+        table = BlockTable(self.block_size)
+        table.ensure_capacity(self.allocator, self.reservation(seq))
+        return table
+
+    def append_slots(self, seq: Sequence, n: int) -> list[int]:
+        """Slots for `seq`'s next `n` tokens, always inside its reservation."""
+        table = seq.kv
+        if table.n_filled + n > table.capacity:
+            raise OutOfBlocks(f"sequence {seq.seq_id} would write {table.n_filled + n} tokens into a reservation "
+                              f"of {table.capacity}: a reservation is never extended")
+        return super().append_slots(seq, n)
+
+
+class ReservingEngine(PreemptingEngine):
+    """Phase 4.4's engine admitting like Orca: each request holds its whole reservation from admission to finish."""
+
+    def __init__(self, lm, policy: str, context_limit: int | None = None, **engine_kwargs):
+        check_policy(policy)
+        if "prefix_caching" in engine_kwargs or "watermark_blocks" in engine_kwargs:
+            raise ValueError("a reserving engine has no prefix cache and keeps no watermark")
+        super().__init__(lm, prefix_caching=False, watermark_blocks=0, **engine_kwargs)
+        self.policy = policy
+        self.context_limit = lm.max_context if context_limit is None else context_limit
+        self.kv = ReservedKV(self.allocator, self.reserved_tokens)
+        if policy == "max" and blocks_for(self.context_limit, self.block_size) > self.allocator.n_blocks:
+            raise ValueError(f"a context limit of {self.context_limit} tokens needs "
+                             f"{blocks_for(self.context_limit, self.block_size)} blocks of {self.block_size}, but "
+                             f"the whole pool has {self.allocator.n_blocks}: Orca (max) could never admit anyone")
+
+    def reserved_tokens(self, seq: Sequence) -> int:
+        return reserved_tokens(self.policy, len(seq.prompt_ids) + seq.max_new_tokens, self.context_limit)
+
+    # --- requests: one sequence each, within the context limit, a reservation the pool can hold ---------------
+    def add_request(self, group_cls, prompt, max_new_tokens, sampling, ignore_eos, arrival, n, **group_kwargs):
+        if n != 1 or group_cls is not SequenceGroup:
+            raise ValueError(f"a reserving engine serves requests of one sequence; got {group_cls.__name__} "
+                             f"with n={n}")
+        return super().add_request(group_cls, prompt, max_new_tokens, sampling, ignore_eos, arrival, n,
+                                   **group_kwargs)
+
+    def new_sequence(self, prompt, max_new_tokens, sampling, ignore_eos, arrival) -> Sequence:
+        seq = super().new_sequence(prompt, max_new_tokens, sampling, ignore_eos, arrival)
+        final = len(seq.prompt_ids) + max_new_tokens
+        if final > self.context_limit:
+            raise ValueError(f"prompt of {len(seq.prompt_ids)} + {max_new_tokens} new tokens is past the context "
+                             f"limit of {self.context_limit}")
+        need = self.kv.blocks_reserved(seq)
+        if need > self.allocator.n_blocks:
+            raise ValueError(f"Orca ({self.policy}) reserves {self.reserved_tokens(seq)} tokens = {need} blocks "
+                             f"of {self.block_size} for this request, but the whole pool has "
+                             f"{self.allocator.n_blocks}")
+        return seq
+
+    # --- admission: count reservations -------------------------------------------------------------------
+    def blocks_to_admit(self, seq: Sequence) -> int:
+        """The whole reservation, claimed at admission."""
+        return self.kv.blocks_reserved(seq)
+
+    def blocks_promised(self) -> int:
+        """Nothing: every running request already holds all it will ever write."""
+        return 0
