@@ -93,13 +93,16 @@ def plot_spec(report: Report, png_path) -> None:
       ])
 def spec_demo(cfg: RunConfig) -> Report:
     cfg.use_quick(**QUICK)
-    if cfg.dtype is None and not cfg.on_gpu:
+    fp32_default = cfg.dtype is None and not cfg.on_gpu
+    if fp32_default:
         cfg.dtype = "fp32"     # so a verification pass and a decode pass round alike: greedy outputs stay equal
     lm = cfg.load()
     opts = cfg.options
     if opts["k"] < 1 or opts["max_new_tokens"] < 1 or min(opts["batch_sizes"]) < 1:
         raise ValueError("k, max_new_tokens and every batch size must be >= 1")
     report = cfg.new_report("spec_demo")
+    if fp32_default:
+        report.meta["dtype_reason"] = "spec_demo's default on a CPU, so verification and decode passes round alike"
     layers = min(opts["draft_layers"], lm.n_layers - 1)
     report.data.update(k=opts["k"], draft_layers=layers, n_layers=lm.n_layers, acceptance=[], speed=[])
     for proposer in (None,) + PROPOSERS:          # every engine kind's first passes pay one-off costs
