@@ -344,10 +344,11 @@ def subject(short: str, first_line: str) -> str:
 
 
 def adds_paragraph(tree: Tree, folder: str) -> str:
-    """The README's paragraph that opens with **Adds...** or **What this adds:**; else the docstring's rest."""
+    """The README's paragraph that opens with **Adds:** (the first after its title, tests/test_readme_adds.py);
+    else the docstring's rest."""
     readme = tree.texts.get(f"{folder}/README.md", "")
     for para in re.split(r"\n\s*\n", readme):
-        if re.match(r"\*\*(Adds|What this adds)\b", para.strip()):
+        if para.strip().startswith("**Adds:**"):
             return para.strip()
     return docstring_of(tree, folder).split("\n", 1)[-1].strip()
 
