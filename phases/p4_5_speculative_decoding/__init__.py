@@ -1,4 +1,4 @@
-"""Phase 4.5: speculative decoding: a proposer guesses k tokens, the target checks them in one pass, the KV rolls back.
+"""Phase 4.5 adds speculative decoding to phase 4.4's engine: a proposer guesses k tokens per sequence, the target checks them in one pass, and the KV of rejected guesses rolls back.
 
 engine.py       `SpeculativeEngine`: phase 4.4's engine; proposals become `Verify` chunks of the step's mixed pass
 proposers.py    `NgramProposer` (prompt lookup), `DraftProposer` on its own paged pool, `self_draft`, `truncate`
