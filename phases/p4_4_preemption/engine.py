@@ -1,73 +1,30 @@
 """`PreemptingEngine`: optimistic FCFS admission; when the pool runs dry, the latest request gives its blocks back.
 
 Phase 4.2's engine (samples, beams, copy-on-write) with phase 4.3's prefix
-cache as its KV part, and a new admission policy and preemption. Phases 3.3-4.3
-admitted a request only if its *worst case* (prompt + max_new_tokens, for
-every sample) fit beside everyone else's worst case, so decode never ran out
-of blocks, and most of the reserved blocks sat empty (outputs usually stop
-long before max_new_tokens). Here (vLLM paper §4.5):
+cache as its KV part. Phases 3.3-4.3 admitted a request only if its worst case
+(prompt + max_new_tokens, every sample) fit beside everyone else's, so most
+reserved blocks sat empty. Here (vLLM paper §4.5; the README's "The rules"):
 
-admission   first-come-first-served and optimistic: the head of the waiting
-            queue is admitted when its prefill's blocks fit *now*
-            (`blocks_to_admit`), leaving the blocks the running sequences need
-            for their next token (`blocks_promised`) and a small reserve
-            (`watermark_blocks`, 1% of the pool) so that admission does not
-            cause a preemption at the very next step. A group is admitted
-            whole. Nobody overtakes the head. While any group is swapped out,
-            no new request is admitted (it would take the room the swapped
-            group waits for).
-preemption  before each step the engine counts the blocks every running
-            sequence needs for its next token (a new block when its last one is
-            full, a copy when it writes into a shared block), and a sequence
-            part-way through its prefill for the rest of it. If the pool can't
-            cover them, the LATEST-ARRIVED running group is preempted, all of
-            it (its samples or beams share blocks: gang-scheduled), and again
-            until the rest fit. The earliest request is never preempted for a
-            later one, so it always makes progress: no livelock.
-recovery    `preemption_mode="recompute"`: the group's blocks are dropped and
-            its sequences go back to the FRONT of the waiting queue (arrival
-            order, ahead of every new request); when admitted again each
-            prefills prompt + generated tokens (see "Recomputation" below).
-            A group still part-way through its prefill (phase 3.6's chunks)
-            is always recomputed, in either mode: it has no decode state to
-            save, and its full blocks stay in the prefix cache.
-            `preemption_mode="swap"` (swap.py): the group's blocks are
-            copied to a CPU pool (shared blocks once) and freed; the earliest
-            swapped group is copied back into fresh blocks as soon as it fits
-            beside the running ones' next tokens and the reserve, and resumes
-            decoding where it stopped. If the CPU pool is full, that one
-            preemption falls back to recomputation (`stats.n_swap_fallbacks`).
+admission   first come, first served, optimistic: the head of the queue is
+            admitted, whole group at once, when its prefill's blocks fit NOW
+            (`blocks_to_admit`), beside the running sequences' next tokens
+            (`blocks_promised`) and a reserve (`watermark_blocks`). Nobody
+            overtakes the head; nothing new starts while a group is swapped out.
+preemption  before each step, while the pool cannot cover every running
+            sequence's next token (a new block, or a copy-on-write copy), the
+            LATEST-arrived running group is preempted, all of it. The earliest
+            is never preempted for a later one: no livelock.
+recovery    "recompute": blocks dropped, back to the FRONT of the queue; admitted
+            again, it prefills prompt + outputs in one pass (chunked, full blocks
+            found in the prefix cache), and a group's lead computes the prompt
+            blocks that its other members fork (`claim`). "swap" (swap.py): blocks
+            copied to a CPU pool and back when they fit; a full CPU pool falls
+            back to recomputation. A group part-way through its prefill is
+            always recomputed.
 
-Sampling is unaffected: a sequence's i-th token is drawn from noise keyed on
-(its seed, i) (phase 3.7's sampler), whatever step a preemption delays it to, so
-a seeded request gives the same tokens with or without preemption, and greedy
-output equals an unlimited pool's. `add()` keeps phase 4.1's check: a request
-whose prompt + max_new_tokens could outgrow the whole pool on its own is
-refused up front. So any accepted group, alone in the pool, always fits:
-preempting every later group always makes room, and nothing is ever lost.
-
-Recomputation. A preempted sequence's K/V at every position can be rebuilt in
-one prefill pass, because all its tokens are known: the prompt and the outputs
-so far ("the tokens generated at decoding can be concatenated with the
-original user prompt as a new prompt", §4.5). Phase 3.6's chunked prefill
-already feeds `seq.all_ids` from wherever the table ends, so a recomputed
-sequence rides in the same passes as new prompts; the last position's logits
-give its NEXT token, so nothing it generated is sampled or streamed again.
-The last output's K/V had never been computed (its decode pass is the one that
-was preempted), so a re-prefill of p + o tokens redoes p + o - 1 tokens' worth
-of earlier work (`stats.tokens_recomputed`). Its blocks stay in the prefix
-cache (cached-free) until the pool needs them, so the re-prefill maps every
-full block still cached and computes only the rest (vLLM v1's cheap
-recomputation): the cache looks up every token the prefill will feed.
-A group of samples (or beams) is recomputed together. Its first member in the
-queue, the lead, prefills its whole sequence; as soon as the lead's chunks have
-claimed its FULL prompt blocks, every other member forks them (`claim`)
-and prefills only its own tail. Chunks go in admission order, so a member's
-first chunk runs in the same pass as the lead's last one or later: the blocks
-it forked are written by then (every layer writes all new K/V before any
-segment attends). So the prompt is computed and stored once, as after the
-group's first prefill. Beams also shared part of their generated history; that part is
-recomputed per beam (admission counted unshared tails, so it fits).
+Draws are keyed on (seed, token index) (phase 3.7), so preemption changes no
+token; `add()` refuses a request that could outgrow the pool alone, so
+preempting every later group always makes room and nothing is lost.
 """
 
 from __future__ import annotations
