@@ -29,7 +29,7 @@ from common.clock import SeqTiming, now
 from common.sampling import GREEDY, SamplingParams, make_generator, sample
 from phases.p2_1_naive_batching.batch import PaddedBatch
 from phases.p2_1_naive_batching.validate import tokenize_prompt
-from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
+from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput, take_tokens
 from phases.p2_2_scheduler.trace import CARRIED, DECODE, PREFILL, StepRecord, Trace
 
 Progress = Callable[[int, int], None]  # progress(n_finished, n_added), called after every step
@@ -142,15 +142,7 @@ class Scheduler:
     def _emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
         """Pick each sequence's next token from logits [S, V] (row i is seqs[i]); advance its status."""
         tokens = self._sample(seqs, logits)
-        t = self._clock()
-        eos_ids = self.lm.eos_token_ids
-        outputs = []
-        for seq, token in zip(seqs, tokens):
-            done = seq.take_token(token, eos_ids, t)
-            if done:
-                self._finish(seq)
-            outputs.append(StepOutput(seq, token, done))
-        return outputs
+        return take_tokens(seqs, tokens, self.lm.eos_token_ids, self._clock(), self._finish)
 
     def _clock(self) -> float:
         """When the tokens just sampled exist: a synchronised clock, read once the device's queued work is done."""

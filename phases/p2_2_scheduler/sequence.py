@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum, auto
-from typing import Any
+from typing import Any, Callable
 
 from common.clock import SeqTiming
 from common.sampling import GREEDY, SamplingParams
@@ -106,3 +106,16 @@ class StepOutput:
     seq: Sequence
     token_id: int
     finished: bool   # the sequence is DONE after this token (EOS or max_new_tokens)
+
+
+def take_tokens(seqs: list[Sequence], tokens: list[int], eos_ids: set[int], t: float | None,
+                finish: Callable[[Sequence], None]) -> list[StepOutput]:
+    """seqs[i] takes tokens[i] (`Sequence.take_token`, at clock reading `t`); `finish(seq)` runs for each one
+    that is now done. Returns one StepOutput per token."""
+    outputs = []
+    for seq, token in zip(seqs, tokens):
+        done = seq.take_token(token, eos_ids, t)
+        if done:
+            finish(seq)
+        outputs.append(StepOutput(seq, token, done))
+    return outputs

@@ -38,7 +38,7 @@ import torch
 from common.clock import SeqTiming, now
 from common.sampling import GREEDY, Sampler, SamplingParams
 from phases.p2_1_naive_batching.validate import tokenize_prompt
-from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
+from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput, take_tokens
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
 from phases.p3_3_paged_cache.scheduler import check_fits_pool
 from phases.p3_5_paged_attention.attention import check_attention_supported
@@ -203,14 +203,7 @@ class BatchedPagedEngine:
         """Each sequence takes its token; a finished one leaves, and its blocks go back now. `t`: when the
         tokens came out (default: now, on a synchronised clock)."""
         t = now(self.lm.device) if t is None else t
-        eos_ids = self.lm.eos_token_ids
-        outputs = []
-        for seq, token in zip(seqs, tokens):
-            done = seq.take_token(token, eos_ids, t)
-            if done:
-                self.finish(seq)
-            outputs.append(StepOutput(seq, token, done))
-        return outputs
+        return take_tokens(seqs, tokens, self.lm.eos_token_ids, t, self.finish)
 
     def finish(self, seq: Sequence) -> None:
         """`seq` made its last token: DONE, out of the running set, its blocks back."""
