@@ -73,11 +73,13 @@ def accept(seqs: list, proposals: list[Proposal], logits: torch.Tensor, seeds: l
     drafts = [t for p in proposals for t in p.tokens + [0]]   # row -> its proposed token (0: none, on last rows)
     drafted = torch.tensor(drafts, device=dev)
     q = torch.zeros_like(probs)                                                         # [R, V] q (0 on last rows)
-    for p, r, n in zip(proposals, _starts(counts), counts):
-        if p.probs is not None:
-            q[r:r + n - 1] = p.probs.to(q.dtype)
-        else:
-            q[torch.arange(r, r + n - 1, device=dev), drafted[r:r + n - 1]] = 1.0
+    certain = [r + j for p, r in zip(proposals, _starts(counts)) if p.probs is None for j in range(len(p))]
+    if certain:                                   # point masses, every row at once: q_i(d_i) = 1
+        rows = torch.tensor(certain, device=dev)
+        q[rows, drafted[rows]] = 1.0
+    for p, r in zip(proposals, _starts(counts)):
+        if p.probs is not None:                   # a draft's own distributions, copied in
+            q[r:r + len(p)] = p.probs.to(q.dtype)
     p_at = probs.gather(1, drafted[:, None])[:, 0]                                      # [R] p_i(d_i)
     q_at = q.gather(1, drafted[:, None])[:, 0]                                          # [R] q_i(d_i)
     u = uniform_noise(seed_rows ^ ACCEPT_STREAM, counters, 1)[:, 0]                     # [R]

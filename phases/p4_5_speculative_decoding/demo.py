@@ -32,7 +32,7 @@ from phases.p4_5_speculative_decoding.engine import DEFAULT_NUM_SPECULATIVE_TOKE
 PROPOSERS = ("ngram", "draft")
 QUICK = dict(workloads=["code_edit", "chat"], speed_workloads=["code_edit"], batch_sizes=[1, 2],
              max_new_tokens=8, draft_layers=1)
-WARMUP_NEW_TOKENS = 4
+WARMUP_PROMPTS, WARMUP_NEW_TOKENS = 2, 4
 
 
 def _engine(lm, proposer: str | None, cfg: RunConfig, batch: int) -> SpeculativeEngine:
@@ -42,9 +42,10 @@ def _engine(lm, proposer: str | None, cfg: RunConfig, batch: int) -> Speculative
                              prefix_caching=False)
 
 
-def _run(lm, proposer: str | None, cfg: RunConfig, prompts: list, label: str) -> dict:
+def _run(lm, proposer: str | None, cfg: RunConfig, prompts: list, label: str,
+         max_new_tokens: int | None = None) -> dict:
     engine = _engine(lm, proposer, cfg, len(prompts))
-    t0, seqs = run_prompts(engine, prompts, cfg.options["max_new_tokens"], label)
+    t0, seqs = run_prompts(engine, prompts, max_new_tokens or cfg.options["max_new_tokens"], label)
     wall = now(lm.device) - t0
     n_tokens = sum(len(s.output_ids) for s in seqs)
     st = engine.spec_stats
@@ -106,7 +107,8 @@ def spec_demo(cfg: RunConfig) -> Report:
     layers = min(opts["draft_layers"], lm.n_layers - 1)
     report.data.update(k=opts["k"], draft_layers=layers, n_layers=lm.n_layers, acceptance=[], speed=[])
     for proposer in (None,) + PROPOSERS:          # every engine kind's first passes pay one-off costs
-        _run(lm, proposer, cfg, [SPEC_WORKLOADS["chat"][0]] * 2, f"warm-up {proposer or 'plain'}")
+        _run(lm, proposer, cfg, [SPEC_WORKLOADS["chat"][0]] * WARMUP_PROMPTS, f"warm-up {proposer or 'plain'}",
+             WARMUP_NEW_TOKENS)
 
     acc = report.table(f"Acceptance by workload (k = {opts['k']}, greedy; draft = the first {layers} of "
                        f"{lm.n_layers} layers)",
