@@ -6,7 +6,8 @@ A README marks where a result goes:
     (anything here is replaced)
     <!-- /results -->
 
-(a report in a folder under results/ is named with its folder: `p3_3/tput_cpu_smollm2-135m`),
+(a report in a folder under results/ is named with its folder: `p3_3/tput_cpu_smollm2-135m`;
+docs/measured.md and the phases' pages in docs/measurements/ are filled the same way),
 
 and every phase README has its "blog vs ours" table, built by scripts/blog_vs_ours.py from
 the figures it looks up in results/:
@@ -69,9 +70,15 @@ def sync(readme: Path, check: bool) -> list[str]:
     return problems
 
 
+def pages() -> list[Path]:
+    """Every page that may quote results/: the READMEs and each phase's measurements page."""
+    return [ROOT / "README.md", *sorted(ROOT.glob("phases/*/README.md")), ROOT / "docs" / "measured.md",
+            *sorted(ROOT.glob("docs/measurements/*.md"))]
+
+
 def main(argv: list[str]) -> int:
     check = "--check" in argv
-    readmes = [ROOT / "README.md", *sorted(ROOT.glob("phases/*/README.md"))]
+    readmes = pages()
     problems = [p for r in readmes if r.exists() for p in sync(r, check)]
     for p in problems:
         print(p)

@@ -34,7 +34,7 @@ from measure.cli import build_parser
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted([REPO_ROOT / "README.md", *(REPO_ROOT / "phases").glob("*/README.md"),
-                  *(REPO_ROOT / "docs").glob("*.md"), *(REPO_ROOT / "notebooks").glob("*.py")])
+                  *(REPO_ROOT / "docs").glob("**/*.md"), *(REPO_ROOT / "notebooks").glob("*.py")])
 STARTS = ("python -m ", "modal run ", "modal serve ", "make ", "bash scripts/")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 INLINE = re.compile(r"`([^`\n]+)`")
