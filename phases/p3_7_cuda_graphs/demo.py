@@ -148,7 +148,7 @@ def step_section(cfg: RunConfig, lm, report: Report, step_engines: dict | None =
             blocks = batch * blocks_for(cfg.prompt_len + cfg.steps + STEP_SLACK_TOKENS, cfg.block_size)
             r = decode_step_ms(lambda lm_, n: make(lm_, n, blocks), lm, batch, cfg.prompt_len, cfg.steps)
             engine = r.pop("engine")
-            graph = getattr(engine, "last_graph", None)
+            graph = getattr(getattr(engine, "runner", None), "last_graph", None)   # the runner replays graphs
             gpu = replay_ms(engine.runner.graphs[graph][0]) if graph else None
             t.add_row(batch, name, r["ms"], r["tok_s"], gpu if gpu else "-", r["ms"] / gpu if gpu else "-")
             rows.append(dict(r, engine=name, gpu_ms=gpu))
