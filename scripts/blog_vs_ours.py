@@ -135,8 +135,8 @@ P2_3_WHY = (
     "With our model's own answers they win less or lose: SmolLM2 answers \"What is 2 + 2?\" with 107 tokens, the "
     "long answers stop at the cap of 128, where the blog's ran 443-1,592 steps, and \"Name one fruit.\" waits in "
     "the queue behind a long one. The GPU column is the H100 baseline (random weights never stop at EOS, cap 128), "
-    "so every row runs the cap and continuous batching (one pass per sequence) only loses; the blog's experiment on "
-    "a GPU (`--lengths blog`, full length) has not run yet.")
+    "so every row runs the cap and continuous batching (one pass per sequence) only loses; this table has no GPU "
+    "run of the blog's own experiment (`--lengths blog`, full length).")
 
 
 COMPARISONS: dict[str, Comparison] = {
@@ -255,8 +255,8 @@ COMPARISONS: dict[str, Comparison] = {
                cpu("stack-bench", "one decode step", ("8",), "stack / N calls"), None),
     ], "On a CPU the kernel only runs in Triton's interpreter, so the gather's CPU figure is against torch "
        "indexing. The blog's claim that pad-and-stack loses holds on the CPU only at batch 1: from two sequences "
-       "on, one batched pass beats N passes, padding included. The blog's claim is about a GPU, where "
-       "`stack_bench` has not run yet."),
+       "on, one batched pass beats N passes, padding included. The blog's claim is about a GPU; this table "
+       "has no GPU run of `stack_bench`."),
     "p3_5_paged_attention": Comparison([
         Figure("equal work: batched engine tok/s", "beyond the blog",
                cpu("workload-bench", "equal work", ("batched",), "total tok/s"),
@@ -276,8 +276,8 @@ COMPARISONS: dict[str, Comparison] = {
                cpu("prefill-bench", "whole prefill pass", ("16x8-64", "256"), "p3_6 / p3_5"), None),
         Figure("one layer's attention, 32 prompts: varlen / loop", "beyond the blog",
                cpu("prefill-bench", "prefill attention", ("32x16-128", "0"), "varlen / loop"), None),
-    ], "On the CPU one call for the pack saves little over a loop of SDPA calls; the GPU run of `prefill_bench`, "
-       "where the loop's launches are the cost, is still owed."),
+    ], "On the CPU one call for the pack saves little over a loop of SDPA calls; the packed prefill on a GPU "
+       "is in the H200 check of docs/measured.md."),
     "p3_7_cuda_graphs": Comparison([
         Figure("equal work: CUDA-graph engine tok/s", "beyond the blog",
                Cell(f"graph-workload_{CPU}", "equal work", ("graphs",), "total tok/s"),
@@ -305,8 +305,8 @@ COMPARISONS: dict[str, Comparison] = {
         Figure("decode step, batch 1, fused CUDA graph (ms)", "the blog's flat ms/tok", "no CUDA graphs on a CPU",
                None),
     ], "The blog stops before kernels per step matter; the counts are Qwen3-0.6B's step as its Python launches it, "
-       "counted on the CPU (both include 112 slot checks that run only there), and what fewer kernels buy in time "
-       "is a GPU measurement still owed."),
+       "counted on the CPU (both include 112 slot checks that run only there); what fewer kernels buy in time on "
+       "a GPU is in the H200 check of docs/measured.md."),
     "p4_1_copy_on_write": Comparison([
         Figure("distinct blocks after the prefill and the fork", "beyond the blog",
                Note(f"cow-demo_{CPU}", r"^(\d+) distinct blocks held; \d+ if"),
@@ -325,7 +325,7 @@ COMPARISONS: dict[str, Comparison] = {
         Figure("beam search, k = 4: KV saved (run average)", "beyond the blog",
                cpu("share-demo", "Memory saved by sharing", ("beam search", "4"), "saving (run avg)"), None),
     ], "The vLLM paper (its section 6.3) is the figure to compare with, and `share_demo` prints it beside ours; "
-       "the GPU run of this demo crashed before the beam search was made device-safe and has not been repeated."),
+       "this table has no GPU run of it."),
     "p4_3_prefix_caching": Comparison([
         Figure("1 shot: hit rate", "beyond the blog",
                cpu("prefix-demo", "With and without", ("1", "on"), "hit rate"),
@@ -360,9 +360,9 @@ COMPARISONS: dict[str, Comparison] = {
           for orca, paper in zip(("Oracle", "Max"), papers)],
     ], "The blog never runs out of blocks; the vLLM paper's section 4.5 is the reference. Its Fig. 19 found "
        "recomputation at most 1.2x swapping's cost on a GPU; on our CPU it costs 148-174x (no PCIe copy to pay "
-       "for, and a compute-bound prefill on 2 cores), as the README's micro-benchmark shows. The rate rows are "
+       "for, and a compute-bound prefill on 2 cores), as the measurements page's micro-benchmark shows. The rate rows are "
        "its §6.1 (ShareGPT on A100s) against `rate_sweep`, its setup scaled down 16 times on a shared CPU (see "
-       "below: rough figures)."),
+       "the measurements page: rough figures)."),
     "p4_5_speculative_decoding": Comparison([
         Figure("n-gram acceptance, code edit", "beyond the blog",
                cpu("spec-demo", "Acceptance by workload", ("code_edit", "ngram"), "acceptance"), None),
@@ -376,7 +376,7 @@ COMPARISONS: dict[str, Comparison] = {
                cpu("spec-demo", "Speed against plain", ("code_edit", "1"), "draft / plain"), None),
     ], "The blog stops before speculative decoding; the anchors are gpt-fast's 1.9x at batch 1 on a GPU, "
        "Leviathan et al.'s 2-3x and EAGLE's 2.7-3.5x, and a nano-vllm fork that measured it 2.65-2.74% slower in "
-       "batched offline decoding (the README discusses them beside ours)."),
+       "batched offline decoding (the measurements page sets them beside ours)."),
     "p5_serving": Comparison([
         Figure("completed req/s at 0.5 req/s offered", "beyond the blog",
                cpu("bench-serve", "streaming chat requests", ("0.50",), "req/s"), None),
@@ -387,5 +387,5 @@ COMPARISONS: dict[str, Comparison] = {
         Figure("TTFT p50 (ms) at 8 req/s", "beyond the blog",
                cpu("bench-serve", "streaming chat requests", ("8.00",), "TTFT p50 (ms)"), None),
     ], "The blog has no server; these are the load points where queueing starts to show on 2 CPU cores. "
-       "The GPU machine this project is lent has no fastapi or uvicorn installed, so the server has not been measured there."),
+       "The GPU machines it ran on had no fastapi or uvicorn, so this table has no GPU row."),
 }
