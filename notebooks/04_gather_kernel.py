@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 07 · The gather kernel: one launch for the whole batch
+# # 04 · The gather kernel: one launch for the whole batch
 #
 # Phase 3.3's `PagedCache` hands attention each sequence's K/V as one contiguous tensor, and builds it with a
 # Python loop: one slice per block the sequence owns, then a `torch.cat` (`gather_python`). That loop runs once

@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 10 · One pass per step, then a step the GPU can replay (phases 3.6 to 3.8)
+# # 06 · One pass per step, then a step the GPU can replay (phases 3.6 to 3.8)
 #
 # On an H100 the engine of phase 3.5 spent ~33 ms on a decode step of 256 sequences, while the GPU worked ~11 ms of
 # it. The rest was the host: Python turning lists into tensors, and some 1,500 kernels launched one at a time. Two phases

@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 04 · Sharing KV blocks: copy-on-write and beam search
+# # 07 · Sharing KV blocks: copy-on-write and beam search
 #
 # Phase 3 gave every sequence its own block table over one pool of KV blocks. Nothing stopped two tables
 # from listing the *same* physical block; the allocator already kept a reference count per block. Phase 4

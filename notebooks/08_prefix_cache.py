@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 05 · Prefix caching: hashes → blocks, a hit, an eviction
+# # 08 · Prefix caching: hashes → blocks, a hit, an eviction
 #
 # Phase 4.3 (`phases/p4_3_prefix_caching`) lets a request reuse the KV blocks an earlier request computed,
 # when both prompts start with the same tokens (a system prompt, few-shot examples, a chat history).

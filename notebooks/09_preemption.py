@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 08 · Preemption: a pool too small for the work, and nothing lost
+# # 09 · Preemption: a pool too small for the work, and nothing lost
 #
 # Up to phase 4.3 an engine admitted a request only when its **worst case** (prompt + `max_new_tokens`) fit beside
 # everyone else's worst case, so decode could never run out of blocks, and most reserved blocks sat empty. Phase 4.4's

@@ -13,10 +13,10 @@
 # ---
 
 # %% [markdown]
-# # 09 · Serving: the engine behind an OpenAI-compatible API
+# # 10 · Serving: the engine behind an OpenAI-compatible API
 #
-# Phase 5 puts the whole engine line (phase 4.4's `PreemptingEngine`: batched paged attention, chunked prefill, shared
-# samples, prefix caching, preemption) behind the HTTP API every LLM client already speaks:
+# Phase 5 puts the whole engine line (phase 4.5's `SpeculativeEngine`: batched paged attention, chunked prefill, shared
+# samples, prefix caching, preemption, optional speculation) behind the HTTP API every LLM client already speaks:
 # `POST /v1/completions` and `POST /v1/chat/completions`, streamed as server-sent events when asked, plus `/health`
 # and a Prometheus `/metrics`. The engine runs in a thread of its own, so a forward pass never blocks the event loop
 # that serves the connections; each step is one batched forward pass for every request in flight.
