@@ -240,8 +240,8 @@ COMPARISONS: dict[str, Comparison] = {
     ], "Total tok/s is the same measure on both sides (all tokens / wall time), and both stay flat in the batch: "
        "each step runs one forward pass per sequence. The blog's ms/tok column (30.3 ms at batch 1, 26.7 at 8) is "
        "not set beside ours because it is a different measure: 1000 / its tok/s, the time of one forward pass, "
-       "where our ms/tok is one sequence's time per token, which grows with the batch (the table under "
-       "\"Measured\"). Ours are from the bf16, one-thread run that section quotes."),
+       "where our ms/tok is one sequence's time per token, which grows with the batch (the `tput` "
+       "table on the measurements page). Ours are from the bf16, one-thread run that page quotes."),
     "p3_4_gather_kernel": Comparison([
         Figure("Python gather / one batched gather (CPU: torch indexing, GPU: the kernel), batch 8 x 2048",
                "\"horribly slow\" (no figure)",
