@@ -427,8 +427,8 @@ print("Qwen3-0.6B (28 layers), committed count:",
 #
 # * `phases/p3_6_varlen_prefill/README.md`: the varlen prefill kernel (one launch per layer for every prompt in the
 #   pass) and the token budget's rules.
-# * `phases/p3_7_cuda_graphs/README.md`: the tuned decode kernel against SDPA, the split rule's measurements, the
-#   workload tables against HF `generate` compiled, and what is still owed a GPU.
+# * `phases/p3_7_cuda_graphs/README.md`: the static step, the tuned decode kernel and its split rule; its
+#   measurements page `docs/measurements/p3_7_cuda_graphs.md` holds the kernel and workload tables.
 # * `phases/p3_8_fused_ops/README.md`: the three fused kernels, how they are routed without touching the HF peers
 #   that share the model, and the kernel counts.
 # * `python -m common graph_bench`, `graph_workload` and `fused_bench` rerun every table here, on a GPU with
