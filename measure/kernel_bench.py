@@ -1,43 +1,27 @@
 """The kernel benchmarks' harness: a sweep over (batch size, context length), one table row per cell.
 
-A kernel demo (`gather_bench`, `attn_bench`) gives the sweep its table and a
-`measure(case) -> (cells, row)` function; the sweep loads the model, walks the
-grid with a progress bar and fills the table:
+A kernel demo (`gather_bench`, `attn_bench`) gives the sweep its table and a `measure(case) -> (cells, row)`
+function; the sweep loads the model, walks the grid with a progress bar and fills the table:
 
     report, table = kernel_sweep(cfg, "gather_bench", title, columns, measure)
 
-`case` (a `KernelCase`) carries the cell's shape (batch size, context, the
-batch's mixed lengths), the model, and `case.time(fn)`: the median
-milliseconds of `fn()`. On a CPU a Triton kernel runs only in Triton's
-interpreter (every program in Python), so it is checked there on the first
-cell (`case.check_kernel`) but never timed (`case.time_kernel` and
-`case.time_kernel_gpu` say so).
+`case` (a `KernelCase`) carries the cell's shape (batch size, context, the batch's mixed lengths), the
+model, and `case.time(fn)`: the median milliseconds of `fn()`. On a CPU a Triton kernel runs only in
+Triton's interpreter (every program in Python), so it is checked there on the first cell
+(`case.check_kernel`) but never timed (`case.time_kernel` and `case.time_kernel_gpu` say so).
 
 Timing, two ways (`Timing.how` names which one a figure is):
 
-- PER_CALL, "per call, launch included" (`median_ms`, `case.time`,
-  `case.time_kernel`): CUDA events recorded around each call from Python. A
-  launch returns before the kernel runs, so the events time the stream, but
-  the start event runs at once on an idle GPU while the host is still in
-  Python launching the kernel: the figure includes that launch latency (tens
-  of microseconds on a slow host, as much as a small kernel's whole run).
-  It is what an eager engine pays for each call (phases 3.4-3.6).
-- GRAPH_REPLAY, "GPU time (graph replay)" (`gpu_time`, `case.time_kernel_gpu`):
-  `fn` is captured CALLS_PER_GRAPH times back to back into one CUDA graph;
-  replays are queued back to back with an event between each two, so the GPU
-  does not wait on the host (while a replay's calls outlast the host's queueing
-  of the next one), and each interval / CALLS_PER_GRAPH is one call's GPU time.
-  It is what a replayed decode step pays (phase 3.7, whose graph_capture.py
-  records it here too), and what a bandwidth figure needs. A `fn` that cannot
-  be captured (it reads a tensor on the host, say) falls back to per-call
-  timing, and its Timing says why.
+- PER_CALL (`median_ms`, `case.time`, `case.time_kernel`): CUDA events around each call, so the host's
+  launch latency is included: what an eager engine pays for each call.
+- GRAPH_REPLAY (`gpu_time`, `case.time_kernel_gpu`): replays of a CUDA graph of back-to-back calls, so the
+  GPU does not wait on the host: what a replayed decode step pays, and what a bandwidth figure needs.
 
-On CPU both are `time.perf_counter` around each call (the call is synchronous).
-Warm-up calls come first (Triton compiles a kernel on its first launch; caches
-and allocators warm up too), and the median resists the odd slow outlier.
-Back-to-back calls read the same K/V, so whatever of it the GPU's L2 holds (50 MB
-on an H100) is read again from there: a cell whose K/V is not several times the
-L2 reads faster than HBM allows, under either timing.
+On CPU both are `time.perf_counter` around each call (the call is synchronous). Warm-up calls come first
+(Triton compiles a kernel on its first launch; caches and allocators warm up too), and the median resists
+the odd slow outlier. Back-to-back calls read the same K/V, so whatever of it the GPU's L2 holds (50 MB on
+an H100) is read again from there: a cell whose K/V is not several times the L2 reads faster than HBM
+allows, under either timing.
 """
 
 from __future__ import annotations
@@ -66,7 +50,12 @@ LAYER = 1
 
 def median_ms(fn: Callable[[], object], device: str | torch.device, warmup: int = 3, iters: int = 20) -> float:
     """Median milliseconds of `fn()` over `iters` timed calls, after `warmup` untimed ones: per call, so on
-    CUDA the host's launch latency included (PER_CALL; `gpu_time` leaves it out)."""
+    CUDA the host's launch latency included (PER_CALL; `gpu_time` leaves it out).
+
+    A launch returns before the kernel runs, so the CUDA events time the stream, but the start event runs at
+    once on an idle GPU while the host is still in Python launching the kernel: the figure includes that
+    launch latency (tens of microseconds on a slow host, as much as a small kernel's whole run). It is what an
+    eager engine pays for each call (phases 3.4-3.6)."""
     for _ in range(warmup):
         fn()
     sync(device)
@@ -142,8 +131,13 @@ def replay_intervals_ms(replay: Callable[[], None], warmup: int, iters: int) -> 
 
 def gpu_time(fn: Callable[[], object], device: str | torch.device, warmup: int = 3, iters: int = 20,
              calls_per_graph: int = CALLS_PER_GRAPH, capture: Callable = capture_calls) -> Timing:
-    """Median GPU ms of one `fn()` without the host's launch latency (CUDA: graph replays, see the module
-    docstring); per call where `fn` cannot be captured (its Timing says so), and on CPU."""
+    """Median GPU ms of one `fn()` without the host's launch latency (GRAPH_REPLAY); per call where `fn`
+    cannot be captured (a host read of a tensor, say: its Timing says why), and on CPU.
+
+    `fn` is captured `calls_per_graph` times back to back into one CUDA graph; replays are queued back to back
+    with an event between each two, so the GPU does not wait on the host (while a replay's calls outlast the
+    host's queueing of the next one), and each interval / `calls_per_graph` is one call's GPU time. It is
+    what a replayed decode step pays (phase 3.7, whose graph_capture.py records it here too)."""
     if not str(device).startswith("cuda"):
         return Timing(median_ms(fn, device, warmup, iters), PER_CALL)
     try:

@@ -1,18 +1,13 @@
 """The harness of `rate_sweep`: paged allocation against Orca's reservations, request rate by request rate.
 
-The vLLM paper's Fig. 12 and 13 (§6.1) in small: requests with lengths like
-ShareGPT's (or Alpaca's) arrive as a Poisson process (measure/workload.py's
-`rate_trace`) and are served in-process on the wall clock (measure/harness.py's
-`drive_timed`) by one engine per policy, the same requests for each. Per
-policy and rate: the normalized latency (the mean over requests of end-to-end
-latency / output tokens, s/token, as in the paper), and the mean number of
-requests batched per step. Each rate runs for the same time (`duration_s` of
-arrivals, rate x that many requests), as the paper's hour-long traces do; the
-batch is averaged over the steps while requests still arrive, since a short
-trace's drain (its longest requests finishing alone) is not the load's batch. Then the highest rate each policy sustains under one
-latency bound (where its curve crosses the bound, interpolated between the
-rates run) and the ratios of paged allocation over each reservation, beside
-the paper's.
+The vLLM paper's Fig. 12 and 13 (§6.1) in small: requests with lengths like ShareGPT's (or Alpaca's) arrive
+as a Poisson process (measure/workload.py's `rate_trace`) and are served in-process on the wall clock
+(measure/harness.py's `drive_timed`) by one engine per policy, the same requests for each. Per policy and
+rate: the normalized latency (the mean over requests of end-to-end latency / output tokens, s/token, as in
+the paper), and the mean number of requests batched per step (`run_once`). Each rate runs for the same time
+(`duration_s` of arrivals, rate x that many requests), as the paper's hour-long traces do. Then the highest
+rate each policy sustains under one latency bound (`sustained_rate`) and the ratios of paged allocation over
+each reservation, beside the paper's.
 
 A phase's demo hands in the engines (measure/ imports no phase):
 
@@ -21,11 +16,9 @@ A phase's demo hands in the engines (measure/ imports no phase):
                paged engine first; an engine has `add`, `step`, `has_work`, `running`, `allocator` and,
                when it can preempt, `stats.n_preemptions`
 
-Scaled from the paper's setup (OPT-13B on one A100-40GB): its KV pool holds
-about 15.7K tokens (a third of 40 GB, 12 GB, at 800 KB per token), requests
-average 161 + 338 tokens (ShareGPT) and Orca (Max) reserves 2048. `--scale s`
-multiplies all three by s, so the pool holds as many requests as the paper's
-did and memory binds the same way, while a small model on a CPU finishes.
+The paper's setup (OPT-13B on one A100-40GB) is scaled down by `--scale` (`run_rate_sweep`), so the pool
+holds as many requests as the paper's did and memory binds the same way, while a small model on a CPU
+finishes.
 """
 
 from __future__ import annotations
@@ -82,7 +75,9 @@ def rate_options(policies: tuple[str, ...]) -> list[Option]:
 
 
 def run_once(lm, make, requests, context_limit: int, block_size: int, n_blocks: int, label: str) -> dict:
-    """One policy at one rate: the trace driven on the wall clock; what the tables need."""
+    """One policy at one rate: the trace driven on the wall clock; what the tables need. The batch is averaged
+    over the steps while requests still arrive, since a short trace's drain (its longest requests finishing
+    alone) is not the load's batch."""
     engine = make(lm, context_limit=context_limit, block_size=block_size, n_blocks=n_blocks,
                   max_running=MAX_RUNNING)
     batched: list[int] = []
@@ -122,6 +117,11 @@ def sustained_rate(points: list[tuple[float, float]], bound: float) -> tuple[flo
 
 
 def run_rate_sweep(cfg: RunConfig, engines: dict) -> Report:
+    """Every policy at every rate, then the sustained rates and their ratios.
+
+    Scaled from the paper's setup (OPT-13B on one A100-40GB): its KV pool holds about 15.7K tokens (a third of
+    40 GB, 12 GB, at 800 KB per token), requests average 161 + 338 tokens (ShareGPT) and Orca (Max) reserves
+    2048. `--scale s` multiplies all three by s."""
     cfg.use_quick(**QUICK)
     o = cfg.options
     lm = cfg.load()

@@ -8,7 +8,8 @@ but a `BlockTable`. Each forward pass it
   1. claims slots for the T new tokens in the table (once, when layer 0 is
      updated: every layer stores the same token positions, so all layers share
      one table and one set of slots),
-  2. writes each layer's new K/V straight into those slots of the pool,
+  2. writes each layer's new K/V straight into those slots of the pool, in one
+     indexed copy for all T tokens (`_write`),
   3. returns the layer's whole K/V, copied out of the pool block by block
      (`gather_python`), because transformers' attention wants one contiguous
      [1, n_kv_heads, n_tokens, head_dim] tensor.
@@ -16,12 +17,6 @@ but a `BlockTable`. Each forward pass it
 Step 3 is the price of this phase: the pool is paged, but the attention still
 reads a contiguous copy, made one block at a time in every layer of every
 forward pass.
-
-The write (step 2) is one indexed copy per layer for all T tokens at once.
-The blog writes token by token in a Python loop; both put the same numbers in
-the same places, but a prefill of T tokens would otherwise cost 2 * T small
-copies per layer (T = a few hundred on a long prompt), so we compute the
-(block, offset) of every new token once and scatter them in one go.
 
 The model sees a drop-in `DynamicCache`: `get_seq_length()` and
 `get_mask_sizes()` report the tokens in the table, so the causal mask and the
@@ -127,6 +122,12 @@ class PagedCache(Cache):
         self._blocks, self._offsets = slots // bs, slots % bs   # [T] each
 
     def _write(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Scatter the T new tokens' K/V into their (block, offset) slots, all at once.
+
+        The blog writes token by token in a Python loop; both put the same numbers in the same places, but a
+        prefill of T tokens would otherwise cost 2 * T small copies per layer (T = a few hundred on a long
+        prompt), so `_claim` computes the (block, offset) of every new token once and this scatters them in one
+        go."""
         # The pool's layer as [n_blocks, block_size, 2, n_kv_heads, head_dim] (a view, no copy),
         # so that indexing by (block, offset) picks one token's K and V for all heads.
         pool_layer = self.allocator.kv_store[:, layer_idx].permute(0, 3, 1, 2, 4)

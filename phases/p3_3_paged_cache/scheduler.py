@@ -1,15 +1,9 @@
 """`PagedScheduler`: phase 2.3's continuous batching with every sequence's K/V in one shared block pool.
 
-Only the KV override points of `ContinuousScheduler` change:
-- `new_kv(seq)`   a `PagedCache` on the shared `BlockAllocator` (no blocks yet:
-                  the prefill claims them);
-- `free_kv(seq)`  the finished sequence's blocks go back on the free list, ready
-                  for whoever is admitted next in this same step;
-- `kv_bytes(seq)` blocks held * bytes per block.
-(`block_table(seq)` names the table behind a sequence's KV: the one its
-`PagedCache` writes through.) Each running sequence still gets its own forward
-pass per step: a `PagedCache` is one sequence's transformers `Cache`, and a
-forward pass takes one cache.
+Only the KV override points of `ContinuousScheduler` change (`new_kv`, `free_kv`,
+`kv_bytes`, and `block_table`): a sequence's KV is a `PagedCache` on the shared
+`BlockAllocator`. Each running sequence still gets its own forward pass per step:
+a `PagedCache` is one sequence's transformers `Cache`, and a forward pass takes one.
 
 A pool can run dry, so admission now has a second condition besides a free
 slot: the pool must have room for the newcomer. A sequence the pool cannot
@@ -78,6 +72,7 @@ class PagedScheduler(ContinuousScheduler):
 
     # --- the KV override points --------------------------------------------------------------
     def new_kv(self, seq: Sequence) -> PagedCache:
+        """A `PagedCache` on the shared pool, with no blocks yet: the prefill claims them."""
         return PagedCache(self.allocator)
 
     def block_table(self, seq: Sequence) -> BlockTable:
@@ -85,6 +80,8 @@ class PagedScheduler(ContinuousScheduler):
         return seq.kv.table
 
     def free_kv(self, seq: Sequence) -> None:
+        """The finished sequence's blocks go back on the free list, ready for whoever is admitted next in this
+        same step."""
         table = self.block_table(seq)
         super().free_kv(seq)           # books kv_bytes_at_finish (blocks still held), drops seq.kv
         table.release(self.allocator)  # every block it held back on the free list

@@ -17,13 +17,9 @@ Two layouts reach it:
   positions. The linear layers run on all N tokens at once; attention runs
   per segment (causal inside a segment, never across two).
 
-Attention as the model defines it. Each layer's call also passes what the
-layer asks besides causality, and this function honours it in both layouts:
-`scaling` (Gemma 2 scales by query_pre_attn_scalar, not head_dim), a
-`sliding_window` (Mistral; Gemma 2/3 and Qwen's local layers: a query at p
-sees keys p - w + 1 .. p), and a logit `softcap` (Gemma 2). What it cannot
-honour it refuses, by name, when the engine is built (`check_attention_supported`)
-or at the first call that asks for it (`check_call`): never a silently wrong token.
+Attention as the model defines it: scaling, sliding windows and softcaps are
+honoured in both layouts (`paged_attention_forward`); what cannot be honoured is
+refused by name, never a silently wrong token.
 """
 
 from __future__ import annotations
@@ -172,7 +168,13 @@ def paged_attention_forward(module, query, key, value, attention_mask=None, scal
                             paged: PagedBatch | None = None, sliding_window: int | None = None,
                             softcap: float | None = None, **kwargs):
     """The AttentionInterface entry point. Returns (attn_output [B, T, H, D], None).
-    sliding_window, softcap: what this layer's attention call passes (None: plain causal, no cap)."""
+    sliding_window, softcap: what this layer's attention call passes (None: plain causal, no cap).
+
+    Each layer's call passes what the layer asks besides causality, and it is honoured in both layouts:
+    `scaling` (Gemma 2 scales by query_pre_attn_scalar, not head_dim), a `sliding_window` (Mistral; Gemma 2/3
+    and Qwen's local layers: a query at p sees keys p - w + 1 .. p), and a logit `softcap` (Gemma 2). What
+    cannot be honoured is refused, by name, when the engine is built (`check_attention_supported`) or at the
+    first call that asks for it (`check_call`)."""
     if paged is None:
         raise RuntimeError(f"attention '{ATTN_NAME}' needs model(..., paged=PagedBatch); "
                            "run the model through BatchedPagedEngine")

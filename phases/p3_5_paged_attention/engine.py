@@ -14,18 +14,11 @@ each do one job:
 
 and `step()` is the loop, top to bottom: schedule, run, sample, update.
 
-Scheduling is phase 3.3's policy. First come, first served: the head of the
-queue is admitted when a slot is free and the pool holds its worst case
-(prompt + max_new_tokens) beside the worst case still owed to every running
-sequence, so decode never runs out of blocks. The prompts admitted in one
-step are prefilled in one packed pass of at most `max_prefill_tokens`
-(the first always goes); every sequence already decoding feeds its last token
-in one decode pass. A sequence that finishes gives its blocks back in the
-same step.
-
-A model whose attention the pool cannot compute as the model defines it
-(attention sinks, chunked or bidirectional attention) is refused here, at
-construction, by name (attention.py).
+Scheduling is phase 3.3's policy (`admit`, `can_admit`): first come, first
+served, each admitted for its worst case so decode never runs out of blocks.
+The prompts admitted in one step are prefilled in one packed pass; every
+sequence already decoding feeds its last token in one decode pass. A sequence
+that finishes gives its blocks back in the same step.
 """
 
 from __future__ import annotations
@@ -53,7 +46,10 @@ Progress = Callable[[int, int], None]  # progress(n_finished, n_added), called a
 
 class BatchedPagedEngine:
     """Continuous batching on the paged pool: schedule, run, sample, update; one packed prefill and one decode
-    pass per step."""
+    pass per step.
+
+    A model whose attention the pool cannot compute as the model defines it (attention sinks, chunked or
+    bidirectional attention) is refused at construction, by name (attention.py)."""
 
     def __init__(self, lm, max_running: int = DEFAULT_MAX_RUNNING, block_size: int = DEFAULT_BLOCK_SIZE,
                  n_blocks: int | None = None, allocator: BlockAllocator | None = None,

@@ -1,23 +1,19 @@
-"""Triton kernels of the paged engine: fused paged decode attention (with a split-KV
-variant) and the K/V store that writes new tokens into the pool.
+"""Triton kernels of the paged engine: fused paged decode attention (with a split-KV variant) and the K/V store
+that writes new tokens into the pool.
 
 Decode attention, one query token per sequence:
 
     out[b, h] = softmax(q[b, h] . K[b, kv(h)]^T * scale) @ V[b, kv(h)]
 
-where K[b, g] and V[b, g] are read *in place* from the pool through the
-block table, never gathered into a contiguous copy first.
+where K[b, g] and V[b, g] are read *in place* from the pool through the block table, never gathered into a
+contiguous copy first.
 
-Grid: (B, n_kv_heads, n_splits). Program (b, g, s) serves KV head g of
-sequence b and ALL the query heads that share it (GQA group of
-n_heads / n_kv_heads). Why the whole group and not one query head: decode
-is bound by memory traffic (each K/V element is used for one multiply-add per
-query head), so loading a K/V tile once and scoring it against every query
-head of the group divides the bytes read by the group size. The group is
-small (1 to 8), below the 16 rows `tl.dot` needs on a GPU, so the scores are
-an elementwise multiply and a sum over head_dim rather than a tensor-core dot.
-
-Each program walks its KV blocks in logical order:
+Grid: (B, n_kv_heads, n_splits). Program (b, g, s) serves KV head g of sequence b and ALL the query heads
+that share it (GQA group of n_heads / n_kv_heads). Why the whole group and not one query head: decode is
+bound by memory traffic (each K/V element is used for one multiply-add per query head), so loading a K/V
+tile once and scoring it against every query head of the group divides the bytes read by the group size.
+The group is small (1 to 8), below the 16 rows `tl.dot` needs on a GPU, so the scores are an elementwise
+multiply and a sum over head_dim rather than a tensor-core dot. Each program walks its blocks in order:
 
     for j in its blocks:                        phys = block_tables[b, j]
         K_j, V_j   [BLOCK_SIZE, HEAD_DIM]       one dense tile each from kv_store[phys, layer, 0/1, g]
@@ -25,18 +21,6 @@ Each program walks its KV blocks in logical order:
         online softmax: m_new = max(m, rowmax s); acc = acc * e^(m - m_new) + e^(s - m_new) @ V_j
                         l = l * e^(m - m_new) + rowsum e^(s - m_new)
     out = acc / l                                (fp32 throughout, cast to q's dtype on store)
-
-A layer with a sliding window w (Mistral; Gemma 2's local layers) sees only
-the last w keys: the loop starts at the block holding position seq_len - w
-(earlier blocks are never loaded) and masks the slots before it. A layer with a
-logit softcap c (Gemma 2) bends every score to c * tanh(s / c) before the max.
-
-With n_splits = 1 a program covers the whole context and writes the final
-output. With n_splits > 1 (split-KV, "flash-decoding") program s covers only
-blocks [s * blocks_per_split, (s + 1) * blocks_per_split) and writes its
-normalised partial output and log-sum-exp m + log(l); `merge_splits` then
-combines the partials. That buys parallelism when B * n_kv_heads programs are
-too few to fill a GPU (long contexts at small batch).
 """
 
 from __future__ import annotations
@@ -60,6 +44,9 @@ NO_WINDOW = 0      # the kernel's `window` argument when the layer has none (nev
 NO_SOFTCAP = 1.0   # its `softcap` argument when the layer has none (never read then)
 
 
+# A layer with a sliding window w (Mistral; Gemma 2's local layers) sees only the last w keys: the loop starts
+# at the block holding position seq_len - w (earlier blocks are never loaded) and masks the slots before it.
+# A layer with a logit softcap c (Gemma 2) bends every score to c * tanh(s / c) before the max.
 @triton.jit
 def _paged_decode_kernel(
     q_ptr, kv_ptr, tables_ptr, lens_ptr, out_ptr, lse_ptr,
@@ -186,8 +173,12 @@ def paged_decode_attention_split(q: torch.Tensor, kv_store: torch.Tensor, layer_
                                  block_tables: torch.Tensor, seq_lens: torch.Tensor,
                                  scale: float | None = None, blocks_per_split: int = 8,
                                  sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
-    """Split-KV variant: program (b, g, s) covers `blocks_per_split` KV blocks; partials merged after.
-    A split that lies wholly before the window has nothing to read and weighs 0 in the merge."""
+    """Split-KV variant ("flash-decoding"): program (b, g, s) covers only blocks
+    [s * blocks_per_split, (s + 1) * blocks_per_split) and writes its normalised partial output and log-sum-exp
+    m + log(l); `merge_splits` then combines the partials. That buys parallelism when B * n_kv_heads programs
+    are too few to fill a GPU (long contexts at small batch). A split that lies wholly before the window has
+    nothing to read and weighs 0 in the merge. (`paged_decode_attention_triton` is n_splits = 1: a program
+    covers the whole context and writes the final output.)"""
     check_decode_inputs(q, kv_store, layer_idx, block_tables, seq_lens)
     check_window_and_softcap(sliding_window, softcap)
     _check_kernel_shapes(kv_store)

@@ -10,20 +10,10 @@
 On CUDA tensors the Triton kernels run. On CPU the PyTorch references run
 (Triton has no CPU backend; its interpreter is a correctness tool, not a
 fast path), and the first call says so once. For attention the CPU path is
-a gather per KV head + grouped batched matmuls (`paged_decode_attention_gather_bmm`),
-tested equal to the fp32 reference. It replaced gather + SDPA after
-workload_bench's profile showed CPU SDPA (one query row per sequence, length
-mask) taking half of a 64-sequence decode step, then the element-by-element
-gather taking a third of what was left (see reference.py for the numbers).
+a gather per KV head + grouped batched matmuls (`paged_decode_attention_gather_bmm`,
+whose docstring says what it avoids), tested equal to the fp32 reference.
 ENGINE_FORCE_TRITON_INTERPRET=1 forces the kernels on CPU, under the
 interpreter, for tests.
-
-For the K/V store both versions are kept: the Triton one is one launch that
-writes K and V of every token and every head; the torch one is two index_put
-calls. We have not measured them against each other on a GPU here, so the
-choice follows the rule above (torch on CPU, Triton on CUDA), and
-`kernels.write_kv_triton` / `reference.write_kv_reference` stay importable for
-a GPU comparison.
 """
 
 from __future__ import annotations
@@ -73,7 +63,12 @@ def paged_decode_attention(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: i
 def write_kv(kv_store: torch.Tensor, layer_idx: int, k: torch.Tensor, v: torch.Tensor,
              slot_mapping: torch.Tensor, plan: plans.WritePlan | None = None) -> None:
     """Store k, v [T, n_kv_heads, head_dim] at slot_mapping [T] (block_id * block_size + offset; -1 skips).
-    plan: `plan_write(...)` of these slots, made once per forward pass (CPU path; None: made here)."""
+    plan: `plan_write(...)` of these slots, made once per forward pass (CPU path; None: made here).
+
+    Both versions are kept: the Triton one is one launch that writes K and V of every token and every head;
+    the torch one is two index_put calls. They are not measured against each other on a GPU here, so the
+    choice follows the module's rule (torch on CPU, Triton on CUDA), and `kernels.write_kv_triton` /
+    `reference.write_kv_reference` stay importable for a GPU comparison."""
     if use_kernels(kv_store.device):
         from phases.p3_5_paged_attention.kernels import write_kv_triton
         write_kv_triton(kv_store, layer_idx, k, v, slot_mapping)

@@ -10,21 +10,14 @@ one packed row, `input_ids [1, N]`, laid out as
 
 and `block_tables` / `seq_lens` hold one row per sequence in that same order.
 `varlen_attention_forward`, registered with transformers' AttentionInterface
-under VARLEN_ATTN_NAME, gets every layer's post-RoPE q/k/v for the whole row and
-
-  1. writes all N new K/V into the pool (phase 3.5's store, one call);
-  2. runs phase 3.5's paged decode attention on rows 0 .. D-1 (the same kernel a
-     decode-only step runs, so decode costs what it cost);
-  3. runs the varlen paged prefill attention (ops.py) ONCE on rows D .. N-1: every
-     chunk attends its sequence's earlier tokens (its earlier chunks, or any prefix
-     already in the pool) and itself, causally, read in place from the pool; on
-     CPU its PyTorch path.
+under VARLEN_ATTN_NAME, gets every layer's post-RoPE q/k/v for the whole row,
+writes all N new K/V into the pool, runs phase 3.5's paged decode attention on
+the decode rows and the varlen paged prefill attention (ops.py) ONCE on the
+chunks.
 
 A pass with no decode rows is a plain packed prefill; a step with no prefill
 chunk keeps phase 3.5's decode pass (`[S, 1]`, its `PagedBatch`), which this
-function hands to phase 3.5's attention unchanged. Sliding windows, softcaps
-and the layer's scaling are passed on to both kernels (phase 3.5's checks refuse
-what neither computes).
+function hands to phase 3.5's attention unchanged.
 """
 
 from __future__ import annotations
@@ -84,7 +77,17 @@ def varlen_attention_forward(module, query, key, value, attention_mask=None, sca
                              paged: PagedBatch | None = None, sliding_window: int | None = None,
                              softcap: float | None = None, **kwargs):
     """The AttentionInterface entry point. query [1, H, N, D], key/value [1, H_kv, N, D] for a MixedBatch;
-    returns (attn_output [1, N, H, D], None). Any other batch goes to phase 3.5's attention."""
+    returns (attn_output [1, N, H, D], None). Any other batch goes to phase 3.5's attention.
+
+      1. writes all N new K/V into the pool (phase 3.5's store, one call);
+      2. runs phase 3.5's paged decode attention on rows 0 .. D-1 (the same kernel a decode-only step runs,
+         so decode costs what it cost);
+      3. runs the varlen paged prefill attention (ops.py) ONCE on rows D .. N-1: every chunk attends its
+         sequence's earlier tokens (its earlier chunks, or any prefix already in the pool) and itself,
+         causally, read in place from the pool; on CPU its PyTorch path.
+
+    Sliding windows, softcaps and the layer's scaling are passed on to both kernels (phase 3.5's checks
+    refuse what neither computes)."""
     if not isinstance(paged, MixedBatch):
         return paged_attention_forward(module, query, key, value, attention_mask, scaling, dropout, paged=paged,
                                        sliding_window=sliding_window, softcap=softcap, **kwargs)

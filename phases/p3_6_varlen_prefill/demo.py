@@ -4,30 +4,20 @@ Four sections (`--sections`), each its own table; the harness is measure/prefill
 it phase 3.5's and this phase's attention and engines:
 
 attention  one layer's attention over a packed prefill, the model's head shapes, median ms -> tok/s:
-             loop     phase 3.5's attention: one SDPA call per segment; after a held prefix,
-                      a gather of the whole context and a masked SDPA (`paged_attention_forward`)
-             varlen   this phase's: ONE call for the pack (`varlen_attention_forward`): on a GPU the
-                      Triton kernel reads K/V in place from the pool, on a CPU the PyTorch path
-             bound    no paging at all: the same K/V already contiguous. On CUDA torch's flash varlen
-                      (`torch.nn.attention.varlen.varlen_attn`, one call for the pack; bf16/fp16 only),
-                      elsewhere SDPA per segment (causal kernel when fresh, a mask after a prefix)
-           Loop and varlen include writing the pack's new K/V into the pool, as in the engine.
-engine     the whole model's prefill pass of the same packs through each engine (phase 3.5's
-           `BatchedPagedEngine`, this phase's `ChunkedPrefillEngine` with a budget that takes the
-           pack in one pass): prompt tokens computed per second. "with prefix": every prompt
-           starts with the same prefix, mapped in from blocks the engine holds (`HeldPrefix`),
-           so only the rest is computed.
-latency    `n_streams` sequences are decoding when a `long_prompt`-token prompt arrives. The
-           inter-token latency (ITL) of the streams from then on, p50 / p99 / max, and the long
-           prompt's TTFT: phase 3.5 (the prompt in one prefill pass, then the decode pass), this
-           engine with whole prompts (`chunked_prefill=False`: one pass, prompt and decode tokens
-           together) and with chunks of `max_num_batched_tokens` tokens (measure/stream_latency.py).
+           phase 3.5's per-segment loop, this phase's one varlen call, and no paging at all
+           (`attention_pack`)
+engine     the whole model's prefill pass of the same packs through phase 3.5's `BatchedPagedEngine`
+           and this phase's `ChunkedPrefillEngine`: prompt tokens computed per second, with and without
+           a held prefix (`PREFILL_ENGINES`, `HeldPrefix`)
+latency    `n_streams` sequences are decoding when a `long_prompt`-token prompt arrives: the streams'
+           inter-token latency (ITL) from then on, p50 / p99 / max, and the long prompt's TTFT, with
+           and without chunks (`latency_engines`; measure/stream_latency.py)
 workload   workload_bench's equal and mixed work (measure/workload.py) through `batched` (3.5) and
            `chunked` (3.6), same requests, one run: is any engine slower than before?
 
 Packs are written NxL (N segments of L tokens) or NxA-B (N segments of A..B tokens, seeded).
-The GPU defaults: 1 x 4096, 16 x 256, 256 x 16-128, prefixes of 0 and 1024 tokens;
-a CPU run takes about a minute (fewer tokens through the whole model, fp32: CPU_DEFAULT_DTYPE there).
+The GPU defaults: 1 x 4096, 16 x 256, 256 x 16-128, prefixes of 0 and 1024 tokens; a CPU run
+takes fewer tokens through the whole model, in fp32 (CPU_DEFAULT_DTYPE).
 """
 
 from __future__ import annotations
@@ -58,7 +48,17 @@ LAYER = 1   # the layer the attention table runs (of a 2-layer pool)
 
 # --- attention: phase 3.5's per-segment loop and this phase's varlen call, on one pack -----------------
 def attention_pack(lm, seg_lens: list[int], prefix: int, block_size: int) -> AttentionPack:
-    """A packed prefill in a scattered pool, with what one layer of the model hands each attention function."""
+    """A packed prefill in a scattered pool, with what one layer of the model hands each attention function.
+
+    loop     phase 3.5's attention: one SDPA call per segment; after a held prefix, a gather of the whole
+             context and a masked SDPA (`paged_attention_forward`)
+    varlen   this phase's: ONE call for the pack (`varlen_attention_forward`): on a GPU the Triton kernel
+             reads K/V in place from the pool, on a CPU the PyTorch path
+    bound    (the harness's) no paging at all: the same K/V already contiguous. On CUDA torch's flash varlen
+             (`torch.nn.attention.varlen.varlen_attn`, one call for the pack; bf16/fp16 only), elsewhere
+             SDPA per segment (causal kernel when fresh, a mask after a prefix)
+
+    Loop and varlen include writing the pack's new K/V into the pool, as in the engine."""
     group = lm.n_heads // lm.n_kv_heads
     context = [prefix] * len(seg_lens)
     p = random_prefill_pack(seg_lens, context, block_size, lm.n_kv_heads, group, lm.head_dim, dtype=lm.dtype,
@@ -128,6 +128,8 @@ def with_held_prefix(engine):
     return engine
 
 
+# Each engine prefills the pack in one pass. "with prefix": every prompt starts with the same prefix, mapped in
+# from blocks the engine holds (`HeldPrefix`), so only the rest is computed.
 PREFILL_ENGINES = [
     Contender("p3_5", "BatchedPagedEngine (attention per segment per layer)",
               lambda lm, budget, **pool: with_held_prefix(BatchedPagedEngine(lm, max_prefill_tokens=budget, **pool))),
@@ -140,7 +142,9 @@ PREFILL_ENGINES = [
 
 # --- latency: a long prompt next to running streams -------------------------------------------------------
 def latency_engines(cfg: RunConfig) -> dict:
-    """Phase 3.5, then this engine with whole prompts, then with chunks of `cfg.budget` tokens."""
+    """Phase 3.5 (the prompt in one prefill pass, then the decode pass), then this engine with whole prompts
+    (`chunked_prefill=False`: one pass, prompt and decode tokens together), then with chunks of `cfg.budget`
+    tokens (`max_num_batched_tokens`)."""
     return {
         "p3_5 (whole prompt, its own prefill pass)":
             lambda lm, **pool: BatchedPagedEngine(lm, max_prefill_tokens=cfg.long_prompt, **pool),

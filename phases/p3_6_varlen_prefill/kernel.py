@@ -20,17 +20,7 @@ position of the tile's query row i:
                         acc = acc * a + 2^(s - m') @ V (tl.dot);  m = m'
     out rows = acc / l               cast to q's dtype on store
 
-Key tiles the tile cannot see are never visited: hi is one past the tile's
-last query position (causal), and with a sliding window w, lo is the first key
-the tile's first query sees (p - w + 1). Inside [lo, hi) a per-element mask
-does the rest (the diagonal, the window's edge). Scores are kept in base 2
-(multiplied by log2 e) so the exponentials are `exp2`, the cheaper instruction.
-
-Precision: on a GPU, fp16/bf16 tiles go to `tl.dot` as they are (tensor cores,
-fp32 accumulation), and the probabilities are rounded to V's dtype for the
-second dot, as flash-attention does; fp32 tiles use `input_precision="ieee"`
-(no TF32 rounding), so fp32 stays exact enough to compare tokens. In Triton's
-CPU interpreter every load is cast to fp32 first: its bf16 arithmetic is wrong.
+Key tiles the tile cannot see are never visited (lo and hi, causal and windowed); scores are kept in base 2.
 """
 
 from __future__ import annotations
@@ -123,13 +113,13 @@ def _paged_prefill_kernel(
     if UPCAST:
         q = q.to(tl.float32)
 
-    # Keys [lo, hi): hi is one past the last query's position (causal); with a window, lo is the
-    # first key the first query still sees. Earlier or later key tiles are never loaded.
+    # Keys [lo, hi): hi is one past the last query's position (causal); with a window w, lo is the
+    # first key the first query still sees (p - w + 1). Earlier or later key tiles are never loaded.
     hi = context + tl.minimum(first + BLOCK_M, seg_len)
     lo = 0
     if USE_WINDOW:
         lo = tl.maximum(context + first - window + 1, 0)
-    qk_scale = scale * LOG2E                                   # scores in base 2, for exp2
+    qk_scale = scale * LOG2E                                   # scores in base 2: exp2 is the cheaper instruction
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)        # running max of the scores (base 2)
     l_i = tl.zeros([BLOCK_M], tl.float32)                      # running sum of 2^(s - m_i)
@@ -149,6 +139,10 @@ def _paged_prefill_kernel(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
 
+        # Precision: on a GPU, fp16/bf16 tiles go to `tl.dot` as they are (tensor cores, fp32 accumulation), and
+        # the probabilities are rounded to V's dtype for the second dot, as flash-attention does; fp32 tiles take
+        # "ieee" (no TF32 rounding), so fp32 stays exact enough to compare tokens. In Triton's CPU interpreter
+        # every load is cast to fp32 first (UPCAST): its bf16 arithmetic is wrong.
         s = tl.dot(q, tl.trans(k), input_precision="ieee")     # [M, N] fp32
         if USE_SOFTCAP:
             s = s * scale
@@ -156,6 +150,7 @@ def _paged_prefill_kernel(
             s = s * LOG2E
         else:
             s = s * qk_scale
+        # Inside [lo, hi) a per-element mask does the rest: the diagonal, the window's edge.
         visible = (k_pos[None, :] <= q_pos[:, None]) & k_ok[None, :]    # causal, inside this sequence
         if USE_WINDOW:
             visible = visible & (k_pos[None, :] > q_pos[:, None] - window)

@@ -12,24 +12,12 @@ live in tensors allocated once and overwritten in place. They are sized for
                                   (`compute_slots`, inside the graph), -1 on empty rows
 
 Rows. The n decoding sequences sit in rows 0 .. n-1 (a step runs rows 0 .. bucket-1;
-rows n .. bucket-1 are padding). A sequence keeps its row while it decodes;
-when one leaves (finished, preempted, aborted, or in a prefill pass instead)
-the last rows move into the holes, so the live rows stay a prefix, and the
-rows left behind get seq_lens 0 and position 0 (they read nothing and write nothing).
+rows n .. bucket-1 are padding). A sequence keeps its row while it decodes (`_place`).
 
-What changed. The buffers keep a host mirror of what each row holds on the
-device. `sync(seqs)` places the sequences and, for every row, compares the
-mirror with the sequence:
-- a steady decode step changes nothing the device does not know: the sampler
-  wrote each row's next token into input_ids on the device (`record_sampled`),
-  positions and lengths advance by one on the device (`advance`), and the
-  table gains an entry only when a sequence enters a new block (once every
-  block_size steps);
-- what the device cannot know (a new block, a block replaced by copy-on-write,
-  a sequence that joined, moved row, came back from preemption, or advanced in a
-  mixed pass) is sent: the changed rows' values in one packed host-to-device copy,
-  the new table entries in another.
-So a step sends a few entries, not B x (3 + max_blocks) values rebuilt from Python lists.
+What changed. The buffers keep a host mirror of what each row holds on the device
+(`RowState`); `sync(seqs)` places the sequences, compares the mirror with each one and
+sends only what the device cannot know (`_send_changes`). So a step sends a few entries,
+not B x (3 + max_blocks) values rebuilt from Python lists.
 """
 
 from __future__ import annotations
@@ -125,6 +113,10 @@ class DecodeBuffers:
 
     # --- placing rows ---------------------------------------------------------------------------
     def _place(self, seqs: list[Sequence]) -> None:
+        """Put `seqs` in rows 0 .. len(seqs)-1. A sequence keeps its row while it decodes; when one leaves
+        (finished, preempted, aborted, or in a prefill pass instead) the last rows move into the holes, so the
+        live rows stay a prefix, and the rows left behind get seq_lens 0 and position 0 (they read nothing and
+        write nothing)."""
         n = len(seqs)
         if n == len(self.rows) and {id(s) for s in seqs} == self._placed:
             return         # the steady state: the same sequences as last step, each already in its row
@@ -162,7 +154,14 @@ class DecodeBuffers:
         self._placed = {id(r.seq) for r in new_rows}
 
     def _send_changes(self) -> None:
-        """Write what the device does not know yet: changed rows' token/position/length, new table entries."""
+        """Write what the device does not know yet: changed rows' token/position/length, new table entries.
+
+        A steady decode step changes nothing the device does not know: the sampler wrote each row's next token
+        into input_ids on the device (`record_sampled`), positions and lengths advance by one on the device
+        (`advance`), and the table gains an entry only when a sequence enters a new block (once every
+        block_size steps). What the device cannot know (a new block, a block replaced by copy-on-write, a
+        sequence that joined, moved row, came back from preemption, or advanced in a mixed pass) is sent: the
+        changed rows' values in one packed host-to-device copy, the new table entries in another."""
         row_updates: list[tuple[int, int, int, int]] = []   # (row, token, position, length)
         entries: list[tuple[int, int, int]] = []            # (row, column, block id)
         longest = 0

@@ -1,30 +1,17 @@
 """Paged decode attention, tuned: tiles of several blocks, tensor-core dots, and a split count fixed per launch.
 
-Phase 3.5's kernel reads one block (16 tokens) per loop trip and scores it with
-an elementwise multiply and a sum, in fp32. On an H100 it reached about 30% of
-HBM bandwidth at batch 64-256: each trip loads 2 x 4 KB and then waits for
-them, so few bytes are ever in flight. This kernel changes three things and
-keeps the maths (one program per (sequence, KV head, split), every query head
-of the GQA group served from one load of K/V, online softmax in fp32):
+Phase 3.5's kernel reads one block (16 tokens) per loop trip and scores it with an elementwise multiply and a
+sum, in fp32: each trip loads 2 x 4 KB and then waits for them, so few bytes are ever in flight. This kernel
+changes three things and keeps the maths (one program per (sequence, KV head, split), every query head of
+the GQA group served from one load of K/V, online softmax in fp32):
 
-1. A key tile is TILE_BLOCKS pool blocks (TILE = TILE_BLOCKS * block_size
-   keys), each key finding its own block through the table, so one trip loads
-   TILE x head_dim of K and of V, and `num_stages` trips are in flight at once.
-2. Scores and the weighted sum are `tl.dot`s on tensor cores: the group's query
-   heads are padded to QUERY_ROWS = 16 rows (the smallest `tl.dot` operand).
-   The padding rows cost tensor-core work, which decode has to spare (it waits
-   on memory); they are never stored. K and V stay in their dtype (bf16 reads
-   half the bytes of fp32), the accumulators are fp32; fp32 pools use
-   `input_precision="ieee"` (no TF32 rounding) so fp32 runs still compare
-   token for token with HF.
-3. The split count is the grid's third axis, n_splits, and each sequence's
-   visible blocks are divided evenly among them inside the kernel. A CUDA graph
-   replays one grid, whatever the lengths are that step, so the split cannot
-   depend on the context length the way phase 3.5's `blocks_per_split` did;
-   `split_rule.py` picks n_splits from the batch, the KV heads and the SM count.
-   With n_splits > 1 each program writes a partial output and its log-sum-exp,
-   merged by one more launch (merge_kernel.py; phase 3.5 merged in a dozen
-   PyTorch ops, `merge_splits`).
+1. A key tile is TILE_BLOCKS pool blocks (TILE = TILE_BLOCKS * block_size keys), each key finding its own
+   block through the table, so one trip loads TILE x head_dim of K and of V, and `num_stages` trips are in
+   flight at once.
+2. Scores and the weighted sum are `tl.dot`s on tensor cores: the group's query heads are padded to
+   QUERY_ROWS = 16 rows (the smallest `tl.dot` operand). K and V stay in their dtype; accumulators are fp32.
+3. The split count is the grid's third axis, n_splits, fixed per launch so that a CUDA graph can replay
+   it; each sequence's visible blocks are divided evenly among the splits inside the kernel.
 
     for j0 in my blocks, TILE_BLOCKS at a time:
         j      [TILE]        logical block of each key;  phys = block_tables[b, j]
@@ -32,11 +19,8 @@ of the GQA group served from one load of K/V, online softmax in fp32):
         s      [ROWS, TILE]  tl.dot(q, K^T) * scale -> softcap -> -inf past the length / before the window
         m' = max(m, rowmax s); a = e^(m - m'); l = l * a + rowsum e^(s - m'); acc = acc * a + e^(s - m') @ V
 
-A sequence of length 0 (a padding row of a bucket) has no blocks: its programs
-write zeros (and lse -inf), and read nothing. The launch settings (TILE_BLOCKS,
-num_warps, num_stages) are `LaunchConfig`; DEFAULT_CONFIG is what tuning.py's
-sweep measured best on an H100 (see the README), and `launch_config` keeps
-it wherever it compiles without spilling registers.
+The launch settings (TILE_BLOCKS, num_warps, num_stages) are a `LaunchConfig`; `launch_config` picks one for
+the pool's head_dim and dtype (DEFAULT_CONFIG wherever that compiles without spilling registers).
 """
 
 from __future__ import annotations
@@ -135,6 +119,7 @@ def _tiled_decode_kernel(
     key_slot = keys % BLOCK_SIZE                        # and where inside it
     heads = kv_head * GROUP + rows
     row_ok = rows < GROUP
+    # The padding rows cost tensor-core work, which decode has to spare (it waits on memory); never stored.
     q = tl.load(q_ptr + seq * s_q_seq + heads[:, None] * s_q_head + dims[None, :] * s_q_dim,
                 mask=row_ok[:, None], other=0.0)                                   # [ROWS, D]
     if UPCAST:
@@ -156,6 +141,8 @@ def _tiled_decode_kernel(
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
+        # K and V stay in their dtype (bf16 reads half the bytes of fp32). An fp32 pool takes IEEE dots (no TF32
+        # rounding), so fp32 runs still compare token for token with HF.
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -174,7 +161,9 @@ def _tiled_decode_kernel(
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
-    has_any = l_i > 0                                   # an empty range (length 0, a split past the end)
+    # An empty range: a split past the end, or a sequence of length 0 (a padding row of a bucket), which has
+    # no blocks, reads nothing, and writes zeros and lse -inf.
+    has_any = l_i > 0
     out = acc / tl.where(has_any, l_i, 1.0)[:, None]
     dst = out_ptr + seq * s_out_seq + heads[:, None] * s_out_head + split * s_out_split + dims[None, :] * s_out_dim
     tl.store(dst, out, mask=row_ok[:, None])
@@ -188,7 +177,11 @@ def tiled_decode_attention(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: i
                            sliding_window: int | None = None, softcap: float | None = None,
                            config: LaunchConfig | None = None, check_values: bool = True) -> torch.Tensor:
     """q [B, n_heads, head_dim] -> [B, n_heads, head_dim] in q's dtype; phase 3.5's arguments, and
-    n_splits: programs per (sequence, KV head), each over an even share of its blocks (split_rule.py).
+    n_splits: programs per (sequence, KV head), each over an even share of its blocks. A CUDA graph replays one
+    grid, whatever the lengths are that step, so the split cannot depend on the context length the way phase
+    3.5's `blocks_per_split` did; split_rule.py picks n_splits from the batch, the KV heads and the SM count.
+    With n_splits > 1 each program writes a partial output and its log-sum-exp, merged by one more launch
+    (merge_kernel.py).
     config: the launch (default: `launch_config` for the pool's head_dim and dtype).
     check_values=False: shapes only (the values were checked for the pass, or are being captured)."""
     check_decode_inputs(q, kv_store, layer_idx, block_tables, seq_lens, values=check_values)

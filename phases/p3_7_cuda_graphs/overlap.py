@@ -1,41 +1,27 @@
 """`OverlappedDecodeEngine`: the host schedules decode step N+1 while the GPU still runs step N.
 
-With CUDA graphs a 256-sequence decode step's wall time is still about twice its GPU
-time on an H100 (README): the host spends the difference in Python (claiming
-slots, comparing rows, appending tokens, finish checks), and `StaticDecodeEngine` does it
-in series with the GPU, because each step waits for the sampled ids before the next one
-is built. This engine pipelines consecutive decode-only steps, as vLLM V1's async
-scheduling does:
+With CUDA graphs a decode step's wall time still holds the host's Python work (claiming slots, comparing rows,
+appending tokens, finish checks), and `StaticDecodeEngine` does it in series with the GPU, because each step
+waits for the sampled ids before the next one is built. This engine pipelines consecutive decode-only steps,
+as vLLM V1's async scheduling does:
 
     call k:  [host: claim slots, sync rows for step k] -> launch step k (graph, sampler,
              a non-blocking copy of the ids to pinned host memory, an event)
              -> wait for step k-1's event -> [host: append its tokens, finish checks]
              -> return step k-1's outputs
 
-The GPU orders step k after step k-1 (one stream), and step k's input ids are step k-1's
-sampled ids, copied on the device (`DecodeBuffers.record_pending`): the host never needs
-a token to launch the next step. What the host cannot know in advance is an EOS: a
-sequence that ends on one at step k-1 has already been given a row in step k. That row
-is wasted (its token dropped, `n_wasted_rows`); its K/V write lands in a slot the
-sequence's worst-case reservation already covered, and the block goes back with the rest
-when the sequence retires. A sequence that ends by length is left out of step k, since
-the host counts its tokens.
+The GPU orders step k after step k-1 (one stream), and step k's input ids are step k-1's sampled ids, copied
+on the device (`DecodeBuffers.record_pending`): the host never needs a token to launch the next step. What
+the host cannot know in advance is an EOS: a sequence that ends on one at step k-1 has already been given a
+row in step k, which is wasted (`_complete`).
 
-Only steady decode streaks overlap. A step with prefill chunks, or one that would admit
-a waiting request, first completes the pass in flight and then runs as phase 3.6/3.7 do.
-So admissions happen a step later than in `StaticDecodeEngine`. Greedy tokens equal
-HF `generate` (fp32), as the engine's do, and a seeded draw depends only on (seed,
-output index, token), which `DeviceSampler.draw(ahead=1)` keeps. (On a GPU, in bf16, a wasted row
-or a later admission can change a step's bucket or split count and so the rounding:
-greedy near-ties may then differ from `StaticDecodeEngine`'s, as between any two
-batch compositions.) Nothing in the launch path waits for the GPU: host values go
-through pinned memory (`buffers.send`), and token timestamps are taken after the
-event, not with a synchronise.
+Only steady decode streaks overlap: a step with prefill chunks, or one that would admit a waiting request,
+first completes the pass in flight and then runs as phase 3.6/3.7 do (`_rows_to_launch`).
 
-On a CPU nothing runs asynchronously (the copy is a clone, the "wait" returns at once),
-so the tests there check the bookkeeping: equal outputs, wasted rows, no leaked block.
-What the overlap buys is a GPU measurement (`graph_workload`, `graph_bench`). It is a
-speed extra beside this phase's engine, not a step of the engine line.
+On a CPU nothing runs asynchronously (the copy is a clone, the "wait" returns at once), so the tests there
+check the bookkeeping: equal outputs, wasted rows, no leaked block. What the overlap buys is a GPU
+measurement (`graph_workload`, `graph_bench`). It is a speed extra beside this phase's engine, not a step
+of the engine line.
 """
 
 from __future__ import annotations
@@ -83,7 +69,13 @@ class InFlight:
 
 class OverlappedDecodeEngine(StaticDecodeEngine):
     """`StaticDecodeEngine` whose consecutive decode-only steps overlap: step N+1 is built and launched
-    before step N's tokens are read. `step()` returns the tokens of the step before the one it launched."""
+    before step N's tokens are read. `step()` returns the tokens of the step before the one it launched.
+
+    Greedy tokens equal HF `generate` (fp32), as the engine's do, and a seeded draw depends only on (seed,
+    output index, token), which `DeviceSampler.draw(ahead=1)` keeps. Admissions happen a step later than in
+    `StaticDecodeEngine`. (On a GPU, in bf16, a wasted row or a later admission can change a step's bucket or
+    split count and so the rounding: greedy near-ties may then differ from `StaticDecodeEngine`'s, as between
+    any two batch compositions.)"""
 
     overlaps_steps = True      # for timers (measure/step_bench.py): do not synchronise between steps
 
@@ -142,7 +134,8 @@ class OverlappedDecodeEngine(StaticDecodeEngine):
 
     def _launch(self, seqs: list[Sequence], ahead: bool) -> InFlight:
         """Claim a slot per row, run one static decode step and draw its tokens, all queued on the device;
-        start their copy home."""
+        start their copy home. Nothing here waits for the GPU: host values go through pinned memory
+        (`buffers.send`)."""
         for s in seqs:
             self.kv.append_slots(s, 1)
         rows, logits = self.runner.static_pass(seqs)
@@ -155,7 +148,11 @@ class OverlappedDecodeEngine(StaticDecodeEngine):
         return InFlight(rows, SampledIds(ids, buffer))
 
     def _complete(self, flight: InFlight) -> list[StepOutput]:
-        """Read a launched step's tokens and hand them to its sequences (finish checks, timings, retiring)."""
+        """Read a launched step's tokens and hand them to its sequences (finish checks, timings, retiring).
+
+        A row whose sequence ended on an EOS while it was in flight is wasted: its token is dropped
+        (`n_wasted_rows`), its K/V write landed in a slot the sequence's worst-case reservation already
+        covered, and the block goes back with the rest when the sequence retired."""
         tokens = flight.ids.read()
         live = [(s, t) for s, t in zip(flight.rows, tokens) if s.status is Status.DECODING]
         self.n_wasted_rows += len(flight.rows) - len(live)

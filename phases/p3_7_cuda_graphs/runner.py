@@ -11,25 +11,16 @@ static buffers  the step's inputs live in tensors allocated once (buffers.py), o
                 on the device from the tables.
 buckets         the batch is padded up to the next bucket (1, 2, 4, ..., max_running):
                 padding rows have length 0, write nothing, read nothing, and their
-                logits are dropped. Padding never changes a token (tests). Without
-                graphs every batch size is its own bucket by default (padding an
-                eager pass only adds work); tests pass buckets to pad on CPU too.
+                logits are dropped. Padding never changes a token (tests).
 CUDA graphs     on CUDA, each (bucket, split count) is captured once, at first use
                 (graphs.py), and replayed every step after: one call instead of
-                ~1,500 launches. On CPU the same static step runs eagerly.
+                a launch per kernel. On CPU the same static step runs eagerly.
 the kernel      the decode attention is this phase's tuned kernel (decode_kernel.py),
                 its split count chosen by split_rule.py from the batch, the KV
                 heads, the SMs and the longest context.
 
-A table changed by anyone (a new block, a copied or forked block, a swap-in)
-is caught by the buffers' comparison with the sequences and sent. The sampled
-ids of a static step go straight back into the next step's input ids, on the
-device (`DeviceSampler.last`).
-
-Refused, with a message: a bucket list whose largest bucket is below
-max_running (a full batch would have no graph), `cuda_graphs=True` off CUDA,
-and a model or dtype changed after the first static step (a graph would
-replay on the old weights' addresses).
+The sampled ids of a static step go straight back into the next step's input ids,
+on the device (`DeviceSampler.last`).
 """
 
 from __future__ import annotations
@@ -75,7 +66,11 @@ def decode_buckets(max_running: int, buckets: list[int] | None = None) -> list[i
 
 class StaticRunner(MixedRunner):
     """Phase 3.6's runner; a decode-only step runs over static buffers, padded to a bucket, as a CUDA graph
-    on CUDA."""
+    on CUDA.
+
+    Refused, with a message: a bucket list whose largest bucket is below max_running (a full batch would have
+    no graph), `cuda_graphs=True` off CUDA, and a model or dtype changed after the first static step (a graph
+    would replay on the old weights' addresses: `StaleGraphs`)."""
 
     attention_name = STATIC_ATTN_NAME
 
@@ -89,7 +84,9 @@ class StaticRunner(MixedRunner):
         self.sampler = sampler
         self.cuda_graphs = on_cuda if cuda_graphs is None else bool(cuda_graphs)
         if buckets is None and not self.cuda_graphs:
-            buckets = list(range(1, max_running + 1))   # eager: padding would be wasted work, so every size
+            # Eager: padding would only add work, so every batch size is its own bucket (tests pass buckets to
+            # pad on CPU too).
+            buckets = list(range(1, max_running + 1))
         self.buckets = decode_buckets(max_running, buckets)
         max_context = getattr(lm.model.config, "max_position_embeddings", None)
         width = allocator.n_blocks if max_context is None else \
@@ -115,7 +112,10 @@ class StaticRunner(MixedRunner):
 
     def static_pass(self, seqs: list[Sequence]) -> tuple[list[Sequence], torch.Tensor]:
         """Bring the buffers up to date (slots were claimed by the scheduler: only the diff is sent), run the
-        pass padded to its bucket. Returns the sequences in row order and their logits [n, V]."""
+        pass padded to its bucket. Returns the sequences in row order and their logits [n, V].
+
+        A table changed by anyone (a new block, a copied or forked block, a swap-in) is caught by the buffers'
+        comparison with the sequences, and sent."""
         self._feed_back_sampled()
         rows = self.buffers.sync(seqs)
         n = len(rows)

@@ -14,16 +14,14 @@ thousand launches a step. Here every row is drawn at once:
                       sample from the softmax, so no cumulative sum or search is needed
 
 Per-request seeds without a generator per row: the noise of token v for the
-i-th output of a sequence is a hash of (its seed, i, v) (`uniform_noise`:
-SplitMix64's mixer, in int64 tensor arithmetic that gives the same bits on a
-CPU and a GPU). So a sequence's draws depend on its seed and its own position
-only: not on the batch it shares, the bucket it was padded into, the step a
-preemption delayed it to, or the device. A request with no seed gets a
-random one when first sampled.
+i-th output of a sequence is a hash of (its seed, i, v) (`uniform_noise`). So a
+sequence's draws depend on its seed and its own position only: not on the batch
+it shares, the bucket it was padded into, the step a preemption delayed it to,
+or the device. A request with no seed gets a random one (`DeviceSampler.seed`).
 
 The filters are the same as `common.sampling.filter_logits` (tests check it);
 the draws differ from torch.multinomial's, so seeded sampled text differs from
-the engines before phase 3.7, with the same distribution.
+the earlier phases' engines, with the same distribution.
 """
 
 from __future__ import annotations
@@ -64,7 +62,8 @@ def mix64(x: torch.Tensor) -> torch.Tensor:
 
 
 def uniform_noise(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
-    """seeds, counters [B] int64 -> [B, vocab] fp32 uniforms in (0, 1), a function of (seed, counter, token)."""
+    """seeds, counters [B] int64 -> [B, vocab] fp32 uniforms in (0, 1), a function of (seed, counter, token):
+    SplitMix64's mixer, in int64 tensor arithmetic that gives the same bits on a CPU and a GPU."""
     row = mix64(seeds + counters * GOLDEN)                                               # [B]
     tokens = torch.arange(vocab, device=seeds.device, dtype=torch.int64)
     bits = mix64(row[:, None] + tokens[None, :] * GOLDEN)                               # [B, V]

@@ -17,14 +17,9 @@ So a write needs at most ONE copy per table, and only when that block is a
 shared, partly filled one - in practice the last block of a prompt that
 several samples fork from, or the last block of a beam with several children.
 
-The copies themselves are queued in a `CopyQueue` and run together just before
-the forward pass that writes the new tokens: `kv_store[dst] = kv_store[src]`
-with index tensors is one indexed copy (one kernel launch on a GPU) however
-many blocks a step copies, moving every layer's K and V of each block at once.
-
-Each operation here is all or nothing: a fork that fails half-way gives back
-the references it took, and a claim whose copy-on-write succeeded but whose
-new blocks did not puts the shared block back, so a failure never leaks a
+The copies themselves are queued in a `CopyQueue` and run together, in one
+launch, just before the forward pass that writes the new tokens. Each operation
+here is all or nothing (`fork`, `append_slots_cow`): a failure never leaks a
 block or leaves a table half-changed.
 """
 
@@ -57,7 +52,10 @@ def fork(table: BlockTable, allocator: BlockAllocator) -> BlockTable:
 
 @dataclass
 class CopyQueue:
-    """Block copies decided this step, run together in one indexed copy before the next write."""
+    """Block copies decided this step, run together in one indexed copy before the next write.
+
+    `kv_store[dst] = kv_store[src]` with index tensors is one indexed copy (one kernel launch on a GPU) however
+    many blocks a step copies, moving every layer's K and V of each block at once."""
     src: list[int] = field(default_factory=list)
     dst: list[int] = field(default_factory=list)
     n_copied: int = 0  # total blocks copied so far (for demos and tests)
@@ -118,7 +116,9 @@ def append_slots_cow(table: BlockTable, allocator: BlockAllocator, n: int, copie
     """Claim slots for `n` more tokens like `BlockTable.append_slots`, copying a shared block first.
 
     All or nothing: the pool is checked for the copy *and* the new blocks
-    before anything changes, so `OutOfBlocks` leaves the table as it was.
+    before anything changes, so `OutOfBlocks` leaves the table as it was; a
+    claim whose copy-on-write succeeded but whose new blocks did not puts the
+    shared block back.
     """
     if n <= 0:
         return table.append_slots(allocator, n)

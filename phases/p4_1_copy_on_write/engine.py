@@ -21,12 +21,7 @@ The copies of a step are batched into one indexed copy, run at the end of
 with many forks costs one launch. The KV manager part is `CowKV` (kv.py).
 
 Admission is phase 3.3's rule with shared blocks counted once: a group of n
-needs n free slots (`can_admit`: it will run as n sequences) and, in the worst
-case, `worst_case_blocks(request, n, block_size)` =
-`full_prompt_blocks + n * (blocks_for(worst_case_tokens(request)) - full_prompt_blocks)`
-blocks (each sample's own copy of the partial block plus its output), which is
-what `blocks_to_admit` asks of the pool and `blocks_promised` sets aside for a
-running group.
+needs n free slots (`can_admit`) and its worst case in blocks (`blocks_to_admit`).
 """
 
 from __future__ import annotations
@@ -143,6 +138,10 @@ class SharingEngine(ChunkedPrefillEngine):
         return self.group_of(seq).n <= self.n_free_slots - self.slots_promised and super().can_admit(seq)
 
     def blocks_to_admit(self, seq: Sequence) -> int:
+        """The group's worst case, `worst_case_blocks(request, n, block_size)` =
+        `full_prompt_blocks + n * (blocks_for(worst_case_tokens(request)) - full_prompt_blocks)`: each sample's
+        own copy of the partial block plus its output. `blocks_promised` sets the same aside for a running
+        group."""
         return self.kv.blocks_to_admit(seq, self.group_of(seq).n)
 
     def blocks_promised(self) -> int:

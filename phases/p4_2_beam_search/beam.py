@@ -1,43 +1,25 @@
 """`BeamSearch`: the bookkeeping of one beam-search request, step for step as Hugging Face does it.
 
-Given the logits of the live beams, one `step()` picks which beams live on
-(and from which parent beam each one continues), and which hypotheses are
-finished. It knows nothing about KV blocks: the engine (engine.py) turns
-"beam i continues from beam j" into block-table forks.
+Given the logits of the live beams, one `step()` picks which beams live on (and from which parent beam each
+one continues), and which hypotheses are finished. It knows nothing about KV blocks: the engine (engine.py)
+turns "beam i continues from beam j" into block-table forks.
 
-The rules follow transformers 5.23's `GenerationMixin._beam_search`
-(generation/utils.py), so `generate(num_beams=k, do_sample=False)` is the
-oracle for the best sequence:
+The rules follow transformers 5.23's `GenerationMixin._beam_search` (generation/utils.py), so
+`generate(num_beams=k, do_sample=False)` is the oracle for the best sequence:
 
-- score of a beam = sum of the log-probs of its tokens (fp32, log_softmax of
-  the logits); the first step starts from the single prompt beam.
-- each step keeps the top `2k` (more precisely `max(2, 1 + n_eos) * k`)
-  continuations over all beams x vocabulary, so that k of them are still
-  alive even if the best ones all end here;
-- a continuation "hits a stop" when its token is an EOS or it reaches
-  max_new_tokens. The k best continuations that do NOT hit a stop are the
-  next beams. Among the *top k* continuations, those that hit a stop become
-  finished hypotheses, scored `sum_logprob / n_generated ** length_penalty`
-  (the EOS token counts in n_generated); the k best hypotheses are kept.
-- stopping: `early_stopping=True` stops as soon as k hypotheses are finished;
-  `False` (the default) stops when the best live beam, scored as if it ended
-  now, `score / n_generated ** length_penalty`, can no longer beat the worst
-  kept hypothesis; `"never"` with length_penalty > 0 uses max_new_tokens in
-  that estimate instead. Also stops when every continuation hits a stop
-  (max_new_tokens reached). Once improvement is judged impossible,
-  no further hypothesis is accepted.
+- score of a beam = sum of the log-probs of its tokens (fp32, log_softmax of the logits); the first step
+  starts from the single prompt beam.
+- each step keeps the top `2k` (more precisely `max(2, 1 + n_eos) * k`) continuations over all beams x
+  vocabulary, so that k of them are still alive even if the best ones all end here;
+- a continuation "hits a stop" when its token is an EOS or it reaches max_new_tokens. The k best
+  continuations that do NOT hit a stop are the next beams. Among the *top k* continuations, those that hit
+  a stop become finished hypotheses, scored `sum_logprob / n_generated ** length_penalty` (the EOS token
+  counts in n_generated); the k best hypotheses are kept.
+- the request stops as HF's `early_stopping` says (`_update_done`).
 
-Masked entries use HF's -1e9 arithmetic (not -inf), so the scores and the
-ties break exactly as in HF.
-
-Where the numbers live: the vocabulary-wide work (log-softmax, adding each
-beam's score, the top-C over all beams x vocabulary) runs on the logits'
-device, a GPU in a real run. Only the C best candidates then come to the host,
-once per step; everything the search keeps between steps (scores, token
-lists, finished hypotheses) is a handful of numbers on the CPU. HF runs the
-vocabulary-wide ops on the same device, and the few float32 adds, divides and
-comparisons done here on the host round exactly as they would on a GPU, so the
-search still matches `generate(num_beams=k)` run on the logits' device.
+Masked entries use HF's -1e9 arithmetic (not -inf), so the scores and the ties break exactly as in HF.
+The vocabulary-wide work runs on the logits' device; only the C best candidates come to the host, once per
+step (`_top_candidates`).
 """
 
 from __future__ import annotations
@@ -125,7 +107,14 @@ class BeamSearch:
         return parents[keep].tolist()
 
     def _top_candidates(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The C best (score, flat index into [n_live * V]) continuations, brought to the host."""
+        """The C best (score, flat index into [n_live * V]) continuations, brought to the host.
+
+        The vocabulary-wide work (log-softmax, adding each beam's score, the top-C over all beams x vocabulary)
+        runs on the logits' device, a GPU in a real run. Everything the search keeps between steps (scores,
+        token lists, finished hypotheses) is a handful of numbers on the CPU. HF runs the vocabulary-wide ops
+        on the same device, and the few float32 adds, divides and comparisons done on the host round exactly
+        as they would on a GPU, so the search still matches `generate(num_beams=k)` run on the logits' device.
+        """
         log_probs = F.log_softmax(logits.float(), dim=-1)                      # [n_live, V] on logits' device
         running = self.running_scores.to(logits.device)                       # [n_live]: a few floats across
         totals = (log_probs + running.unsqueeze(1)).reshape(-1)                # [n_live * V]
@@ -141,7 +130,13 @@ class BeamSearch:
         return "eos" if token_ids[-1] in self.eos.tolist() else "length"
 
     def _update_done(self, hits_stop: torch.Tensor) -> None:
-        """HF's stopping rule for the whole request, evaluated after each step."""
+        """HF's stopping rule for the whole request, evaluated after each step.
+
+        `early_stopping=True` stops as soon as k hypotheses are finished; `False` (the default) stops when the
+        best live beam, scored as if it ended now, `score / n_generated ** length_penalty`, can no longer beat
+        the worst kept hypothesis; `"never"` with length_penalty > 0 uses max_new_tokens in that estimate
+        instead. Also stops when every continuation hits a stop (max_new_tokens reached). Once improvement is
+        judged impossible, no further hypothesis is accepted (`improvable` masks them in `step`)."""
         if self.early_stopping == "never" and self.length_penalty > 0.0:
             best_length = self.max_new_tokens   # a longer beam may still score better
         else:

@@ -20,15 +20,8 @@ shared with a sibling copies that one block first (phase 4.1's copy-on-write);
 every earlier block stays shared for as long as the beams that hold it live.
 That is the paper's Fig. 9: a tree of beams sharing their common history,
 pruned and re-forked every step, with at most one block copy per beam per step.
-
-When the search stops (HF's rule, see beam.py) the slots' tables are released
-and slot i holds the i-th best finished hypothesis: `group.best` is slot 0.
-
-A search step needs every live beam's logits at once. Decode passes always
-carry all of them, but beams that prefill again (after being taken off the
-pool) are prefilled in chunks (phase 3.6), and their last chunks may land in
-different passes: a beam whose prefill ended early holds its logits row
-(`BeamGroup.held`) until its siblings' rows arrive, then the group steps.
+When the search stops (HF's rule, see beam.py), slot i holds the i-th best
+finished hypothesis: `group.best` is slot 0.
 """
 
 from __future__ import annotations
@@ -73,7 +66,12 @@ class BeamSearchEngine(SharingEngine):
         return self.add_request(BeamGroup, prompt, max_new_tokens, GREEDY, False, arrival, beam_width, search=search)
 
     def emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
-        """Beam rows go to their group's search; every other row is sampled as before."""
+        """Beam rows go to their group's search; every other row is sampled as before.
+
+        A search step needs every live beam's logits at once. Decode passes always carry all of them, but beams
+        that prefill again (after being taken off the pool) are prefilled in chunks (phase 3.6), and their last
+        chunks may land in different passes: a beam whose prefill ended early holds its logits row
+        (`BeamGroup.held`) until its siblings' rows arrive, then the group steps."""
         beam_rows: dict[BeamGroup, list[int]] = {}
         other_rows = []
         for row, seq in enumerate(seqs):

@@ -1,8 +1,7 @@
 """`PrefixCachingAllocator`: the block allocator with a global hash table of full blocks.
 
-Phase 3.1's allocator has two states per block: free (on the free list,
-refcount 0) or owned (refcount = number of block tables holding it). Prefix
-caching adds a third:
+Phase 3.1's allocator has two states per block: free (on the free list, refcount 0)
+or owned (refcount = number of block tables holding it). Prefix caching adds a third:
 
     free         refcount 0, on the free list, holds nothing worth keeping
     owned        refcount k > 0: k block tables list it (it may also be cached)
@@ -22,10 +21,7 @@ known (owned or cached-free). How the base invariants extend:
   cached-free block (refcount 0 -> 1) is `acquire()`, which also takes it out
   of the evictor.
 
-A hash only names a candidate. `match_prefix` accepts a table entry only if
-its tokens equal the request's block tokens AND its parent is the entry just
-matched for the previous block, so by induction a hit has exactly the same
-tokens before it too: a hash collision is a miss, never a wrong answer.
+A hash only names a candidate (`match_prefix`): a hash collision is a miss, never a wrong answer.
 """
 
 from __future__ import annotations
@@ -133,6 +129,10 @@ class PrefixCachingAllocator(BlockAllocator):
 
         `hashes[i]` is block i's chained hash (block_hash.chain_hashes). Pure:
         nothing is acquired; `acquire()` each entry to use it.
+
+        A table entry is accepted only if its tokens equal the request's block
+        tokens AND its parent is the entry just matched for the previous block,
+        so by induction a hit has exactly the same tokens before it too.
         """
         entries: list[CachedBlock] = []
         parent = None

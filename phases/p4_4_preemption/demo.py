@@ -1,37 +1,23 @@
-"""`preempt_demo` and `stress_demo`: a pool far too small for the traffic, and still no request lost.
+"""`preempt_demo`, `stress_demo` and `rate_sweep`: a pool far too small for the traffic, and still no request lost.
 
-preempt_demo  A burst of requests (mixed prompt and output lengths, all at
-              t = 0) against a pool holding a fraction of what they would
-              need at once. Run with an unlimited pool (the reference), then
-              with preemption by recomputation and by swapping: preemptions,
-              tokens recomputed, blocks and bytes moved, time spent recovering,
-              throughput, every request completed, outputs identical to the
-              reference. Then the same workload at block sizes 8..128, the pool
-              always holding the same number of tokens (the paper's Fig. 19),
-              and what one recovery costs per block size: swap out + in
-              (batched, and one copy per block as vLLM v0 did) against one
-              prefill pass (the paper's Fig. 19a micro-benchmark).
-stress_demo   A seeded random trace: bursts of plain requests, n seeded
-              samples and beam searches, overflowing the pool many times over.
-              Every promise of the scheduler is checked while it runs
-              (checks.py): FCFS, latest group preempted, whole groups, every
-              sequence finished exactly once, no block leaked (GPU or CPU pool).
+preempt_demo  A burst of requests (mixed prompt and output lengths, all at t = 0) against a pool holding a
+              fraction of what they would need at once: no preemption (an unlimited pool, the reference),
+              then recomputation and swapping, outputs identical to the reference; then block sizes
+              8..128 (the paper's Fig. 19) and what one recovery costs per block size.
+stress_demo   A seeded random trace: bursts of plain requests, n seeded samples and beam searches,
+              overflowing the pool many times over, every promise of the scheduler checked as it runs.
+rate_sweep    Poisson arrivals at rising rates: paged allocation against Orca's three reservations
+              (reservation.py).
 
-The harness is in measure/ (it imports no phase; this file hands it this phase's
-engine line): measure/preempt_bench.py (runs, tables, plot of preempt_demo),
-measure/recovery_bench.py (the micro-benchmark), measure/stress_bench.py,
-measure/rate_bench.py (rate_sweep). The
-traces (`burst`, `stress_trace`) are measure/workload.py's step-timed traces,
-fed to the engine by measure/harness.py's `drive`.
+The harness is in measure/ (it imports no phase; this file hands it this phase's engine line):
+measure/preempt_bench.py (runs, tables, plot of preempt_demo), measure/recovery_bench.py (the
+micro-benchmark), measure/stress_bench.py, measure/rate_bench.py (rate_sweep). The traces (`burst`,
+`stress_trace`) are measure/workload.py's step-timed traces, fed to the engine by measure/harness.py's
+`drive`.
 
-preempt_demo runs the engine with its prefix cache off by default
-(--prefix-caching 1 turns it on): a recomputation then recomputes every token,
-as in the paper. stress_demo runs the engine as it is served, cache on.
-
-Both default to fp32 (unless --dtype): greedy outputs are then identical
-across different batch compositions, so "identical to the unlimited pool"
-tests preemption and not bf16 rounding (in bf16 even a run without any
-preemption can differ from another batch shape in a token or two).
+preempt_demo and stress_demo default to fp32 (unless --dtype): greedy outputs are then identical across
+different batch compositions, so "identical to the unlimited pool" tests preemption and not bf16 rounding
+(in bf16 even a run without any preemption can differ from another batch shape in a token or two).
 """
 
 from __future__ import annotations
@@ -61,12 +47,22 @@ LINE = PreemptionLine(engine=PreemptingEngine, audited=AuditedEngine, swap_space
 @demo("preempt_demo", phase="p4_4", options=preempt_options(), plot=plot_preempt,
       help="a burst against a small pool: preemption by recomputation vs swapping, and across block sizes")
 def preempt_demo(cfg: RunConfig) -> Report:
+    """The burst with an unlimited pool (the reference), then with preemption by recomputation and by swapping:
+    preemptions, tokens recomputed, blocks and bytes moved, time spent recovering, throughput, every request
+    completed, outputs identical to the reference. Then the same workload at block sizes 8..128, the pool
+    always holding the same number of tokens (the paper's Fig. 19), and what one recovery costs per block size:
+    swap out + in (batched, and one copy per block as vLLM v0 did) against one prefill pass (the paper's
+    Fig. 19a micro-benchmark). The prefix cache is off by default (--prefix-caching 1 turns it on): a
+    recomputation then recomputes every token, as in the paper."""
     return run_preempt_demo(cfg, LINE)
 
 
 @demo("stress_demo", phase="p4_4", options=stress_options(),
       help="a seeded random trace (bursts, samples, beams) overflowing the pool many times; invariants checked")
 def stress_demo(cfg: RunConfig) -> Report:
+    """The seeded trace on the engine as it is served (prefix cache on), every promise of the scheduler checked
+    while it runs (checks.py): FCFS, latest group preempted, whole groups, every sequence finished exactly once,
+    no block leaked (GPU or CPU pool)."""
     return run_stress_demo(cfg, LINE)
 
 

@@ -1,30 +1,25 @@
 """`PreemptingEngine`: optimistic FCFS admission; when the pool runs dry, the latest request gives its blocks back.
 
-Phase 4.2's engine (samples, beams, copy-on-write) with phase 4.3's prefix
-cache as its KV part. Phases 3.3-4.3 admitted a request only if its worst case
-(prompt + max_new_tokens, every sample) fit beside everyone else's, so most
-reserved blocks sat empty. Here (vLLM paper §4.5; the README's "The rules"):
+Phase 4.2's engine (samples, beams, copy-on-write) with phase 4.3's prefix cache as its KV part. Phases
+3.3-4.3 admitted a request only if its worst case (prompt + max_new_tokens, every sample) fit beside
+everyone else's, so most reserved blocks sat empty. Here (vLLM paper §4.5; the README's "The rules"):
 
-admission   first come, first served, optimistic: the head of the queue is
-            admitted, whole group at once, when its prefill's blocks fit NOW
-            (`blocks_to_admit`), beside the running sequences' next tokens
-            (`blocks_promised`) and a reserve (`watermark_blocks`). Nobody
-            overtakes the head; nothing new starts while a group is swapped out.
-preemption  before each step, while the pool cannot cover every running
-            sequence's next token (a new block, or a copy-on-write copy), the
-            LATEST-arrived running group is preempted, all of it. The earliest
-            is never preempted for a later one: no livelock.
-recovery    "recompute": blocks dropped, back to the FRONT of the queue; admitted
-            again, it prefills prompt + outputs in one pass (chunked, full blocks
-            found in the prefix cache), and a group's lead computes the prompt
-            blocks that its other members fork (`claim`). "swap" (swap.py): blocks
-            copied to a CPU pool and back when they fit; a full CPU pool falls
-            back to recomputation. A group part-way through its prefill is
-            always recomputed.
+admission   first come, first served, optimistic: the head of the queue is admitted, whole group at
+            once, when its prefill's blocks fit NOW (`blocks_to_admit`), beside the running sequences'
+            next tokens (`blocks_promised`) and a reserve (`watermark_blocks`). Nobody overtakes the
+            head; nothing new starts while a group is swapped out.
+preemption  before each step, while the pool cannot cover every running sequence's next token (a new
+            block, or a copy-on-write copy), the LATEST-arrived running group is preempted, all of it.
+            The earliest is never preempted for a later one: no livelock.
+recovery    "recompute": blocks dropped, back to the FRONT of the queue; admitted again, it prefills
+            prompt + outputs in one pass (chunked, full blocks found in the prefix cache), and a group's
+            lead computes the prompt blocks that its other members fork (`claim`). "swap" (swap.py):
+            blocks copied to a CPU pool and back when they fit; a full CPU pool falls back to
+            recomputation. A group part-way through its prefill is always recomputed.
 
-Draws are keyed on (seed, token index) (phase 3.7), so preemption changes no
-token; `add()` refuses a request that could outgrow the pool alone, so
-preempting every later group always makes room and nothing is lost.
+Draws are keyed on (seed, token index) (phase 3.7), so preemption changes no token; `add()` refuses a
+request that could outgrow the pool alone, so preempting every later group always makes room and nothing
+is lost.
 """
 
 from __future__ import annotations

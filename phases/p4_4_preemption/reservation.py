@@ -1,48 +1,23 @@
 """Orca's reservations on this engine: the baselines the vLLM paper measures paged allocation against (§6.1).
 
-Orca (as the paper builds it) keeps a request's K/V in one contiguous chunk,
-so it must reserve the chunk when it admits the request, for the longest the
-request might grow, and hold all of it until the request finishes. The paper
-tries three guesses of that length, and so does `ReservingEngine`:
+Orca (as the paper builds it) keeps a request's K/V in one contiguous chunk, so it must reserve the chunk
+when it admits the request, for the longest the request might grow, and hold all of it until the request
+finishes. The paper tries three guesses of that length, and so does `ReservingEngine`:
 
   max     the context limit (the model's maximum length): no guess at all
-  pow2    the next power of two of the request's final length (prompt +
-          output): at most 2x over, the size a buddy allocator hands out
-  oracle  exactly the final length: knowledge no real server has, Orca's
-          upper bound
+  pow2    the next power of two of the request's final length (prompt + output): at most 2x over,
+          the size a buddy allocator hands out
+  oracle  exactly the final length: knowledge no real server has, Orca's upper bound
 
-Paged allocation, vLLM's policy, is `PreemptingEngine` as it is: a request
-is admitted when its prompt fits, takes a block only as one fills, and the
-latest request is preempted if the pool runs dry. The two differ only in
-admission and in when blocks are claimed; the runner, the sampler and the
-pool are the same, so a policy changes who runs when, never a token.
+Paged allocation, vLLM's policy, is `PreemptingEngine` as it is: a request is admitted when its prompt
+fits, takes a block only as one fills, and the latest request is preempted if the pool runs dry. The two
+differ only in admission and in when blocks are claimed; the runner, the sampler and the pool are the
+same, so a policy changes who runs when, never a token.
 
-How a reservation runs here:
-
-  admission  first come, first served: the head of the queue is admitted
-             when its whole reservation is free (`blocks_to_admit`). Running
-             requests already hold everything they will ever write, so
-             nothing is promised to them (`blocks_promised` is 0) and no
-             watermark is kept.
-  claiming   `ReservedKV.new` claims every reserved block at admission, so
-             the table is full-size before the prefill writes a token; a write
-             past it raises (`append_slots`), and the table never grows.
-  decoding   never runs out of blocks, so nothing is ever preempted.
-  finishing  the whole reservation goes back at once.
-
-Blocks stand in for the contiguous chunk: a reservation of L tokens holds
-blocks_for(L) blocks, so the chunk is rounded up to a whole block (with small
-blocks, a few tokens). What the paper's Orca also loses to external
-fragmentation between chunks of different sizes is not modelled: blocks need
-not be adjacent. Both make these baselines slightly kinder than the paper's.
-
-The final length is what a request asks for: run with ignore_eos=True and
-max_new_tokens = the number of tokens it generates, and Oracle knows it
-exactly. A request that may stop early at EOS still runs correctly; its
-reservation is then larger than it needed.
-
-Requests of one sequence only: n samples or beams would fork blocks into
-reserved tables (`add_group(n>1)` and `add_beam_search` are refused).
+How a reservation runs here: first come, first served, the head of the queue is admitted when its whole
+reservation is free (`blocks_to_admit`); `ReservedKV.new` claims every reserved block then; decoding
+never runs out of blocks, so nothing is ever preempted; at the finish the whole reservation goes back
+at once. Requests are of one sequence only (`add_request`).
 """
 
 from __future__ import annotations
@@ -79,7 +54,12 @@ def reserved_tokens(policy: str, final_len: int, context_limit: int) -> int:
 
 
 class ReservedKV(CowKV):
-    """Block tables that claim their whole reservation at admission and never grow."""
+    """Block tables that claim their whole reservation at admission and never grow.
+
+    Blocks stand in for Orca's contiguous chunk: a reservation of L tokens holds blocks_for(L) blocks, so the
+    chunk is rounded up to a whole block (with small blocks, a few tokens). What the paper's Orca also loses to
+    external fragmentation between chunks of different sizes is not modelled: blocks need not be adjacent.
+    Both make these baselines slightly kinder than the paper's."""
 
     def __init__(self, allocator: BlockAllocator, reservation: Callable[[Sequence], int]):
         super().__init__(allocator)
@@ -89,7 +69,8 @@ class ReservedKV(CowKV):
         return blocks_for(self.reservation(seq), self.block_size)
 
     def new(self, seq: Sequence) -> BlockTable:
-        """`seq`'s table at admission, every reserved block claimed (all or nothing), none written yet."""
+        """`seq`'s table at admission, every reserved block claimed (all or nothing), none written yet: the table
+        is full-size before the prefill writes a token, and never grows."""
         table = BlockTable(self.block_size)
         table.ensure_capacity(self.allocator, self.reservation(seq))
         return table
@@ -120,10 +101,15 @@ class ReservingEngine(PreemptingEngine):
                              f"the whole pool has {self.allocator.n_blocks}: Orca (max) could never admit anyone")
 
     def reserved_tokens(self, seq: Sequence) -> int:
+        """Tokens `seq` reserves. Its final length is what it asks for: run with ignore_eos=True and
+        max_new_tokens = the number of tokens it generates, and Oracle knows it exactly. A request that may stop
+        early at EOS still runs correctly; its reservation is then larger than it needed."""
         return reserved_tokens(self.policy, len(seq.prompt_ids) + seq.max_new_tokens, self.context_limit)
 
     # --- requests: one sequence each, within the context limit, a reservation the pool can hold ---------------
     def add_request(self, group_cls, prompt, max_new_tokens, sampling, ignore_eos, arrival, n, **group_kwargs):
+        """One sequence only: n samples or beams would fork blocks into reserved tables, so `add_group(n>1)`
+        and `add_beam_search` are refused here."""
         if n != 1 or group_cls is not SequenceGroup:
             raise ValueError(f"a reserving engine serves requests of one sequence; got {group_cls.__name__} "
                              f"with n={n}")
@@ -149,5 +135,5 @@ class ReservingEngine(PreemptingEngine):
         return self.kv.blocks_reserved(seq)
 
     def blocks_promised(self) -> int:
-        """Nothing: every running request already holds all it will ever write."""
+        """Nothing: every running request already holds all it will ever write, so no watermark is kept."""
         return 0

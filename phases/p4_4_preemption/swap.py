@@ -9,34 +9,19 @@ allocator", Fig. 4), and come back when there is room again:
     swap_in(tables)    CPU blocks -> fresh GPU blocks, the CPU blocks freed,
                        every table rewritten to list GPU block ids again
 
-The tables are one group's: n samples or k beams that may share blocks. The
-move keeps that sharing: a GPU block listed by 3 tables is copied ONCE, to
-one CPU block that the 3 tables then list (CPU refcount 3), and it comes back
-as one GPU block with refcount 3. Only the block ids change; `n_filled` and
-the order of blocks in each table stay as they were, so a swapped-in
-sequence resumes decoding exactly where it stopped.
+The tables are one group's: n samples or k beams that may share blocks. The move keeps that sharing:
+a GPU block listed by 3 tables is copied ONCE, to one CPU block that the 3 tables then list (CPU
+refcount 3), and it comes back as one GPU block with refcount 3. Only the block ids change; `n_filled`
+and the order of blocks in each table stay as they were, so a swapped-in sequence resumes decoding
+exactly where it stopped.
 
-Each direction is ONE indexed copy, however many blocks move:
+Each direction is ONE indexed copy, however many blocks move (`_copy`):
 
     cpu_store[cpu_ids] = gpu_store[gpu_ids].to("cpu")     # swap out
     gpu_store[gpu_ids] = cpu_store[cpu_ids].to(device)     # swap in
 
-(a gather on the source device, one transfer, a scatter on the destination),
-rather than one small transfer per block. vLLM v0 instead issued one
-`cudaMemcpyAsync` per block, which is why the paper's swapping slows down at
-small block sizes (many small PCIe transfers, §7.3); a gather first pays for
-small blocks with one extra on-device copy instead. On a CPU-only machine both
-pools live in the same RAM and the "transfer" is a memcpy.
-
-When the accelerator's pool is on CUDA, the CPU pool is *pinned* (page-locked)
-memory, and so is the staging buffer each transfer goes through. The GPU's DMA
-engine reads and writes pinned memory directly; from ordinary pageable memory
-the driver first copies through a pinned bounce buffer of its own, and cannot
-overlap the copy with anything. A swap-in needs no wait: the copy is queued on
-the stream, and every kernel that reads those blocks later is queued after it.
-A swap-out must wait for its copy, because the CPU reads the blocks right
-after. (`SwapTraffic.seconds` reads a synchronised clock, so the time of both
-copies is measured either way.)
+On CUDA the CPU pool is pinned (page-locked) memory; on a CPU-only machine both pools live in the same
+RAM and the "transfer" is a memcpy.
 """
 
 from __future__ import annotations
@@ -73,6 +58,8 @@ class SwapSpace:
         self.gpu = gpu
         self.device = gpu.kv_store.device
         # Page-locked only where there is a GPU to DMA from (pinning needs CUDA; a CPU-only pool gains nothing).
+        # The GPU's DMA engine reads and writes pinned memory directly; from ordinary pageable memory the driver
+        # first copies through a pinned bounce buffer of its own, and cannot overlap the copy with anything.
         self.pinned = self.device.type == "cuda"
         self.cpu = BlockAllocator(n_blocks, n_layers, n_kv_heads, head_dim, block_size, device="cpu",
                                   dtype=gpu.kv_store.dtype, pin_memory=self.pinned)
@@ -143,7 +130,14 @@ class SwapSpace:
     def _copy(self, src_store: torch.Tensor, dst_store: torch.Tensor, src_ids: list[int], dst_ids: list[int]) -> None:
         """dst_store[dst_ids] = src_store[src_ids]: whole blocks, all layers, K and V, in one indexed copy.
 
-        A gather on the source device, one transfer, a scatter on the destination device.
+        A gather on the source device, one transfer (through a pinned staging buffer), a scatter on the
+        destination device, rather than one small transfer per block. vLLM v0 instead issued one
+        `cudaMemcpyAsync` per block, which is why the paper's swapping slows down at small block sizes (many
+        small PCIe transfers, §7.3); a gather first pays for small blocks with one extra on-device copy instead.
+        A swap-in needs no wait: the copy is queued on the stream, and every kernel that reads those blocks
+        later is queued after it. A swap-out must wait for its copy, because the CPU reads the blocks right
+        after. (`SwapTraffic.seconds` reads a synchronised clock, so the time of both copies is measured
+        either way.)
         """
         if not src_ids:
             return

@@ -21,8 +21,7 @@ kv        the rejected guesses' slots are cut from the table, emptied blocks bac
           happens on the real last token's write; the guesses land in that block,
           now private, or in fresh ones.
 
-Refused: k < 1, a draft with another vocabulary, beam search (a beam's next
-tokens depend on every beam's scores at once).
+Refused: k < 1, a draft with another vocabulary, beam search (a beam's next tokens depend on every beam's scores).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """`AsyncEngine`: the served engine, stepped by one thread while requests come and go on an asyncio loop.
 
-The engine (phase 4.5's, the last of the line: samples.py) is synchronous:
-`add_group()` queues, `step()` runs one forward pass, decode tokens and prefill
-chunks together (tens of ms on a CPU, a few on a GPU), and returns the tokens it
-made. A server has many clients at once, each waiting on its own tokens, on an
-asyncio event loop that must never block for a forward pass.
-
-So the engine lives in its own thread and nothing else touches it:
+The engine (phase 4.5's, the last of the line: samples.py) is synchronous: `add_group()` queues, `step()`
+runs one forward pass, decode tokens and prefill chunks together, and returns the tokens it made. A server
+has many clients at once, each waiting on its own tokens, on an asyncio event loop that must never block
+for a forward pass. So the engine lives in its own thread and nothing else touches it:
 
   event loop (HTTP handlers)                 engine thread
   --------------------------                 -------------
@@ -16,20 +13,13 @@ So the engine lives in its own thread and nothing else touches it:
   req.events  <- call_soon_threadsafe --+--  route each StepOutput to its request
                                              nothing to do? sleep on an Event (no spin)
 
-- Each request has its own `asyncio.Queue` of `TokenEvent`s, filled from
-  the engine thread with `loop.call_soon_threadsafe` (once per step).
-- A client that goes away is aborted: the engine frees its blocks at the
-  next drain, i.e. within one step.
-- The waiting line is bounded (`max_waiting` requests accepted but not yet
-  producing tokens); past it `submit` raises `QueueFull` (the server answers
+- Each request has its own `asyncio.Queue` of `TokenEvent`s, filled from the engine thread with
+  `loop.call_soon_threadsafe` (once per step). A client that goes away is aborted within one step.
+- The waiting line is bounded (`max_waiting`): past it `submit` raises `QueueFull` (the server answers
   503) instead of queueing without limit or dropping anything silently.
-- `texts()` turns token events into text deltas (detokenize.py) and ends a
-  sample early when one of its stop strings appears.
-- A step that raises fails only its culprit (isolation.py): the tokens made
-  before the failure are delivered, the culprit's client gets the error, the
-  others carry on; every failure is logged with its traceback and the ids of
-  the requests it failed and retried. Only an error the engine cannot
-  recover from fails every request in it, as a shutdown does.
+- A step that raises fails only its culprit (isolation.py): the tokens made before the failure are
+  delivered, the culprit's client gets the error, the others carry on (`_fail_culprits`). Only an error
+  the engine cannot recover from fails every request in it, as a shutdown does.
 """
 
 from __future__ import annotations
@@ -191,7 +181,7 @@ class AsyncEngine:
                 self.abort(req)
 
     async def texts(self, req: Request, stops: list[str] | None = None) -> AsyncIterator[ChoiceDelta]:
-        """Text deltas per sample, detokenized incrementally; a stop string ends its sample."""
+        """Text deltas per sample, detokenized incrementally (detokenize.py); a stop string ends its sample early."""
         streams = [TextStream(self.engine.lm.tokenizer, stops) for _ in range(req.n)]
         async for ev in self.tokens(req):
             stream = streams[ev.index]

@@ -1,49 +1,24 @@
 """`ServingEngine`: phase 4.5's engine, where a step that raises fails only the request that caused it.
 
-A server steps one engine for every client at once, so an exception in a
-step (a kernel that trips on one prompt's shape, a bad value that slipped
-past validation, a CUDA error) would otherwise fail every request in it,
-and could leave blocks claimed by nobody. Validation (`SamplingParams`,
-`add()`) stops every known cause before a request is queued; this is the
-second line, for what is left:
+A server steps one engine for every client at once, so an exception in a step (a kernel that trips on one
+prompt's shape, a bad value that slipped past validation, a CUDA error) would otherwise fail every request
+in it, and could leave blocks claimed by nobody. Validation (`SamplingParams`, `add()`) stops every known
+cause before a request is queued; this is the second line, for what is left:
 
-1. Outputs already made are kept. A step runs one forward pass (phase 3.6:
-   decode tokens and prefill chunks together), or several while isolating
-   (`run_batch` cuts the step's batch into narrower ones); tokens an earlier
-   pass made are real, so the engine hands them over with the failure
-   (`StepFailed.outputs`). Groups whose narrower pass never ran had slots
-   claimed for it that hold nothing: they are rolled back too (below).
-2. The failing pass names the suspects: the groups (requests) in it. One
-   suspect is the culprit: it alone fails (`StepFailed.failed`). Several
-   are rolled back to where recomputation can take them up (below) and the
-   engine *isolates*: while it does, every forward pass runs in chunks of at
-   most `isolation_width` groups, half the suspects of the last failure. A
-   chunk that fails again halves the width, until the culprit fails alone in
-   a chunk of one. Each failure either halves the width or fails a request,
-   so the search ends, after at most log2(suspects) + 1 failed passes.
-3. The isolation ends once every suspect has come through a pass in the
-   roles it had in the pass that failed (prefilling a chunk, decoding, or
-   both: a recomputed group's members can do both in one pass), or has
-   finished. While isolating, the step's batch (one token budget) is shared
-   by its narrower passes, in arrival order.
+1. Outputs already made are kept: a step runs one forward pass, or several narrower ones while isolating,
+   and tokens an earlier pass made are real, so they go out with the failure (`StepFailed.outputs`).
+2. The failing pass names the suspects: the groups (requests) in it. One suspect is the culprit: it alone
+   fails (`StepFailed.failed`). Several are rolled back (`_roll_back`) and the engine *isolates*: every
+   forward pass runs at most `isolation_width` groups, half the suspects of the last failure. Each failure
+   either halves the width or fails a request, so the search ends, after at most log2(suspects) + 1
+   failed passes.
+3. The isolation ends once every suspect has come through a pass in the roles it had in the pass that
+   failed (prefilling a chunk, decoding, or both), or has finished.
 
-Rolling a group back uses what phase 4.4 built for preemption: its blocks go
-back to the pool (full blocks stay in the prefix cache: they were written by
-passes that succeeded), and its sequences go back to the waiting queue at
-their arrival position. A sequence with outputs is PREEMPTED and
-recomputed (prompt + outputs in one prefill; nothing is sampled or streamed
-twice); a request that had made nothing is un-admitted: its samples are
-un-forked (phase 4.1's `unfork`) and its parent is WAITING again, its random
-stream started afresh, so a seeded request still draws what it would have drawn.
-The KV of a failed pass is never trusted: it is dropped, never swapped.
-
-Limits: a beam-search group in a failing pass fails with it (its search
-state moved on in the pass and cannot be rolled back; the server never makes
-beams). Seeded samples are not among the limits: since phase 3.7 each draw
-is keyed on (seed, token index), not taken from a generator's state, so a
-pass whose sampling raised part-way leaves nothing drawn behind. A failure
-with no group to blame (nothing running) is raised as it is: the caller must
-fail everything.
+The KV of a failed pass is never trusted: it is dropped, never swapped. A beam-search group in a failing
+pass fails with it (its search state moved on in the pass and cannot be rolled back; the server never makes
+beams). A failure with no group to blame (nothing running) is raised as it is: the caller must fail
+everything.
 """
 
 from __future__ import annotations
@@ -119,7 +94,7 @@ class ServingEngine(SpeculativeEngine):
         self.n_groups_failed += len(failed)
         self.n_groups_retried += len(retried) + len(unrun)
         if len(retried) > 1 or (retried and self.isolation_width is not None):
-            width = math.ceil(len(involved) / 2)
+            width = math.ceil(len(involved) / 2)   # a narrower pass that fails again halves it, down to one
             self.isolation_width = width if self.isolation_width is None else min(self.isolation_width, width)
             self.suspects.update({g: in_pass[g] for g in retried})
         else:
@@ -132,7 +107,16 @@ class ServingEngine(SpeculativeEngine):
         return sorted(groups, key=lambda g: g.request_id)
 
     def _roll_back(self, group: SequenceGroup) -> None:
-        """Take `group` off the pool and back to the waiting queue, to be admitted and recomputed later."""
+        """Take `group` off the pool and back to the waiting queue, to be admitted and recomputed later.
+
+        It uses what phase 4.4 built for preemption: the group's blocks go back to the pool (full blocks stay in
+        the prefix cache: passes that succeeded wrote them), and its sequences go back to the waiting queue at
+        their arrival position. A sequence with outputs is PREEMPTED and recomputed (prompt + outputs in one
+        prefill; nothing is sampled or streamed twice). A request that had made nothing is un-admitted: its
+        samples are un-forked (phase 4.1's `unfork`) and its parent is WAITING again, its random stream started
+        afresh, so a seeded request still draws what it would have drawn. Seeded samples need nothing more:
+        each draw is keyed on (seed, token index), not taken from a generator's state, so a pass whose sampling
+        raised part-way leaves nothing drawn behind."""
         if any(s.output_ids for s in group.seqs):
             members = [s for s in group.seqs if s in self.running]
             for s in members:
@@ -168,7 +152,9 @@ class ServingEngine(SpeculativeEngine):
     # --- the passes of a step: one, or narrower ones while isolating ---------------------------
     def run_batch(self, batch: Batch) -> list[StepOutput]:
         """Phase 3.5's pass; while isolating, one pass per `isolation_width` groups (in arrival order, a
-        group's members together), each a slice of the step's batch."""
+        group's members together), each a slice of the step's batch: the narrower passes share its one token
+        budget. Should one fail, the groups of the passes not yet run (`_unrun`) are rolled back too: they
+        claimed slots that hold nothing."""
         if not self.isolating:
             return self._watched(batch)
         groups = self._groups(batch.seqs)
