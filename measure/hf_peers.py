@@ -144,7 +144,7 @@ def run_hf_static(lm, requests: list[Request], max_running: int | None = None) -
 
 
 # No inference_mode here: `generate` runs under no_grad by itself, which is how a user calls it, and
-# torch.compile has a record of failing or slowing down under inference_mode (pytorch issues 103132, 114119).
+# torch.compile has a record of failing or slowing down under inference_mode (pytorch/pytorch#103132, #114119).
 def run_hf_compiled(lm, requests: list[Request], max_running: int | None = None, compile: bool = True) -> EngineRun:
     """One padded `generate(cache_implementation="static")` call; its decode step compiled on CUDA.
 

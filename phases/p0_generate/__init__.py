@@ -8,7 +8,7 @@ keys and values of every past token are computed again at every step.
 
 Files:
 - generate.py  `generate` / `generate_ids` (the loop), `GenerationResult`, `check_request`, `prompt_to_ids`
-- README.md    what the baseline costs and how to run it
+- README.md    the idea, its files, how to run it; its tables: docs/measurements/p0_generate.md
 """
 
 from phases.p0_generate.generate import GenerationResult, check_request, generate, generate_ids, prompt_to_ids

@@ -8,7 +8,7 @@ produces the same greedy tokens, but keeps every layer's keys and values in a
 Files:
 - generate.py  `generate` / `generate_ids`: prefill once, then one token per step through the cache
 - demo.py      `decode_sweep`: phase 0's loop vs this one, tok/s, ms/tok, TTFT and memory per length
-- README.md    what the cache changes, the measured table
+- README.md    the idea, its files, how to run it; its tables: docs/measurements/p1_kv_cache.md
 """
 
 from phases.p1_kv_cache.generate import generate, generate_ids

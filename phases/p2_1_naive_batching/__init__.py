@@ -13,5 +13,5 @@ Files:
 - generate.py  `generate_batch(lm, prompts)` -> `BatchResult` (outputs, steps, timings)
 - demo.py      the `sweep` and `waste_demo` demos, and `STATIC`: this phase's engine as the
                measurement harness runs it (static batches of max_running)
-- README.md    what static batching gains and wastes, the measured tables
+- README.md    the idea, its files, how to run it; its tables: docs/measurements/p2_1_naive_batching.md
 """

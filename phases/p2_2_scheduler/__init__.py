@@ -10,5 +10,5 @@ Files:
 - sequence.py   `Status`, `Sequence` (one request's state machine) and `StepOutput` (one token of one step)
 - trace.py      `StepRecord` / `Trace`: per-step slot occupancy, the data behind the timelines
 - scheduler.py  `Scheduler(lm, max_running)`: add() -> Sequence, step() -> [StepOutput], run()
-- README.md     the state machine and the scheduler's loop
+- README.md     the idea, its files, how to run it; its tables: docs/measurements/p2_2_scheduler.md
 """

@@ -11,5 +11,5 @@ Files:
                 `_prefill` / `_decode` passes
 - demo.py       `latency_demo` (static vs continuous per sequence) and `wall`
                 (KV memory: StaticCache reservation vs what DynamicCache holds)
-- README.md     latency per sequence, the memory wall, the measured tables
+- README.md     the idea, its files, how to run it; its tables: docs/measurements/p2_3_continuous_batching.md
 """

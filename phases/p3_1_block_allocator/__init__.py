@@ -12,7 +12,7 @@ Files:
                 stated budget (CPU)
 - demo.py       `alloc_demo`: blocks used by paging vs a static reservation, on the latency workload's
                 real prompt/output token counts (`workload`, `workload_options`)
-- README.md     the pool's layout, its invariants, the measured table
+- README.md     the idea, its files, how to run it; its tables: docs/measurements/p3_1_block_allocator.md
 """
 
 from phases.p3_1_block_allocator.allocator import (DEFAULT_BLOCK_SIZE, AllocatorError, BlockAllocator,

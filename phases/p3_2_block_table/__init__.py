@@ -7,7 +7,7 @@ Files:
                   for one pool), `block_size_study` (tail waste vs table entries across block sizes,
                   on the latency workload's real lengths) and `vm_analogy` (a page table and a block
                   table, one address walked through each, drawn)
-- README.md       the mapping, the block-size trade-off, the measured tables
+- README.md       the idea, its files, how to run it; its tables: docs/measurements/p3_2_block_table.md
 """
 
 from phases.p3_2_block_table.block_table import BlockTable

@@ -16,5 +16,5 @@ Files:
 - demo.py         `snapshot` (paged == DynamicCache, token for token), `grow_demo` (what one growing
                   sequence copies and allocates in each; measure/grow_bench.py) and `tput` (this phase's
                   engines, `TPUT_ENGINES`: `run_dynamic`, `run_paged`, handed to measure/tput.py)
-- README.md       the cache, the engine-runner interface, the measured tables
+- README.md       the idea, its files, how to run it; its tables: docs/measurements/p3_3_paged_cache.md
 """

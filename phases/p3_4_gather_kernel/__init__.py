@@ -11,5 +11,5 @@ Files:
                   K/V gathered into a padded stack (measured against phase 3.3's N passes)
 - demo.py         `gather_bench`: Python per-block gather vs reference vs kernel; `stack_bench`: N passes
                   vs one padded stack
-- README.md       the kernel's grid, the tests, the measured table
+- README.md       the idea, its files, how to run it; its tables: docs/measurements/p3_4_gather_kernel.md
 """

@@ -15,5 +15,5 @@ And:
 - demo.py           `attn_bench` (the kernel vs SDPA vs the references), `tput` and `workload_bench` (every
                     engine side by side, through measure/tput.py and measure/workload_bench.py), and this
                     phase's engine runner `BATCHED`
-- README.md         the kernels, the engine, the peers, the measured tables
+- README.md         the idea, its files, how to run it; its tables: docs/measurements/p3_5_paged_attention.md
 """

@@ -19,5 +19,5 @@ The engine built on it:
 And:
 - demo.py       `prefill_bench`: prefill tok/s (3.5's loop vs the varlen path vs contiguous SDPA/flash), the
                 whole prefill pass per engine, streams' inter-token latency with and without chunking
-- README.md     what this adds, how to run it, the measured tables
+- README.md     the idea, its files, how to run it; its tables: docs/measurements/p3_6_varlen_prefill.md
 """

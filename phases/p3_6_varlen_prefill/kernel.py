@@ -58,9 +58,9 @@ class TileConfig:
 
 # (fp32?, largest head_dim) -> config, with BLOCK_M = the plan's block_m (64). Picked without a GPU:
 # a few candidates were compiled for sm_90 (H100) with aot_check.py, and these are the largest
-# tiles among them that compiled without register spills. aot_check now compiles with the
+# tiles among them that compiled without register spills. aot_check compiles with the
 # 16-divisibility a launch marks on aligned pointers and strides; with it, fp32 at head_dim 128
-# spilled 1,136 bytes per thread on 4 warps, so it runs on 8 (112 registers, no spill). They are
+# spills registers on 4 warps, so it runs on 8. They are
 # not timed; tune them on a GPU. fp32 needs smaller tiles: `tl.dot` in exact fp32 ("ieee") runs
 # on the FMA units, not the tensor cores, and holds far more per thread.
 TILE_CONFIGS = {

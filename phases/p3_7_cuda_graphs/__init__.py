@@ -21,5 +21,5 @@ The step:
 And:
 - demo.py           `graph_bench`: the decode step eager vs static vs graph per batch size, the kernel against
                     phase 3.5's and SDPA (GB/s), and the tuning sweep
-- README.md         what this adds, how to run it, the measured tables
+- README.md         the idea, its files, how to run it; its tables: docs/measurements/p3_7_cuda_graphs.md
 """

@@ -57,14 +57,14 @@ class LaunchConfig:
         return max(self.tile_blocks, -(-MIN_DOT // block_size))
 
 
-# Measured best on an H100 for Qwen3-0.6B's shape in bf16 at batch 32-256 (tuning.py; README).
+# Measured best on an H100 for Qwen3-0.6B's shape in bf16 at batch 32-256 (tuning.py).
 DEFAULT_CONFIG = LaunchConfig(tile_blocks=4, num_warps=2, num_stages=3)
 
 # Where DEFAULT_CONFIG spills registers once compiled for an H100 (aot_check.py): an fp32 pool (the gpu
 # tier's token-exact runs; fp32 `tl.dot`s hold twice the bytes) at any head_dim, or head_dim 256 in 16-bit.
 # There the same tile is shared by more warps: the first count that compiled without a spill, with and
-# without split-KV, under both the pinned triton (3.7.1) and the GPU machine's (3.6.0), whose compiler
-# spilled fp32 at 4 warps (head_dim 128, split-KV) and 8 (head_dim 256, one split) where 3.7.1's did not.
+# without split-KV, under both the pinned triton and an older one a GPU box may carry, whose compiler
+# spills fp32 at 4 warps (head_dim 128, split-KV) and 8 (head_dim 256, one split) where the pinned one does not.
 # Picked by compiling, not timed. (fp32?, largest head_dim) -> config.
 LAUNCH_CONFIGS = {
     (False, 128): DEFAULT_CONFIG,

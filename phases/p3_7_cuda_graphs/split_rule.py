@@ -16,14 +16,14 @@ programs to switch between while their loads are in flight. So:
 
 On a CPU there are no SMs to fill (the PyTorch path ignores splits): one split.
 The constants are what the split sweep of tuning.py (`python -m
-phases.p3_7_cuda_graphs.tuning`) measured on an H100 (README).
+phases.p3_7_cuda_graphs.tuning`) measured on an H100.
 """
 
 from __future__ import annotations
 
 import torch
 
-PROGRAMS_PER_SM = 1          # split only while batch x KV heads leaves SMs idle (tuning sweep, README)
+PROGRAMS_PER_SM = 1          # split only while batch x KV heads leaves SMs idle (the tuning sweep)
 MIN_BLOCKS_PER_SPLIT = 128   # blocks (2,048 tokens of 16-token blocks) a split reads at the least
 MAX_SPLITS = 16
 

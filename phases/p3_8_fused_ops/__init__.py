@@ -9,5 +9,5 @@
 - aot_check.py the three kernels compiled for an H100 without one: registers, spills
 - demo.py      `fused_bench`: kernels per decode step, phase 3.7 vs this phase (any device), and the step's wall
                and GPU time (CUDA); `fused_workload`: the equal and mixed work
-- README.md    what this adds, how to run it, what was measured and what is owed to a GPU
+- README.md    the idea, its files, how to run it; its tables: docs/measurements/p3_8_fused_ops.md
 """

@@ -8,5 +8,5 @@ Files:
                 forks k samples over its blocks (`add()` is a group of one); phase 3.3's admission rule
                 with shared blocks counted once (`worst_case_blocks`); `SequenceGroup`
 - demo.py       `cow_demo`: the block tables of n samples right after the fork and after the copy-on-write
-- README.md     forking, copy-on-write, the measured tables
+- README.md     the idea, its files, how to run it; its tables: docs/measurements/p4_1_copy_on_write.md
 """

@@ -7,5 +7,5 @@ Files:
              engine's batched decode, re-forking their tables every step (phase 4.1's fork)
 - demo.py    `share_demo`: memory saved by sharing, parallel sampling and beam search, next to the vLLM
              paper's numbers
-- README.md  the rules (HF's), equality with HF, the measured tables
+- README.md  the idea, its files, how to run it; its tables: docs/measurements/p4_2_beam_search.md
 """

@@ -14,7 +14,7 @@ Files:
                    engine this part (`prefix_cache_pool`, `use_prefix_cache`)
 - demo.py          `prefix_demo`, one-shot and few-shot system prompts with and without the cache: hit
                    rate, prefill tokens skipped, TTFT, throughput
-- README.md        the three block states, the hooks, the measured tables
+- README.md        the idea, its files, how to run it; its tables: docs/measurements/p4_3_prefix_caching.md
 """
 
 from phases.p4_3_prefix_caching.block_hash import ROOT_HASH, chain_hashes, hash_block

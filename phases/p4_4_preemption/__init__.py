@@ -18,7 +18,7 @@ Files:
              stress_bench.py; traces from workload.py, driven by harness.py's `drive`) and `rate_sweep` (paged
              allocation against the three reservations under Poisson arrivals, the paper's Fig. 12 and 13;
              measure/rate_bench.py, driven by harness.py's `drive_timed`)
-- README.md  the rules, the engine line, the measured tables
+- README.md  the idea, its files, how to run it; its tables: docs/measurements/p4_4_preemption.md
 """
 
 from phases.p4_4_preemption.engine import PREEMPTION_MODES, PreemptingEngine, PreemptionStats

@@ -2,7 +2,7 @@
 
 Phase 4.2's engine (samples, beams, copy-on-write) with phase 4.3's prefix cache as its KV part. Phases
 3.3-4.3 admitted a request only if its worst case (prompt + max_new_tokens, every sample) fit beside
-everyone else's, so most reserved blocks sat empty. Here (vLLM paper §4.5; the README's "The rules"):
+everyone else's, so most reserved blocks sat empty. Here (vLLM paper §4.5):
 
 admission   first come, first served, optimistic: the head of the queue is admitted, whole group at
             once, when its prefill's blocks fit NOW (`blocks_to_admit`), beside the running sequences'
