@@ -2,61 +2,31 @@
 
     make lessons                              # or: .venv/bin/python scripts/lessons.py
     git log --reverse --oneline lessons       # the course, one line per phase
-    git show lesson-p0 --stat                 # lesson 0: the ground floor and phase 0
     git diff lesson-p3_4 lesson-p3_5          # lesson 3.5: what phase 3.5 adds
     make lessons-check                        # ... and each lesson's own tests, on that lesson alone
 
-The lessons are built from the tracked files of HEAD (`git ls-tree HEAD`: commit first; runs/,
-.venv and other ignored files never go in). Each phase folder under phases/ is one lesson, in the
-order of its number (p0, p1, p2_1 .. p2_3, p3_1 .. p3_8, p4_1 .. p4_5, p5: the README's phase
-table). Lesson k's commit adds, on top of lesson k-1:
+Each phase folder under phases/ is one lesson, in the order of its number (p0, p1, p2_1 .. p5: the
+README's phase table), tagged lesson-<phase>. Lesson k adds its phase folder and every other tracked
+file of HEAD that first has what it needs at lesson k (place() gives the rule); lesson 0 also holds
+the ground floor: the top-level files, .ci/, common/ and the test helpers. The build writes objects
+and refs only (a temporary index, `git commit-tree`, `git update-ref`): the working tree, the index
+and the current branch are not touched. Commit dates are HEAD's, so a rebuild gives the same hashes.
 
-- its phase folder;
-- every other file that first has what it needs at lesson k:
-  - a .py file: every module it imports (`phases.*`, `common.*`, `measure.*`, `tests.*`, imports
-    inside functions included) is in lesson k or before. A test (tests/**/test_*.py) also waits
-    for the phase its name carries (test_p3_5_engine.py: p3_5) and for the phase modules and
-    non-Python files its text names (`phases.p5_serving.demo`, `docs/architecture.md`, the
-    notebook `05_paged_attention.ipynb`); a test that names no phase at all checks the whole
-    course (the demo registry, every README, every notebook) and goes in the last lesson;
-  - a notebook (notebooks/NN_x.ipynb) goes in with its text copy NN_x.py, which imports phases;
-  - another text file outside phases/ (docs/*.md, scripts/*.sh) waits for the files it names;
-  - results/: a file goes in with the first lesson whose text names it, its folder or a file of
-    the same stem (a phase README's link to results/x.md brings x.json and x.png); the rest go
-    in the last lesson;
-- lesson 0 is also the ground floor: the top-level files other than .py (README.md, Makefile,
-  requirements.txt, pytest.ini, ...), .ci/, common/ and the test helpers (tests/conftest.py,
-  tests/oracles.py, ...). A file that such a file, or a phase file, imports at import time goes in
-  no later than it, even if one of its functions imports a later phase (measure/cli.py's `serve`
-  imports phase 5): the check below reports that import instead of failing it.
-
-Its message: `<phase>: <the first line of the phase's __init__ docstring, shortened>`, then the
-README's "Adds" paragraph (or, with no README, the rest of that docstring) and the files the
-lesson adds outside its folder. Each lesson is tagged `lesson-<phase>`, the phase folder's short
-name: lesson-p0, lesson-p2_1, lesson-p5. Commit dates are HEAD's, so re-building from the same
-HEAD gives the same hashes; a re-build replaces the branch and every lesson-* tag.
-
-The build writes objects and refs only: a temporary index (GIT_INDEX_FILE), `git commit-tree`,
-`git update-ref`. The working tree, the index and the current branch are not touched.
-
-Checks (`--check` checks the existing branch; a build runs it too; static, a few seconds):
-  (a) every .py file a lesson adds imports only modules present in that lesson's tree. Imports at
-      import time fail anywhere; imports inside functions fail in a phase folder (a phase never
-      reaches forward) and are reported as notes elsewhere, like phase modules named in strings
-      (measure/demos.py's table), which are looked up only when asked for.
-`--run-tests [PHASE ...]` (make lessons-check) adds:
-  (b) each lesson's own tests (the tests/test_*.py it adds), run with pytest on that lesson's tree
-      alone (`git archive` into a temporary folder), gpu- and notebook-marked tests deselected.
-What neither sees: a module looked up by a string built at run time, a file read by a path built
-at run time, and tests of one lesson that another lesson's files would break (b runs each lesson's
-own tests only; the tests placed in the last lesson run only there).
+Checks, each lesson on its own commit:
+  (a) `--check` (a build runs it too; seconds): every .py file a lesson adds imports only modules
+      that lesson has (check_imports);
+  (b) `--run-tests [PHASE ...]` (make lessons-check; minutes): the tests the lesson adds, run in a
+      checkout of its commit alone (run_tests); with `--quick`, only the few that QUICK names.
+`make test` runs (a) and (b) `--quick` on every lesson (tests/test_lessons.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import json
 import os
+import queue
 import re
 import subprocess
 import sys
@@ -202,7 +172,26 @@ class Plan:
 
 
 def place(tree: Tree) -> Plan:
-    """Which lesson each tracked file goes in (see the module docstring for the rule).
+    """Which lesson each tracked file goes in. Lesson k adds, on top of lesson k-1:
+
+    - its phase folder;
+    - every other file that first has what it needs at lesson k:
+      - a .py file: every module it imports (`phases.*`, `common.*`, `measure.*`, `tests.*`, imports
+        inside functions included) is in lesson k or before. A test (tests/**/test_*.py) also waits
+        for the phase its name carries (test_p3_5_engine.py: p3_5) and for the phase modules and
+        non-Python files its text names (`phases.p5_serving.demo`, `docs/architecture.md`, the
+        notebook `05_paged_attention.ipynb`); a test that names no phase at all checks the whole
+        course (the demo registry, every README, every notebook) and goes in the last lesson;
+      - a notebook (notebooks/NN_x.ipynb) goes in with its text copy NN_x.py, which imports phases;
+      - another text file outside phases/ (docs/*.md, scripts/*.sh) waits for the files it names;
+      - results/: a file goes in with the first lesson whose text names it, its folder or a file of
+        the same stem (a phase README's link to results/x.md brings x.json and x.png); the rest go
+        in the last lesson;
+    - lesson 0 is also the ground floor: the top-level files other than .py (README.md, Makefile,
+      requirements.txt, pytest.ini, ...), .ci/, common/ and the test helpers (tests/conftest.py,
+      tests/oracles.py, ...). A file that such a file, or a phase file, imports at import time goes
+      in no later than it, even if one of its functions imports a later phase (measure/cli.py's
+      `serve` imports phase 5): check_imports reports that import instead of failing it.
 
     Three passes. Fixed: a phase folder's files go in their phase, the ground floor in lesson 0.
     Caps: a file that a fixed file imports at import time (not inside a function), directly or
@@ -368,6 +357,9 @@ def added_elsewhere(paths: list[str], folder: str) -> str:
 
 
 def message(tree: Tree, short: str, folder: str, paths: list[str], source: str) -> str:
+    """`<phase>: <the first line of the phase's __init__ docstring, shortened>`, then the README's
+    "Adds" paragraph (or, with no README, the rest of that docstring) and the files the lesson adds
+    outside its folder."""
     first = docstring_of(tree, folder).split("\n", 1)[0] or folder
     body = adds_paragraph(tree, folder)
     others = added_elsewhere(paths, folder)
@@ -379,7 +371,13 @@ def message(tree: Tree, short: str, folder: str, paths: list[str], source: str) 
 
 
 def build(repo: Path = ROOT, rev: str = "HEAD") -> tuple[Plan, list[str]]:
-    """Write the lesson commits and point `lessons` and the lesson-* tags at them; return the plan and commits."""
+    """Write the lesson commits and point `lessons` and the lesson-* tags at them; return the plan and commits.
+
+    Built from `rev`'s tracked files (`git ls-tree`: commit first; runs/, .venv and other ignored files
+    never go in), through a temporary index (GIT_INDEX_FILE), `git commit-tree` and one `git update-ref`
+    transaction: the working tree, the index and the current branch are not touched. Commit dates are
+    the commit's, so re-building from the same commit gives the same hashes; a re-build replaces the
+    branch and every lesson-* tag. Where git has no identity configured, the commits name this script."""
     current = subprocess.run(["git", "-C", str(repo), "symbolic-ref", "-q", "--short", "HEAD"],
                              capture_output=True, text=True).stdout.strip()
     if current == BRANCH:
@@ -389,6 +387,9 @@ def build(repo: Path = ROOT, rev: str = "HEAD") -> tuple[Plan, list[str]]:
     plan = place(tree)
     date = git("log", "-1", "--format=%cI", commit, repo=repo).strip()
     env_base = {**os.environ, "GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date}
+    if subprocess.run(["git", "-C", str(repo), "var", "GIT_COMMITTER_IDENT"], capture_output=True).returncode:
+        env_base |= {f"GIT_{who}_{what}": value for who in ("AUTHOR", "COMMITTER")     # a bare CI box
+                     for what, value in (("NAME", "scripts/lessons.py"), ("EMAIL", "lessons@localhost"))}
     commits: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         env = {**env_base, "GIT_INDEX_FILE": str(Path(tmp) / "index")}
@@ -411,12 +412,14 @@ def build(repo: Path = ROOT, rev: str = "HEAD") -> tuple[Plan, list[str]]:
 
 
 def check_imports(repo: Path = ROOT, branch: str = BRANCH) -> tuple[list[str], list[str]]:
-    """(a): (failures, notes), for each lesson and each .py file it adds.
+    """(a): (failures, notes), for each lesson and each .py file it adds; static, a few seconds.
 
     A failure: an import at import time of a local module the lesson's tree lacks, or any such
     import (inside a function too) in a phase folder: a phase never reaches forward. A note: the
     same inside a function elsewhere (measure/cli.py's `serve` imports phase 5 when asked for), or
-    a phase module named in a string (a lookup table) that the lesson's tree lacks."""
+    a phase module named in a string (a lookup table) that the lesson's tree lacks. What it cannot
+    see: a module looked up by a string built at run time, a file read by a path built at run time;
+    (b), run_tests, runs the code."""
     failures, notes = [], []
     before: set[str] = set()
     for c in git("rev-list", "--reverse", branch, repo=repo).split():
@@ -442,6 +445,203 @@ def check_imports(repo: Path = ROOT, branch: str = BRANCH) -> tuple[list[str], l
     return failures, notes
 
 
+# (b) --quick, which `make test` runs on every lesson: a few of the tests each lesson adds, about a second
+# of work each on the tiny random model (no packaged model, no demo, no compile-for-H100), chosen to touch
+# what the phase adds: 1 to 5 s a lesson, through the fork server below (a fresh Python would add 7 s each).
+# A test named here must be in a file its lesson adds (tests/test_lessons.py checks it); every lesson
+# that adds tests names some. p0 adds none (tests/test_p0_p1.py needs p1): its check imports its package.
+QUICK: dict[str, list[str]] = {
+    "p0": [],
+    "p1": ["tests/test_p0_p1.py::test_both_loops_equal_hf_generate_on_tiny_model",
+           "tests/test_p0_p1.py::test_stop_at_eos_and_ignore_eos_on_tiny_model"],
+    "p2_1": ["tests/test_p2_1_naive_batching.py::test_left_pad_mask_and_positions",
+             "tests/test_p2_1_naive_batching.py::test_ignore_eos_gives_every_row_the_same_work",
+             "tests/test_p2_1_naive_batching.py::test_too_long_prompt_is_rejected_before_any_work"],
+    "p2_2": ["tests/test_p2_2_scheduler.py::test_step_by_step_states",
+             "tests/test_p2_2_scheduler.py::test_bad_requests_are_rejected_at_add"],
+    "p2_3": ["tests/test_p2_3_continuous_batching.py::test_many_prompts_one_slot_equals_per_prompt_generate",
+             "tests/test_p2_3_continuous_batching.py::"
+             "test_freed_slot_goes_to_the_next_waiting_sequence_in_the_same_step"],
+    "p3_1": ["tests/test_p3_1_block_allocator.py::test_refcounts_share_a_block_until_the_last_owner_frees_it",
+             "tests/test_p3_1_block_allocator.py::test_double_free_names_the_block",
+             "tests/test_p3_1_block_allocator.py::test_random_ops_keep_refcounts_exact_and_never_leak"],
+    "p3_2": ["tests/test_p3_2_block_table.py::test_prefill_takes_every_block_at_once_and_slots_follow_the_table",
+             "tests/test_p3_2_block_table.py::test_a_write_through_the_slot_mapping_reads_back_through_physical_pos",
+             "tests/test_p3_2_block_table.py::test_release_returns_every_block_and_a_second_release_is_harmless"],
+    "p3_3": ["tests/test_p3_3_paged_cache.py::test_logits_and_kv_equal_dynamic_cache_bit_for_bit",
+             "tests/test_p3_3_paged_cache.py::test_paged_scheduler_equals_continuous_scheduler_and_hf"],
+    "p3_4": ["tests/test_p3_4_gather_kernel.py::test_gather_reads_the_right_layer_and_k_v",
+             "tests/test_p3_4_gather_kernel.py::test_padding_in_tables_is_never_read",
+             "tests/test_p3_4_gather_kernel.py::test_gather_kv_dispatch"],
+    "p3_5": ["tests/test_p3_5_engine.py::test_greedy_equals_hf_generate_tiny_model_block_boundaries",
+             "tests/test_p3_5_engine.py::test_one_forward_pass_per_phase_of_a_step",
+             "tests/test_p3_5_kernels.py::test_kernel_equals_reference_equals_sdpa"],
+    "p3_6": ["tests/test_p3_6_engine.py::test_chunked_prompts_with_decodes_alongside_equal_hf_generate",
+             "tests/test_p3_6_prefill_kernel.py::"
+             "test_kernel_and_cpu_path_take_empty_segments_a_strided_query_and_an_empty_pack"],
+    "p3_7": ["tests/test_p3_7_decode_kernel.py::test_padding_rows_of_length_zero_read_nothing_and_give_zeros",
+             "tests/test_p3_7_merge_kernel.py::test_merge_kernel_equals_merge_splits"],
+    "p3_8": ["tests/test_p3_8_fused_ops.py::test_rms_norm_equals_the_models_norm",
+             "tests/test_p3_8_fused_ops.py::test_silu_and_mul_equals_the_swiglu_gate",
+             "tests/test_p3_8_fused_ops.py::test_outside_the_step_the_model_is_its_own"],
+    "p4_1": ["tests/test_p4_1_copy_on_write.py::test_fork_shares_every_block_and_copy_happens_once_per_writer",
+             "tests/test_p4_1_copy_on_write.py::"
+             "test_n_samples_hold_one_copy_of_the_prompt_then_copy_the_partial_block_on_first_write",
+             "tests/test_p4_1_copy_on_write.py::test_plain_requests_run_exactly_as_on_phase_3_7"],
+    "p4_2": ["tests/test_p4_2_beam_search.py::test_best_beam_equals_hf_tiny_model_small_blocks",
+             "tests/test_p4_2_beam_search.py::test_beams_share_history_and_free_pruned_blocks_every_step"],
+    "p4_3": ["tests/test_p4_3_prefix_caching.py::test_a_block_hash_covers_every_token_before_it",
+             "tests/test_p4_3_prefix_caching.py::test_second_request_hits_k_blocks_and_prefills_only_the_rest",
+             "tests/test_p4_3_prefix_caching.py::test_caching_on_equals_caching_off_tiny_many_shared_prefixes",
+             "tests/test_layering.py::test_no_phase_names_a_later_one"],
+    "p4_4": ["tests/test_p4_4_preemption.py::test_greedy_outputs_equal_unlimited_pool_and_hf_under_many_preemptions",
+             "tests/test_p4_4_preemption.py::test_latest_group_is_preempted_and_goes_back_to_the_front_of_the_queue",
+             "tests/test_p4_4_reservation.py::test_a_request_never_writes_past_its_reservation"],
+    "p4_5": ["tests/test_p4_5_speculative.py::test_greedy_outputs_equal_hf_at_any_acceptance",
+             "tests/test_p4_5_speculative.py::test_seeded_acceptance_draws_are_reproducible"],
+    "p5": ["tests/test_p5_serving.py::test_completion_equals_hf_greedy_and_streamed_text_equals_plain",
+           "tests/test_p5_serving.py::test_invalid_requests_get_openai_error_bodies",
+           "tests/test_p5_isolation.py::test_a_poisoned_request_fails_alone_beside_a_valid_stream"],
+}
+QUICK_TIMEOUT_S, TIMEOUT_S = 120, 900     # a lesson's quick tests take seconds; all its own tests, minutes
+SELF_TEST = "tests/test_lessons.py"      # the check itself: never run inside a lesson (it would build again)
+
+# Run in a lesson's checkout (its working directory): pytest on the tests named, if any, then import the
+# phase's package, then make sure every local module loaded came from this checkout (not from an installed
+# copy, PYTHONPATH or the fork server).
+RUNNER = r"""
+import importlib, os, sys
+package, quick, args = sys.argv[1], sys.argv[2] == "quick", sys.argv[3:]
+here = os.path.realpath(os.getcwd())
+sys.path.insert(0, here)
+status = 0
+if args:
+    import pytest
+    status = int(pytest.main(args))
+    if status == 5 and not quick:
+        status = 0                                     # all deselected (gpu or notebook tests only)
+try:
+    importlib.import_module(package)
+except Exception as e:
+    print(f"importing {package} fails at this lesson: {type(e).__name__}: {e}")
+    status = status or 1
+tops = {d for d in os.listdir(here) if os.path.isfile(os.path.join(here, d, "__init__.py"))}
+outside = sorted(n for n, m in list(sys.modules.items()) if n.split(".")[0] in tops
+                 and getattr(m, "__file__", None) and not os.path.realpath(m.__file__).startswith(here + os.sep))
+if outside:
+    print("local modules loaded from outside this lesson's checkout:", ", ".join(outside[:5]))
+    status = status or 1
+sys.exit(status)
+"""
+
+
+# The fork server: one process that imports the third-party modules every lesson needs (torch, transformers,
+# pytest and its plugins: about 7 s of a lesson's 9), then forks one child per lesson, which changes into the
+# lesson's checkout and runs RUNNER there. It imports no local module (it runs in an empty folder; RUNNER
+# checks), so each lesson's own files are all the child can import of the project. One lesson at a time.
+PRELOAD = ("torch", "transformers", "transformers.models.llama.modeling_llama", "pytest", "hypothesis")
+SERVER = r"""
+import importlib, importlib.metadata, json, os, signal, sys, time
+runner, preload = sys.argv[1], sys.argv[2:]
+for name in preload:
+    importlib.import_module(name)
+for plugin in importlib.metadata.entry_points(group="pytest11"):    # what each pytest run would load
+    try:
+        plugin.load()
+    except Exception:
+        pass
+print("ready", flush=True)
+for line in sys.stdin:
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.chdir(job["cwd"])
+            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            out = os.open(job["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            sys.argv = ["-c", *job["argv"]]
+            exec(compile(runner, "<lesson runner>", "exec"), {"__name__": "__main__"})
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else int(e.code is not None)
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    deadline = time.monotonic() + job["timeout"]
+    while not (done := os.waitpid(pid, os.WNOHANG))[0]:
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            done = os.waitpid(pid, 0)
+            with open(job["out"], "a") as f:
+                f.write(f"\nkilled after {job['timeout']} s\n")
+            break
+        time.sleep(0.02)
+    print(json.dumps(os.waitstatus_to_exitcode(done[1])), flush=True)
+"""
+
+
+class LessonServer:
+    """The fork server, started at once (its imports take seconds): `run(cwd, argv, timeout)` runs RUNNER with
+    `argv` in a child forked into `cwd` and gives (exit status, output). Close it (or use `with`) to end it."""
+
+    def __init__(self):
+        self.home = tempfile.TemporaryDirectory(prefix="lesson-server-")
+        self.started = time.perf_counter()
+        self.start_s: float | None = None               # seconds from start to ready
+        with open(Path(self.home.name) / "server.log", "w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-c", SERVER, RUNNER, *PRELOAD], cwd=self.home.name,
+                                         env=lesson_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=log, text=True)
+
+    def ready(self) -> None:
+        while self.start_s is None:                     # a module may print as it is imported: skip to "ready"
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the lesson server did not start:\n{self.log()}")
+            if line.strip() == "ready":
+                self.start_s = time.perf_counter() - self.started
+
+    def log(self) -> str:
+        return (Path(self.home.name) / "server.log").read_text()[-3000:]
+
+    def run(self, cwd: Path, argv: list[str], timeout: float) -> tuple[int, str]:
+        self.ready()
+        out = Path(self.home.name) / "lesson.out"
+        self.proc.stdin.write(json.dumps({"cwd": str(cwd), "argv": argv, "out": str(out), "timeout": timeout}) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        if not answer:
+            raise RuntimeError(f"the lesson server stopped:\n{self.log()}")
+        return json.loads(answer), out.read_text(errors="replace")
+
+    def close(self) -> None:
+        """End the server (it stops at the end of its input) and remove its folder."""
+        try:
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
+        self.home.cleanup()
+
+    def __enter__(self) -> "LessonServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def own_tests(repo: Path, commit: str, parent: str | None) -> list[str]:
     """The tests/test_*.py files a lesson adds (not those under tests/gpu/)."""
     new = git("diff", "--name-only", "--diff-filter=A", parent, commit, repo=repo) if parent \
@@ -450,35 +650,131 @@ def own_tests(repo: Path, commit: str, parent: str | None) -> list[str]:
 
 
 @dataclass
-class TestRun:
-    tests: list[str]
+class LessonRun:
+    lesson: str
+    commit: str
+    tests: list[str]          # what was run: files, or QUICK's node ids
     seconds: float
     ok: bool
     output: str
 
+    def report(self) -> str:
+        """One paragraph that names the lesson, its commit and what failed (pytest's FAILED/ERROR lines)."""
+        if self.ok:
+            return f"lesson {self.lesson} ok"
+        if not self.tests and self.seconds == 0:         # QUICK is wrong for it: nothing ran
+            return f"lesson {self.lesson}: {self.output}"
+        lines = self.output.strip().splitlines()
+        named = [ln for ln in lines if ln.startswith(("FAILED ", "ERROR ", "ERROR:"))]
+        tail = "\n".join(named or lines[-15:])
+        return (f"lesson {self.lesson} (lesson-{self.lesson}, {self.commit[:12]}) fails on its own files:\n{tail}\n"
+                f"--- output of `python -m pytest {' '.join(self.tests)}` in a checkout of lesson-{self.lesson} ---\n"
+                f"{self.output}")
 
-def run_tests(repo: Path = ROOT, only: list[str] | None = None, branch: str = BRANCH) -> dict[str, TestRun]:
-    """(b): each lesson's own tests (the tests/test_*.py it adds) on that lesson's tree alone, with
-    gpu- and notebook-marked tests deselected; `only` names the lessons to run (default: all)."""
-    runs: dict[str, TestRun] = {}
-    parent = None
+
+def checkout(repo: Path, commit: str, into: Path) -> None:
+    """A clone of `repo` at `commit`, detached, its objects shared with `repo`: that lesson's files alone."""
+    subprocess.run(["git", "clone", "--quiet", "--shared", "--no-checkout", str(repo), str(into)], check=True,
+                   capture_output=True)
+    git("checkout", "--quiet", "--detach", commit, repo=into)
+
+
+def lesson_env() -> dict[str, str]:
+    """The environment a lesson's tests run in: this one without pytest's own variables (an outer pytest-xdist
+    worker's would pass for the inner run's) or PYTHONPATH (it could hold a later lesson's files), and one
+    OpenMP thread (lessons run side by side, beside other tests)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_") and k != "PYTHONPATH"}
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def run_lesson(server: LessonServer, repo: Path, lesson: str, folder: str, commit: str, tests: list[str],
+               quick: bool) -> LessonRun:
+    """Run `tests` (files or node ids) at `commit`, in a fresh checkout of it, through `server`, gpu- and
+    notebook-marked tests deselected, then import the phase's package there."""
+    with tempfile.TemporaryDirectory(prefix=f"lesson-{lesson}-") as tmp:
+        where = Path(tmp) / "repo"
+        checkout(repo, commit, where)
+        argv = [folder.replace("/", "."), "quick" if quick else "all"]
+        if tests:
+            argv += ["-q", "-p", "no:cacheprovider", "-o", "addopts=", "--tb=short", "-rfE",
+                     "-W", "ignore::pytest.PytestAssertRewriteWarning",    # the server imported the plugins
+                     "-m", "not gpu and not notebook", *tests]
+        server.ready()
+        start = time.perf_counter()
+        status, output = server.run(where, argv, QUICK_TIMEOUT_S if quick else TIMEOUT_S)
+        return LessonRun(lesson, commit, tests, time.perf_counter() - start, status == 0, output[-9000:])
+
+
+def lessons_of(repo: Path, branch: str = BRANCH) -> list[tuple[str, str, list[str]]]:
+    """(short name, commit, the test files it adds) for each lesson of `branch`, in order."""
+    found, parent = [], None
     for c in git("rev-list", "--reverse", branch, repo=repo).split():
-        short = git("log", "-1", "--format=%s", c, repo=repo).split(":")[0]
-        tests = own_tests(repo, c, parent)
+        found.append((git("log", "-1", "--format=%s", c, repo=repo).split(":")[0], c, own_tests(repo, c, parent)))
         parent = c
-        if (only and short not in only) or not tests:
+    return found
+
+
+def quick_problem(lesson: str, own: list[str]) -> str | None:
+    """Why QUICK's entry for a lesson is not a subset of the tests it adds, if it is not."""
+    if lesson not in QUICK:
+        return f"lesson {lesson} has no entry in QUICK (scripts/lessons.py): name a few of its quick tests there"
+    if own and not QUICK[lesson]:
+        return f"lesson {lesson} adds {', '.join(own)} but QUICK (scripts/lessons.py) names none of its tests"
+    stray = [t for t in QUICK[lesson] if t.split("::")[0] not in own]
+    if stray:
+        return (f"QUICK (scripts/lessons.py) names for lesson {lesson} tests in files it does not add: "
+                f"{', '.join(stray)} (it adds: {', '.join(own) or 'no tests'})")
+    return None
+
+
+def run_tests(repo: Path = ROOT, only: list[str] | None = None, branch: str = BRANCH, quick: bool = False,
+              jobs: int = 1) -> dict[str, LessonRun]:
+    """(b): each lesson's own tests, run at its commit on its files alone: a checkout of that commit, in
+    which pytest runs the tests/test_*.py files the lesson adds (with `quick`, only QUICK's named tests),
+    gpu- and notebook-marked tests deselected, then the phase's package is imported and every local module
+    loaded must come from that checkout. `only` names the lessons to run (default: all); `jobs` lessons run
+    side by side. What it cannot see: tests of one lesson that another lesson's files would break (each
+    lesson runs its own tests only; the tests placed in the last lesson, which check the whole course, run
+    only there, and tests/test_lessons.py, this check, never runs inside a lesson)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    folders = phase_folders(git("ls-tree", "-r", "--name-only", branch, repo=repo).split())
+    todo = []
+    for short, commit, own in lessons_of(repo, branch):
+        if only and short not in only:
             continue
-        with tempfile.TemporaryDirectory(prefix=f"lesson-{short}-") as tmp:
-            archive = subprocess.run(["git", "-C", str(repo), "archive", c], check=True, capture_output=True).stdout
-            subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
-            start = time.perf_counter()
-            cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-o", "addopts=",
-                   "-m", "not gpu and not notebook", *tests]
-            run = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
-            runs[short] = TestRun(tests, time.perf_counter() - start, run.returncode in (0, 5),  # 5: all deselected
-                                  run.stdout[-4000:] + run.stderr[-2000:])
-        last = (runs[short].output.strip().splitlines() or ["(no output)"])[-1]
-        print(f"  {short:5} {runs[short].seconds:6.1f} s  {' '.join(t[6:] for t in tests)}: {last}", flush=True)
+        if quick and (problem := quick_problem(short, own)):
+            todo.append((short, commit, problem))
+        else:
+            todo.append((short, commit, QUICK[short] if quick else [t for t in own if t != SELF_TEST]))
+
+    servers: queue.SimpleQueue[LessonServer] = queue.SimpleQueue()
+    for _ in range(max(1, min(jobs, len(todo)))):
+        servers.put(LessonServer())
+
+    def one(item) -> LessonRun:
+        short, commit, tests = item
+        if isinstance(tests, str):                    # QUICK is wrong for this lesson: nothing to run
+            return LessonRun(short, commit, [], 0.0, False, tests)
+        server = servers.get()
+        try:
+            return run_lesson(server, repo, short, folders[short], commit, tests, quick)
+        finally:
+            servers.put(server)
+
+    runs: dict[str, LessonRun] = {}
+    with ThreadPoolExecutor(max(1, jobs)) as pool:
+        for run in pool.map(one, todo):
+            runs[run.lesson] = run
+            last = (run.output.strip().splitlines() or ["(no output)"])[-1]
+            print(f"  {run.lesson:5} {run.seconds:6.1f} s  {'ok  ' if run.ok else 'FAIL'} {len(run.tests)} "
+                  f"{'named tests' if quick else 'files'}: {last[:100]}", flush=True)
+    while not servers.empty():
+        server = servers.get()
+        if server.start_s is not None:
+            print(f"  (a lesson server started in {server.start_s:.1f} s)")
+        server.close()
     return runs
 
 
@@ -489,6 +785,9 @@ def main(argv=None) -> int:
     ap.add_argument("--check", action="store_true", help="only check the existing lessons branch (a), no build")
     ap.add_argument("--run-tests", nargs="*", metavar="PHASE",
                     help="(b): run each lesson's own tests on its tree alone (all lessons, or the phases named)")
+    ap.add_argument("--quick", action="store_true", help="with --run-tests: only the tests QUICK names (make test)")
+    ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1,
+                    help="with --run-tests: how many lessons run side by side (default: one per core)")
     ap.add_argument("--plan", action="store_true", help="print where each file outside phases/ goes")
     args = ap.parse_args(argv)
     start = time.perf_counter()
@@ -513,12 +812,13 @@ def main(argv=None) -> int:
           f"({len(notes)} string notes) in {time.perf_counter() - start:.1f} s")
     if args.run_tests is not None:
         t0 = time.perf_counter()
-        runs = run_tests(args.repo, args.run_tests or None)
-        test_failures = [f"{short}: {r.output}" for short, r in runs.items() if not r.ok]
+        runs = run_tests(args.repo, args.run_tests or None, quick=args.quick, jobs=args.jobs)
+        test_failures = [r.report() for r in runs.values() if not r.ok]
         for f in test_failures:
             print("FAIL (b):", f, file=sys.stderr)
-        print(f"(b) own tests: {'ok' if not test_failures else f'{len(test_failures)} lessons failed'} "
-              f"in {time.perf_counter() - t0:.0f} s")
+        print(f"(b) own tests{' (quick)' if args.quick else ''}: "
+              f"{'ok' if not test_failures else f'{len(test_failures)} lessons failed'} "
+              f"in {time.perf_counter() - t0:.0f} s ({args.jobs} side by side)")
         failures += test_failures
     return 1 if failures else 0
 

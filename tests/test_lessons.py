@@ -4,8 +4,9 @@ Every test builds in a clone of this repository under tmp_path (`git clone --qui
 repository's HEAD, so the `lessons` branch and `lesson-*` tags are written there: this
 repository's refs, index and working tree are never touched.
 
-`make test` runs the static check (a) on every lesson and the tests of one lesson on that lesson's
-files alone (b); `make lessons-check` runs (b) for every lesson.
+`make test` runs, on every lesson, the static check (a) and that lesson's quick tests (b, QUICK in
+scripts/lessons.py) in a checkout of its commit alone: one test per lesson, so a failure names it.
+`make lessons-check` runs all of each lesson's own tests.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ lessons = importlib.util.module_from_spec(spec)
 sys.modules["lessons"] = lessons              # dataclasses look their module up by name
 spec.loader.exec_module(lessons)
 
-pytestmark = pytest.mark.xdist_group("lessons")   # one worker builds once for the whole file
-SAMPLE = "p3_1"   # (b) in make test: the block allocator's tests, pure Python, a few seconds
+pytestmark = pytest.mark.xdist_group("lessons")   # one worker builds once, and starts one lesson server
+PHASES = list(lessons.phase_folders(p.relative_to(ROOT).as_posix() for p in ROOT.glob("phases/*/__init__.py")))
 
 
 def git(repo: Path, *args: str) -> str:
@@ -47,6 +48,12 @@ def built(tmp_path_factory):
     plan, commits = lessons.build(repo, head)
     print(f"built {len(commits)} lessons in {time.perf_counter() - start:.1f} s")
     return repo, head, plan, commits
+
+
+@pytest.fixture(scope="module")
+def server():
+    with lessons.LessonServer() as s:
+        yield s
 
 
 def table_order() -> list[str]:
@@ -102,23 +109,45 @@ def test_each_lesson_imports_only_what_it_has(built):
     print("\n".join(notes))
 
 
-def test_the_check_catches_a_phase_that_imports_a_later_one(tmp_path):
+def test_the_check_catches_a_phase_that_imports_a_later_one(tmp_path, server):
     repo, _ = clone(tmp_path / "repo")
     early = repo / "phases" / "p1_kv_cache" / "__init__.py"
     early.write_text(early.read_text() + "\n\ndef _later():\n    from phases.p5_serving.server import create_app\n")
     (repo / "tests" / "test_p1_reaches.py").write_text("from phases.p3_1_block_allocator import BlockAllocator\n")
+    (repo / "tests" / "test_p1_later.py").write_text("from phases.p1_kv_cache import _later\n\n\n"
+                                                     "def test_later():\n    _later()\n")
     git(repo, "add", "-A")
     git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "--quiet", "-m", "p1 reaches forward")
-    plan, _ = lessons.build(repo, "HEAD")
+    plan, commits = lessons.build(repo, "HEAD")
     assert plan.order[plan.lesson_of["tests/test_p1_reaches.py"]] == "p3_1"     # placed by what it imports
     failures, _ = lessons.check_imports(repo)
     assert len(failures) == 1 and failures[0].startswith("p1: phases/p1_kv_cache/__init__.py:")
     assert "phases.p5_serving.server (inside a function)" in failures[0]
+    p1 = plan.order.index("p1")                                                  # (b) fails too, and says where
+    run = lessons.run_lesson(server, repo, "p1", plan.folders["p1"], commits[p1], ["tests/test_p1_later.py"], True)
+    assert not run.ok
+    report = run.report()
+    assert report.startswith(f"lesson p1 (lesson-p1, {commits[p1][:12]}) fails on its own files:\nFAILED ")
+    assert "tests/test_p1_later.py::test_later" in report and "No module named 'phases.p5_serving'" in report
 
 
-def test_a_lesson_passes_its_own_tests_on_its_files_alone(built):
-    repo, _, plan, _ = built
-    assert SAMPLE in plan.order
-    ran = lessons.run_tests(repo, [SAMPLE])
-    assert list(ran) == [SAMPLE] and ran[SAMPLE].tests, f"lesson {SAMPLE} has no tests of its own"
-    assert ran[SAMPLE].ok, ran[SAMPLE].output
+def test_every_lesson_names_quick_tests_from_the_files_it_adds(built):
+    repo, _, plan, commits = built
+    assert list(lessons.QUICK) == plan.order, "QUICK (scripts/lessons.py) lists other lessons than the build"
+    problems = [lessons.quick_problem(short, own) for short, _, own in lessons.lessons_of(repo)]
+    assert [p for p in problems if p] == []
+
+
+@pytest.mark.parametrize("short", PHASES)
+def test_each_lesson_passes_its_quick_tests_on_its_files_alone(built, server, short):
+    """(b) for one lesson: QUICK's tests for it, run at its commit in a checkout that holds its files alone."""
+    repo, _, plan, commits = built
+    if short not in plan.order:
+        pytest.skip(f"phases/{short}_* is not committed: the lessons are built from HEAD")
+    k = plan.order.index(short)
+    own = lessons.own_tests(repo, commits[k], commits[k - 1] if k else None)
+    problem = lessons.quick_problem(short, own)
+    assert problem is None, problem
+    run = lessons.run_lesson(server, repo, short, plan.folders[short], commits[k], lessons.QUICK[short], True)
+    print(f"lesson {short}: {len(run.tests)} named tests in {run.seconds:.1f} s")
+    assert run.ok, run.report()
