@@ -113,14 +113,6 @@ def test_sizes_below_one_are_refused(field, value):
         BlockAllocator(**kw)
 
 
-def test_only_a_cpu_pool_can_be_pinned():
-    assert not small_pool().kv_store.is_pinned()     # pageable by default
-    with pytest.raises(AllocatorError, match="pin_memory is for a pool in CPU memory"):
-        small_pool(device="meta", pin_memory=True)
-    if torch.cuda.is_available():                    # page-locking needs a GPU driver
-        assert small_pool(pin_memory=True).kv_store.is_pinned()
-
-
 # --- sizing ------------------------------------------------------------------------
 def test_bytes_per_block_formula_for_smollm2():
     # 30 layers * 2 (K, V) * 3 KV heads * 16 tokens * 64 dims * 2 bytes (bf16)

@@ -54,22 +54,17 @@ class AllocatorError(ValueError):
 class BlockAllocator:
     def __init__(self, n_blocks: int, n_layers: int, n_kv_heads: int, head_dim: int,
                  block_size: int = DEFAULT_BLOCK_SIZE, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.bfloat16, pin_memory: bool = False):
-        """`pin_memory=True` (a CPU pool only, and only where torch sees a GPU) allocates the pool
-        page-locked, so copies between it and a GPU go straight over the bus by DMA, asynchronously
-        if asked. `for_model`'s pool, on the model's device, is never pinned."""
+                 dtype: torch.dtype = torch.bfloat16):
         for name, value in (("n_blocks", n_blocks), ("n_layers", n_layers), ("n_kv_heads", n_kv_heads),
                             ("head_dim", head_dim), ("block_size", block_size)):
             if not isinstance(value, int) or value < 1:
                 raise AllocatorError(f"{name} must be an integer >= 1, got {value!r}")
-        if pin_memory and torch.device(device).type != "cpu":
-            raise AllocatorError(f"pin_memory is for a pool in CPU memory, not one on {device}")
         self.block_size = block_size
         self.bytes_per_block = bytes_per_block(n_layers, n_kv_heads, head_dim, block_size, dtype)
         # The whole pool, allocated once and never resized.
         # [n_blocks, n_layers, 2, n_kv_heads, block_size, head_dim]
         self.kv_store = torch.zeros(n_blocks, n_layers, 2, n_kv_heads, block_size, head_dim,
-                                    device=device, dtype=dtype, pin_memory=pin_memory)
+                                    device=device, dtype=dtype)
         self._free_list: deque[int] = deque(range(n_blocks))
         self._refcount: list[int] = [0] * n_blocks  # 0 <=> on the free list
         self._ever_handed_out: list[bool] = [False] * n_blocks  # only for clearer error messages

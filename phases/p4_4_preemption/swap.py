@@ -61,8 +61,13 @@ class SwapSpace:
         # The GPU's DMA engine reads and writes pinned memory directly; from ordinary pageable memory the driver
         # first copies through a pinned bounce buffer of its own, and cannot overlap the copy with anything.
         self.pinned = self.device.type == "cuda"
-        self.cpu = BlockAllocator(n_blocks, n_layers, n_kv_heads, head_dim, block_size, device="cpu",
-                                  dtype=gpu.kv_store.dtype, pin_memory=self.pinned)
+        # Phase 3.1's pool, its free list and counts as they are; a pinned store is put in place of its own,
+        # built on the meta device (no memory) so that the host never holds two.
+        dtype = gpu.kv_store.dtype
+        self.cpu = BlockAllocator(n_blocks, n_layers, n_kv_heads, head_dim, block_size,
+                                  device="meta" if self.pinned else "cpu", dtype=dtype)
+        if self.pinned:
+            self.cpu.kv_store = torch.zeros(self.cpu.kv_store.shape, dtype=dtype, pin_memory=True)
         self.batched = batched
         self.out = SwapTraffic()
         self.into = SwapTraffic()
