@@ -45,7 +45,7 @@ from common.model import load_model
 from common.sampling import SamplingParams
 from measure.step_bench import decode_step_ms, random_prompts
 from phases.p3_1_block_allocator.allocator import blocks_for
-from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
+from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine, WholePromptEngine
 from phases.p3_7_cuda_graphs.demo import stub_decode_forward
 from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
 from phases.p3_7_cuda_graphs.runner import StaticRunner
@@ -71,8 +71,8 @@ def hf_greedy(prompt_ids: list[int], n: int) -> list[int]:
 #
 # Three short requests are decoding when a request with a 96-token prompt arrives. The budget is 16 tokens per pass.
 # Decode tokens go first (one per decoding sequence, always all of them) and the prompt gets what is left, a chunk per
-# step. With `chunked_prefill=False` the same engine prefills the prompt whole, in one pass of 99 tokens: the step
-# that every decoding stream waits for. A small subclass records what each pass carried.
+# step. `WholePromptEngine`, the same step with prompts never cut, prefills it whole, in one pass of 99 tokens: the
+# step that every decoding stream waits for. A small subclass records what each pass carried.
 
 # %%
 class PassLog(ChunkedPrefillEngine):
@@ -87,14 +87,18 @@ class PassLog(ChunkedPrefillEngine):
         return super().run_batch(batch)
 
 
+class WholePassLog(PassLog, WholePromptEngine):
+    """The same record, prompts never cut."""
+
+
 short = random_prompts(lm.vocab_size, 3, 8, seed=0)
 long_prompt = random_prompts(lm.vocab_size, 1, 96, seed=1)[0]
 SHORT_NEW, LONG_NEW, BUDGET = 24, 4, 16
 
 
 def chunk_run(chunked: bool) -> PassLog:
-    engine = PassLog(lm, max_running=4, block_size=8, n_blocks=64, max_num_batched_tokens=BUDGET,
-                     chunked_prefill=chunked)
+    engine = (PassLog if chunked else WholePassLog)(lm, max_running=4, block_size=8, n_blocks=64,
+                                                    max_num_batched_tokens=BUDGET)
     seqs = [engine.add(p, SHORT_NEW, ignore_eos=True) for p in short]
     for _ in range(3):                      # the three are decoding when the long prompt arrives
         engine.step()

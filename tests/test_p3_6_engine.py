@@ -18,7 +18,7 @@ from common.model import TINY_WINDOW, load_model
 from phases.p2_2_scheduler.sequence import Status
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
 from phases.p3_5_paged_attention.kv import BlockKV
-from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
+from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine, WholePromptEngine
 from tests.oracles import hf_greedy
 
 BLOCK_SIZE = 4
@@ -50,9 +50,13 @@ class Recording(ChunkedPrefillEngine):
         self.runner.forward = recorded
 
 
-def run_engine(lm, prompts, max_new_tokens=NEW_TOKENS, **kwargs):
+class RecordingWhole(Recording, WholePromptEngine):
+    """The same records, prompts never cut."""
+
+
+def run_engine(lm, prompts, max_new_tokens=NEW_TOKENS, whole_prompts=False, **kwargs):
     kwargs = dict(dict(max_running=MAX_RUNNING, block_size=BLOCK_SIZE, n_blocks=128), **kwargs)
-    engine = Recording(lm, **kwargs)
+    engine = (RecordingWhole if whole_prompts else Recording)(lm, **kwargs)
     seqs = [engine.add(p, max_new_tokens, ignore_eos=True) for p in prompts]
     engine.run()
     assert engine.allocator.n_free == engine.allocator.n_blocks, "blocks leaked"
@@ -103,9 +107,9 @@ def test_packaged_model_packed_and_chunked(smol32, budget):
 
 
 def test_whole_prompts_without_chunking_equal_hf_generate(tiny32):
-    """chunked_prefill=False: a prompt is never cut, one longer than the budget runs alone, whole."""
+    """WholePromptEngine: a prompt is never cut, one longer than the budget runs alone, whole."""
     prompts = random_prompts(PROMPT_LENGTHS, seed=2)
-    engine, outputs = run_engine(tiny32, prompts, max_num_batched_tokens=8, chunked_prefill=False)
+    engine, outputs = run_engine(tiny32, prompts, max_num_batched_tokens=8, whole_prompts=True)
     assert outputs == expected(tiny32, prompts)
     assert engine.n_chunks == len(prompts)
     assert any(prefill > 8 for _, _, prefill in engine.passes)     # the 14-, 22- and 30-token prompts
@@ -259,7 +263,7 @@ def test_window_and_softcap_models_equal_hf_generate_past_the_window(window_mode
     lm = window_models[name]
     prompts = random_prompts((3, TINY_WINDOW + 2, 14, 23), seed=9)
     _, outputs = run_engine(lm, prompts, max_new_tokens=10, max_running=2, max_num_batched_tokens=budget,
-                            chunked_prefill=chunked)
+                            whole_prompts=not chunked)
     assert outputs == expected(lm, prompts, 10)
 
 

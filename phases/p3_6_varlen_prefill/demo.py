@@ -39,7 +39,7 @@ from phases.p3_5_paged_attention.demo import BATCHED
 from phases.p3_5_paged_attention.engine import BatchedPagedEngine
 from phases.p3_5_paged_attention.kv import BlockKV
 from phases.p3_6_varlen_prefill.attention import MixedBatch, varlen_attention_forward
-from phases.p3_6_varlen_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillEngine
+from phases.p3_6_varlen_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillEngine, WholePromptEngine
 from phases.p3_6_varlen_prefill.pack import random_prefill_pack
 from phases.p3_6_varlen_prefill.plan import plan_prefill
 
@@ -142,15 +142,14 @@ PREFILL_ENGINES = [
 
 # --- latency: a long prompt next to running streams -------------------------------------------------------
 def latency_engines(cfg: RunConfig) -> dict:
-    """Phase 3.5 (the prompt in one prefill pass, then the decode pass), then this engine with whole prompts
-    (`chunked_prefill=False`: one pass, prompt and decode tokens together), then with chunks of `cfg.budget`
+    """Phase 3.5 (the prompt in one prefill pass, then the decode pass), then this phase's step with whole
+    prompts (`WholePromptEngine`: one pass, prompt and decode tokens together), then with chunks of `cfg.budget`
     tokens (`max_num_batched_tokens`)."""
     return {
         "p3_5 (whole prompt, its own prefill pass)":
             lambda lm, **pool: BatchedPagedEngine(lm, max_prefill_tokens=cfg.long_prompt, **pool),
-        "p3_6, whole prompts (chunked_prefill=False)":
-            lambda lm, **pool: ChunkedPrefillEngine(lm, max_num_batched_tokens=cfg.budget, chunked_prefill=False,
-                                                    **pool),
+        "p3_6, whole prompts (WholePromptEngine)":
+            lambda lm, **pool: WholePromptEngine(lm, max_num_batched_tokens=cfg.budget, **pool),
         f"p3_6, chunks (max_num_batched_tokens={cfg.budget})":
             lambda lm, **pool: ChunkedPrefillEngine(lm, max_num_batched_tokens=cfg.budget, **pool),
     }

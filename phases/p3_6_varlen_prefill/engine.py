@@ -18,10 +18,10 @@ the scheduler  every step runs at most `max_num_batched_tokens` tokens (vLLM's
                chunk runs. Admission is phase 3.5's rule, with room in this step's
                budget in place of room in the prefill pass: the budget less the
                decode tokens and the rest of every prefill in flight must leave at
-               least one token. `chunked_prefill=False` keeps prompts whole: a
-               prompt that does not fit what is left waits, except that the first
-               prompt of a step always goes, however long.
+               least one token.
 the runner     `MixedRunner` (runner.py): the step's one mixed pass.
+
+`WholePromptEngine`: the same step, prompts never cut; chunking's baseline in prefill_bench.
 """
 
 from __future__ import annotations
@@ -43,13 +43,12 @@ class ChunkedPrefillEngine(BatchedPagedEngine):
 
     def __init__(self, lm, max_running: int = DEFAULT_MAX_RUNNING, block_size: int = DEFAULT_BLOCK_SIZE,
                  n_blocks: int | None = None, allocator: BlockAllocator | None = None,
-                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, chunked_prefill: bool = True):
+                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS):
         if isinstance(max_num_batched_tokens, bool) or not isinstance(max_num_batched_tokens, int) \
                 or max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be an int >= 1, got {max_num_batched_tokens!r}")
         super().__init__(lm, max_running, block_size, n_blocks, allocator, max_prefill_tokens=max_num_batched_tokens)
         self.max_num_batched_tokens = max_num_batched_tokens
-        self.chunked_prefill = chunked_prefill
         self.runner = MixedRunner(lm, self.allocator)
 
     # --- schedule: decode tokens first, then chunks, within the budget ----------------------------
@@ -68,11 +67,9 @@ class ChunkedPrefillEngine(BatchedPagedEngine):
             rest = len(seq.all_ids) - seq.kv.n_filled if seq.status is Status.PREFILLING else 0
             if not rest:
                 continue
-            if budget <= 0 and (self.chunked_prefill or chunks):
+            if budget <= 0:
                 break
-            length = min(rest, budget) if self.chunked_prefill else rest
-            if chunks and length > budget:
-                break          # a whole prompt that no longer fits waits for the next step (FCFS: nobody passes it)
+            length = min(rest, budget)
             chunks.append(self.claim(Chunk(seq, seq.kv.n_filled, length)))
             budget -= length
         return chunks
@@ -90,13 +87,8 @@ class ChunkedPrefillEngine(BatchedPagedEngine):
         return self.max_num_batched_tokens - used
 
     def fits_prefill_pass(self, n_tokens: int) -> bool:
-        """Chunked: at least one token of the budget is left for a first chunk. Whole prompts: `n_tokens`
-        fit what is left, or they are the only prefill of the step."""
-        left = self.budget_left()
-        if self.chunked_prefill:
-            return left > 0
-        prefilling = any(s.status is Status.PREFILLING and s.kv.n_filled < len(s.all_ids) for s in self.running)
-        return not prefilling or n_tokens <= left
+        """At least one token of the budget is left for a first chunk."""
+        return self.budget_left() > 0
 
     # --- what the runner counted ----------------------------------------------------------------------
     @property
@@ -106,3 +98,26 @@ class ChunkedPrefillEngine(BatchedPagedEngine):
     @property
     def n_mixed_passes(self) -> int:
         return self.runner.n_mixed_passes
+
+
+class WholePromptEngine(ChunkedPrefillEngine):
+    """The same one-pass step with every prompt prefilled whole (vLLM with chunked prefill off): a prompt that
+    does not fit what is left of the budget waits, except that the first prompt of a step always goes, however
+    long. A long prompt then takes one long pass, and every decoding stream waits for it."""
+
+    def chunks(self, budget: int, among: list) -> list[Chunk]:
+        chunks: list[Chunk] = []
+        for seq in among:
+            rest = len(seq.all_ids) - seq.kv.n_filled if seq.status is Status.PREFILLING else 0
+            if not rest:
+                continue
+            if chunks and rest > budget:
+                break          # a prompt that no longer fits waits for the next step (FCFS: nobody passes it)
+            chunks.append(self.claim(Chunk(seq, seq.kv.n_filled, rest)))
+            budget -= rest
+        return chunks
+
+    def fits_prefill_pass(self, n_tokens: int) -> bool:
+        """`n_tokens` fit what is left of the budget, or they are the step's only prefill."""
+        prefilling = any(s.status is Status.PREFILLING and s.kv.n_filled < len(s.all_ids) for s in self.running)
+        return not prefilling or n_tokens <= self.budget_left()
