@@ -220,109 +220,6 @@ def test_the_engine_with_the_tuned_kernel_under_the_interpreter(tiny, monkeypatc
         assert out == hf_greedy(tiny, p, 4, ignore_eos=True)
 
 
-# --- the later engines on the static step, padded: forks, beams, preemption ----------------------------
-@pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_preempted_groups_come_back_into_padded_rows_and_equal_hf(tiny, mode):
-    """A pool too small for all three: the latest group is preempted and comes back (recomputed into new
-    blocks, or swapped back in elsewhere); its rows are refreshed, and every token equals HF's."""
-    from phases.p4_4_preemption.engine import PreemptingEngine
-    prompts = [list(range(300 + 10 * i, 306 + 10 * i)) for i in range(3)]
-    engine = PreemptingEngine(tiny, preemption_mode=mode, block_size=4, n_blocks=9, watermark_blocks=0,
-                              max_running=3, buckets=[8])
-    groups = [engine.add_group(p, 10, ignore_eos=True, n=1) for p in prompts]
-    engine.run()
-    assert engine.stats.n_preemptions >= 1 and engine.runner.n_padded_rows > 0
-    for p, g in zip(prompts, groups):
-        assert g.seqs[0].output_ids == hf_greedy(tiny, p, 10, ignore_eos=True)
-    assert engine.allocator.n_free == engine.allocator.n_blocks
-
-
-def test_forked_samples_and_beams_are_the_same_padded_or_not(tiny):
-    """Samples fork after the prompt (copy-on-write on their first write) and beams fork and reorder every
-    step: both rewrite tables the buffers must catch. Padding every step to 16 rows changes nothing."""
-    from phases.p4_2_beam_search.engine import BeamSearchEngine
-    prompt = random_prompts((9,), seed=7)[0]
-    sampling = SamplingParams(temperature=0.8, top_p=0.95, seed=5)
-    results = []
-    for buckets in (None, [16]):
-        engine = BeamSearchEngine(tiny, block_size=BLOCK_SIZE, n_blocks=96, max_running=8, buckets=buckets)
-        samples = engine.add_group(prompt, 8, sampling, ignore_eos=True, n=3)
-        beams = engine.add_beam_search(prompt, 8, beam_width=3)
-        engine.run()
-        assert engine.allocator.n_free == engine.allocator.n_blocks
-        results.append((samples.outputs, beams.best))
-    assert results[0] == results[1]
-    from tests.test_p4_2_beam_search import hf_beam
-    assert results[0][1] == hf_beam(tiny, prompt, 3, 8)
-
-
-def buckets_seen(engine) -> list[int]:
-    """Spy on an engine's static decode passes: the list fills with the rows each pass ran (its bucket)."""
-    seen = []
-    replay = engine.runner.replay
-
-    def recording(batch):
-        seen.append(batch.block_tables.shape[0])
-        return replay(batch)
-
-    engine.runner.replay = recording
-    return seen
-
-
-SHARED_PREFIX = list(range(200, 200 + 3 * BLOCK_SIZE + 1))   # 3 full blocks and a token: later requests hit 3
-
-
-@pytest.mark.parametrize("buckets", [[1, 2, 4, 8], [1, 3, 8]])
-def test_prefix_cache_hits_map_into_padded_rows_and_equal_hf(tiny, buckets):
-    """Requests that share a prefix join while others decode, under a small prefill budget: their cached blocks
-    enter the table rows the buffers send, the batch moves through several buckets, and every token equals HF's."""
-    from phases.p4_3_prefix_caching.engine import PrefixCachingEngine
-    prompts = [SHARED_PREFIX + [300 + i] * (i + 1) for i in range(6)]
-    new_tokens = [3, 9, 5, 12, 2, 7]
-    engine = PrefixCachingEngine(tiny, max_running=5, block_size=BLOCK_SIZE, n_blocks=64, buckets=buckets,
-                                 max_num_batched_tokens=9)
-    seen = buckets_seen(engine)
-    seqs = []
-    for p, n in zip(prompts, new_tokens):
-        seqs.append(engine.add(p, n, ignore_eos=True))
-        engine.step()
-        engine.step()
-    engine.run()
-    assert engine.cache_stats.blocks_hit > 0 and engine.runner.n_padded_rows > 0
-    assert len(set(seen)) >= 2 and set(seen) <= set(buckets)
-    for p, n, s in zip(prompts, new_tokens, seqs):
-        assert s.output_ids == hf_greedy(tiny, p, n, ignore_eos=True)
-    assert engine.allocator.n_free == engine.allocator.n_blocks
-
-
-@pytest.mark.parametrize("mode", ["recompute", "swap"])
-@pytest.mark.parametrize("engine_name", ["PreemptingEngine", "ServingEngine"])
-def test_preemption_and_forks_across_buckets_change_no_token(tiny, mode, engine_name):
-    """Seeded samples fork (copy-on-write), a pool too small for everyone preempts, and the batch grows and
-    shrinks through buckets 1-8: the outputs equal those of a run without padding, and the greedy ones HF's.
-    The server's engine (phase 5) runs the same path."""
-    from phases.p4_4_preemption.engine import PreemptingEngine
-    from phases.p5_serving.samples import ServingEngine
-    engine_cls = {"PreemptingEngine": PreemptingEngine, "ServingEngine": ServingEngine}[engine_name]
-    prompts = [list(range(300 + 10 * i, 306 + 10 * i)) for i in range(4)]
-    runs = []
-    for buckets in (None, [1, 2, 4, 8]):
-        engine = engine_cls(tiny, preemption_mode=mode, block_size=BLOCK_SIZE, n_blocks=14, watermark_blocks=0,
-                            max_running=8, buckets=buckets)
-        seen = buckets_seen(engine)
-        groups = [engine.add_group(p, 10, SamplingParams(temperature=0.8, seed=3), ignore_eos=True, n=2)
-                  for p in prompts[:2]]
-        groups += [engine.add_group(p, 10, ignore_eos=True, n=1) for p in prompts[2:]]
-        engine.run()
-        assert engine.stats.n_preemptions >= 1
-        assert engine.allocator.n_free == engine.allocator.n_blocks
-        runs.append([g.outputs for g in groups])
-    assert len(set(seen)) >= 2 and set(seen) <= set(engine.runner.buckets) and engine.runner.n_padded_rows > 0
-    assert runs[0] == runs[1]
-    for p, outputs in zip(prompts[2:], runs[1][2:]):
-        assert outputs[0] == hf_greedy(tiny, p, 10, ignore_eos=True)
-
-
 HOST_READS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy")
 CPU_ONLY_CHECKS = "kernel_checks.py"    # the kernels' slot range checks read values only when the pool is on a CPU
 CALLER_FRAMES = 8          # how far up from a read to look for those checks (they read one or two frames up)
@@ -340,17 +237,14 @@ def host_read(name: str, reads: list[str]):
     return counted
 
 
-@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.7, top_k=20, top_p=0.9, seed=1)],
-                         ids=["greedy", "filtered-sample"])
-@pytest.mark.parametrize("engine_name", ["StaticDecodeEngine", "SharingEngine"])
-def test_a_static_step_reads_the_device_once(tiny, engine_name, sampling, monkeypatch):
-    """The step's one host transfer is the sampled ids (`tolist`): no `.item()`, no tensor truthiness, no
-    `.cpu()` anywhere else in a decode step, with the Triton kernel path on, greedy or filtered sampling.
-    (The kernels' slot range checks read the slots on a CPU only, so they are not counted.)"""
-    from phases.p4_1_copy_on_write.engine import SharingEngine
-    engine_cls = {"StaticDecodeEngine": StaticDecodeEngine, "SharingEngine": SharingEngine}[engine_name]
+SAMPLINGS = [SamplingParams(), SamplingParams(temperature=0.7, top_k=20, top_p=0.9, seed=1)]
+
+
+def static_step_reads(engine_cls, lm, sampling, monkeypatch) -> tuple[int, list[str]]:
+    """The static steps an engine of `engine_cls` ran after its first, and the host reads they made, with the
+    Triton kernel path on. (The kernels' slot range checks read the slots on a CPU only, so they are not counted.)"""
     monkeypatch.setenv(FORCE_KERNELS_ENV, "1")
-    engine = engine_cls(tiny, max_running=4, block_size=BLOCK_SIZE, n_blocks=64, buckets=[4])
+    engine = engine_cls(lm, max_running=4, block_size=BLOCK_SIZE, n_blocks=64, buckets=[4])
     for n in (5, 6, 7):
         engine.add(list(range(100, 100 + n)), 12, sampling, ignore_eos=True)
     engine.step()                   # prefill
@@ -363,6 +257,14 @@ def test_a_static_step_reads_the_device_once(tiny, engine_name, sampling, monkey
         engine.step()
     steps = engine.runner.n_static_steps - steps_before
     monkeypatch.undo()
+    return steps, reads
+
+
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "filtered-sample"])
+def test_a_static_step_reads_the_device_once(tiny, sampling, monkeypatch):
+    """The step's one host transfer is the sampled ids (`tolist`): no `.item()`, no tensor truthiness, no
+    `.cpu()` anywhere else in a decode step, greedy or filtered sampling."""
+    steps, reads = static_step_reads(StaticDecodeEngine, tiny, sampling, monkeypatch)
     assert steps == STEPS_WATCHED and reads == ["tolist"] * steps
 
 
