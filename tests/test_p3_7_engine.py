@@ -298,21 +298,3 @@ def test_the_host_sections_stub_returns_what_each_decode_pass_returns_and_leaves
             assert s.output_ids[0] == hf_greedy(tiny, s.prompt_ids, 1, ignore_eos=True)[0]   # from the prefill
             assert s.output_ids[1:] == [0, 0, 0]                                           # from the stub
         assert engine.allocator.n_free == engine.allocator.n_blocks
-
-
-@pytest.mark.notebook("06_static_decode.ipynb")
-def test_notebook_runs():
-    """notebooks/06_static_decode: chunked and whole prefill, the static step and seeded draws all give the
-    oracle's tokens, and the overlapped engine wastes one row per EOS end and answers as the static one."""
-    import re
-    from tests.nbrun import run_notebook
-    nb = run_notebook("06_static_decode.ipynb")
-    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
-    assert len(re.findall(r"largest pass (\d+) tokens, outputs equal to HF generate: True", text)) == 2
-    assert "outputs equal to phase 3.6's engine: True" in text and "outputs equal to HF generate:        True" in text
-    assert "buckets used [1, 2, 4, 8]" in text and "equal: True" in text and "same answers: True" in text
-    kernels = re.findall(r"(\w+Engine): (\d+) kernels per decode step", text)                 # phase 3.8's count
-    assert [k for k, _ in kernels] == ["StaticDecodeEngine", "FusedDecodeEngine"] and "same tokens: True" in text
-    assert int(kernels[1][1]) < int(kernels[0][1])
-    ends = re.search(r"OverlappedDecodeEngine: \d+ steps, ends (\[.*?\]).*?(\d+) overlapped, (\d+) rows wasted", text)
-    assert ends and int(ends.group(2)) > 0 and int(ends.group(3)) == ends.group(1).count("eos") > 0

@@ -193,3 +193,21 @@ def test_the_fused_kernels_compile_for_an_h100():
     assert done.returncode == 0, done.stderr[-3000:]
     costs = [tuple(map(int, line.split())) for line in done.stdout.strip().splitlines()[-3:]]
     assert len(costs) == 3 and all(0 < registers <= 255 and spill == 0 for registers, spill in costs)
+
+
+@pytest.mark.notebook("06_static_decode.ipynb")
+def test_notebook_runs():
+    """notebooks/06_static_decode: chunked and whole prefill, the static step and seeded draws all give the
+    oracle's tokens, and the overlapped engine wastes one row per EOS end and answers as the static one."""
+    import re
+    from tests.nbrun import run_notebook
+    nb = run_notebook("06_static_decode.ipynb")
+    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    assert len(re.findall(r"largest pass (\d+) tokens, outputs equal to HF generate: True", text)) == 2
+    assert "outputs equal to phase 3.6's engine: True" in text and "outputs equal to HF generate:        True" in text
+    assert "buckets used [1, 2, 4, 8]" in text and "equal: True" in text and "same answers: True" in text
+    kernels = re.findall(r"(\w+Engine): (\d+) kernels per decode step", text)                 # phase 3.8's count
+    assert [k for k, _ in kernels] == ["StaticDecodeEngine", "FusedDecodeEngine"] and "same tokens: True" in text
+    assert int(kernels[1][1]) < int(kernels[0][1])
+    ends = re.search(r"OverlappedDecodeEngine: \d+ steps, ends (\[.*?\]).*?(\d+) overlapped, (\d+) rows wasted", text)
+    assert ends and int(ends.group(2)) > 0 and int(ends.group(3)) == ends.group(1).count("eos") > 0
