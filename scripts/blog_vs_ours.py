@@ -268,7 +268,8 @@ COMPARISONS: dict[str, Comparison] = {
                cpu("workload-bench", "mixed work", ("batched",), "total tok/s"),
                gpu("workload-bench", "mixed work", ("batched",), "total tok/s")),
     ], "The blog stops at a sketch of the gather kernel; this phase is the batched forward pass it points to. "
-       "The GPU figures are the baseline before phases 3.6-3.7 (prefill looped over sequences, decode host-bound)."),
+       "The GPU figures are the baseline before phases 3.6-3.7 (prefill looped over sequences, decode host-bound); "
+       "that run timed HF's padded generate cold, before engines were warmed up (6,885 tok/s warm)."),
     "p3_6_varlen_prefill": Comparison([
         Figure("whole prefill pass, 16 prompts of 8-64 tokens: p3_6 / p3_5", "beyond the blog",
                cpu("prefill-bench", "whole prefill pass", ("16x8-64", "0"), "p3_6 / p3_5"), None),
