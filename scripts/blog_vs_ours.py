@@ -114,6 +114,9 @@ CPU, H100 = "cpu_smollm2-135m", "nvidia-h100-80gb-hbm3_dummy-qwen3-0.6b"
 BASE = "gpu-baseline/"      # the H100 run of the demos on an earlier tree (see results/gpu-baseline/README.md)
 P3_3_TPUT = f"p3_3/tput_{CPU}"   # `tput` with phase 3.3's two engines only, the run its README discusses
 BLOG_LENGTHS = "latency_demo_blog_lengths/"   # `latency_demo --lengths blog`: the blog's output lengths
+# The headline check's batch-1 decode step on an H200 (make gpu-headline, its second run)
+H200_BATCH_1 = ("gpu-headline_nvidia-h200_dummy-qwen3-0.6b_wider-boxes/decode_step/batch_1/"
+                "fused-bench_nvidia-h200_dummy-qwen3-0.6b")
 
 
 def cpu(demo: str, table: str, row: tuple, col: str, report: str | None = None) -> Cell:
@@ -304,7 +307,7 @@ COMPARISONS: dict[str, Comparison] = {
                Cell("fused-bench_cpu_dummy-qwen3-0.6b", "kernels launched by one decode step",
                     ("1", "p3_8 fused step"), "kernels"), None),
         Figure("decode step, batch 1, fused CUDA graph (ms)", "the blog's flat ms/tok", "no CUDA graphs on a CPU",
-               None),
+               Cell(H200_BATCH_1, "one decode step", ("1", "p3_8 fused, CUDA graph"), "ms/step")),
     ], "The blog stops before kernels per step matter; the counts are Qwen3-0.6B's step as its Python launches it, "
        "counted on the CPU (both include 112 slot checks that run only there); what fewer kernels buy in time on "
        "a GPU is in the H200 check of docs/measured.md."),
