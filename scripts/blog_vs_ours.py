@@ -115,6 +115,8 @@ BASE = "gpu-baseline/"      # the H100 run of the demos on an earlier tree (see 
 P3_3_TPUT = f"p3_3/tput_{CPU}"   # `tput` with phase 3.3's two engines only, the run its README discusses
 BLOG_LENGTHS = "latency_demo_blog_lengths/"   # `latency_demo --lengths blog`: the blog's output lengths
 # The headline check's batch-1 decode step on an H200 (make gpu-headline, its second run)
+H200_PREFILL = "gpu-headline_nvidia-h200_dummy-qwen3-0.6b/prefill/prefill/prefill-bench_nvidia-h200_dummy-qwen3-0.6b"
+PREFILL_ITL = r"p99 ITL, whole prompts / chunks: ([\d.]+)x lower"
 H200_PREFIX = ("gpu-headline_nvidia-h200_dummy-qwen3-0.6b_wider-boxes/prefix_cache/prefix/"
                "prefix-demo_nvidia-h200_dummy-qwen3-0.6b")
 H200_BATCH_1 = ("gpu-headline_nvidia-h200_dummy-qwen3-0.6b_wider-boxes/decode_step/batch_1/"
@@ -282,8 +284,14 @@ COMPARISONS: dict[str, Comparison] = {
                cpu("prefill-bench", "whole prefill pass", ("16x8-64", "256"), "p3_6 / p3_5"), None),
         Figure("one layer's attention, 32 prompts: varlen / loop", "beyond the blog",
                cpu("prefill-bench", "prefill attention", ("32x16-128", "0"), "varlen / loop"), None),
-    ], "On the CPU one call for the pack saves little over a loop of SDPA calls; the packed prefill on a GPU "
-       "is in the H200 check of docs/measured.md."),
+        Figure("one layer's attention, 16 prompts of 256 tokens: varlen / loop", "beyond the blog",
+               "not run at this shape on the CPU",
+               Cell(H200_PREFILL, "prefill attention", ("16x256", "0"), "varlen / loop")),
+        Figure("streams' p99 gap between tokens as a long prompt arrives: whole prompt / chunks", "beyond the blog",
+               Note(f"prefill-bench_{CPU}", PREFILL_ITL), Note(H200_PREFILL, PREFILL_ITL), unit="x"),
+    ], "On the CPU one call for the pack saves little over a loop of SDPA calls; on the H200, where each call's "
+       "launch is the cost, 16 prompts in one call beat the loop. The streams' rows: 4 streams and a 512-token "
+       "prompt on the CPU, 32 streams and 8,192 tokens on the GPU."),
     "p3_7_cuda_graphs": Comparison([
         Figure("equal work: CUDA-graph engine tok/s", "beyond the blog",
                Cell(f"graph-workload_{CPU}", "equal work", ("graphs",), "total tok/s"),
