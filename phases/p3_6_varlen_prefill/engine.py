@@ -38,6 +38,11 @@ from phases.p3_6_varlen_prefill.runner import MixedRunner
 DEFAULT_MAX_NUM_BATCHED_TOKENS = DEFAULT_MAX_PREFILL_TOKENS
 
 
+def prefill_left(seq) -> int:
+    """Tokens of `seq` (prompt, and outputs when recomputed) still to prefill; 0 unless it is prefilling."""
+    return len(seq.all_ids) - seq.kv.n_filled if seq.status is Status.PREFILLING else 0
+
+
 class ChunkedPrefillEngine(BatchedPagedEngine):
     """Phase 3.5's engine: one mixed pass per step, prefill in chunks under a token budget."""
 
@@ -64,7 +69,7 @@ class ChunkedPrefillEngine(BatchedPagedEngine):
         prefill in flight before a newcomer); each chunk's slots are claimed as it is scheduled."""
         chunks: list[Chunk] = []
         for seq in among:
-            rest = len(seq.all_ids) - seq.kv.n_filled if seq.status is Status.PREFILLING else 0
+            rest = prefill_left(seq)
             if not rest:
                 continue
             if budget <= 0:
@@ -78,12 +83,7 @@ class ChunkedPrefillEngine(BatchedPagedEngine):
     def budget_left(self) -> int:
         """Tokens this step's pass can still take: the budget, less one per decoding sequence and the rest
         of every prefill in flight (admitted this step or part-way through)."""
-        used = 0
-        for s in self.running:
-            if s.status is Status.DECODING:
-                used += 1
-            elif s.status is Status.PREFILLING:
-                used += len(s.all_ids) - s.kv.n_filled
+        used = sum(1 if s.status is Status.DECODING else prefill_left(s) for s in self.running)
         return self.max_num_batched_tokens - used
 
     def fits_prefill_pass(self, n_tokens: int) -> bool:
@@ -108,7 +108,7 @@ class WholePromptEngine(ChunkedPrefillEngine):
     def chunks(self, budget: int, among: list) -> list[Chunk]:
         chunks: list[Chunk] = []
         for seq in among:
-            rest = len(seq.all_ids) - seq.kv.n_filled if seq.status is Status.PREFILLING else 0
+            rest = prefill_left(seq)
             if not rest:
                 continue
             if chunks and rest > budget:
@@ -119,5 +119,4 @@ class WholePromptEngine(ChunkedPrefillEngine):
 
     def fits_prefill_pass(self, n_tokens: int) -> bool:
         """`n_tokens` fit what is left of the budget, or they are the step's only prefill."""
-        prefilling = any(s.status is Status.PREFILLING and s.kv.n_filled < len(s.all_ids) for s in self.running)
-        return not prefilling or n_tokens <= self.budget_left()
+        return not any(prefill_left(s) for s in self.running) or n_tokens <= self.budget_left()
