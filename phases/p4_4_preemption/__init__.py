@@ -2,8 +2,8 @@
 
 Files:
 - swap.py    `SwapSpace`: a CPU block pool of the same block shape, and one indexed copy per direction
-- engine.py  `PreemptingEngine(BeamSearchEngine)` with phase 4.3's `PrefixKV`, the last engine of the
-             line (samples, beams, prefix caching, preemption): FCFS admission of whole groups with a watermark, preemption of the
+- engine.py  `PreemptingEngine(SharingEngine)` with phase 4.3's `PrefixKV`, the last engine of the
+             line (samples, prefix caching, preemption): FCFS admission of whole groups with a watermark, preemption of the
              latest group (a group part-way through its prefill too), recovery by
              `preemption_mode="recompute"` (prompt + outputs re-prefilled in chunks, still-cached blocks
              mapped back in) or `"swap"`

@@ -1,6 +1,6 @@
 """`PreemptingEngine`: optimistic FCFS admission; when the pool runs dry, the latest request gives its blocks back.
 
-Phase 4.2's engine (samples, beams, copy-on-write) with phase 4.3's prefix cache as its KV part. Phases
+Phase 4.1's engine (samples over shared blocks, copy-on-write) with phase 4.3's prefix cache as its KV part. Phases
 3.3-4.3 admitted a request only if its worst case (prompt + max_new_tokens, every sample) fit beside
 everyone else's, so most reserved blocks sat empty. Here (vLLM paper §4.5):
 
@@ -32,8 +32,7 @@ from dataclasses import dataclass
 from common.clock import now
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, OutOfBlocks, blocks_for
-from phases.p4_1_copy_on_write.engine import SequenceGroup
-from phases.p4_2_beam_search.engine import BeamSearchEngine
+from phases.p4_1_copy_on_write.engine import SequenceGroup, SharingEngine
 from phases.p4_3_prefix_caching.engine import prefix_cache_pool, use_prefix_cache
 from phases.p4_4_preemption.swap import SwapSpace
 
@@ -51,8 +50,8 @@ class PreemptionStats:
     n_swap_fallbacks: int = 0    # swap-mode preemptions recomputed because the CPU pool was full
 
 
-class PreemptingEngine(BeamSearchEngine):
-    """Phase 4.2's engine with phase 4.3's prefix cache as its KV part, admitting optimistically and
+class PreemptingEngine(SharingEngine):
+    """Phase 4.1's engine with phase 4.3's prefix cache as its KV part, admitting optimistically and
     preempting the latest request when the pool runs dry."""
 
     def __init__(self, lm, preemption_mode: str = "recompute", watermark_blocks: int | None = None,

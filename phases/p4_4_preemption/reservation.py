@@ -108,8 +108,8 @@ class ReservingEngine(PreemptingEngine):
 
     # --- requests: one sequence each, within the context limit, a reservation the pool can hold ---------------
     def add_request(self, group_cls, prompt, max_new_tokens, sampling, ignore_eos, arrival, n, **group_kwargs):
-        """One sequence only: n samples or beams would fork blocks into reserved tables, so `add_group(n>1)`
-        and `add_beam_search` are refused here."""
+        """One sequence only: n samples would fork blocks into reserved tables, so `add_group(n>1)` is refused
+        here."""
         if n != 1 or group_cls is not SequenceGroup:
             raise ValueError(f"a reserving engine serves requests of one sequence; got {group_cls.__name__} "
                              f"with n={n}")

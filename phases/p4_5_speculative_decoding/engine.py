@@ -21,7 +21,7 @@ kv        the rejected guesses' slots are cut from the table, emptied blocks bac
           happens on the real last token's write; the guesses land in that block,
           now private, or in fresh ones.
 
-Refused: k < 1, a draft with another vocabulary, beam search (a beam's next tokens depend on every beam's scores).
+Refused: k < 1, a draft with another vocabulary.
 """
 
 from __future__ import annotations
@@ -99,12 +99,6 @@ class SpeculativeEngine(PreemptingEngine):
         self.proposer = make_proposer(lm, speculative, draft_layers, self.allocator.n_blocks)
         self.num_speculative_tokens = k
         self.spec_stats = SpecStats()
-
-    def add_beam_search(self, *args, **kwargs):
-        if self.proposer is not None:
-            raise ValueError("speculative decoding does not run beam search (a beam's next tokens depend on every "
-                             "beam's scores at once); use an engine with speculative=None for beams")
-        return super().add_beam_search(*args, **kwargs)
 
     # --- schedule: proposals ride in the step's spare budget and blocks ------------------------
     def schedule(self) -> Batch:

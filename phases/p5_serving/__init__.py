@@ -1,4 +1,4 @@
-"""Phase 5 adds serving to phase 4.5's engine: the last engine of the line (samples, beams, prefix caching, preemption, speculation) behind an OpenAI-compatible HTTP API, with streaming, aborts, a bounded queue, and failures isolated to the request that caused them.
+"""Phase 5 adds serving to phase 4.5's engine: the last engine of the line (samples, prefix caching, preemption, speculation) behind an OpenAI-compatible HTTP API, with streaming, aborts, a bounded queue, and failures isolated to the request that caused them.
 
 Files, in reading order:
 - detokenize.py    token ids -> text deltas (incremental detokenization) and stop strings

@@ -1,8 +1,8 @@
 """`serve_workload`: the served engine on workload_bench's equal and mixed work, beside phase 3.5's and 3.7's.
 
-`ServingEngine` carries every later layer (samples over shared blocks, beam
-search, prefix caching, preemption, failure isolation) on top of phase 3.7's
-static decode step. None of those layers does any work on these requests
+`ServingEngine` carries every later layer (samples over shared blocks, prefix
+caching, preemption, failure isolation) on top of phase 3.7's static decode
+step. None of those layers does any work on these requests
 (one sample each, distinct random prompts, a pool large enough for all of
 them), so whatever the served engine costs beyond phase 3.7's is the price of
 carrying them: the bookkeeping each one adds to every step. The target says
