@@ -75,8 +75,11 @@ class PreemptingEngine(SharingEngine):
         # request_id of every preemption / every admission and swap-in, in order (the latest ones)
         self.preempted_ids: deque[int] = deque(maxlen=DECISION_LOG_LENGTH)
         self.admitted_ids: deque[int] = deque(maxlen=DECISION_LOG_LENGTH)
-        self._preempted_now = False              # a preemption in this step: admit nothing new
         self._computed: dict[int, int] = {}      # seq_id -> tokens whose K/V it had when dropped for recompute
+        # this step's chunks, counted as they are claimed: prefill tokens, of those computed again, when the
+        # first of those was claimed, and the sequences whose prefill ends in the pass
+        self._step_prefill, self._step_recomputed, self._recompute_start = 0, 0, 0.0
+        self._prefilled: list[Sequence] = []
 
     # --- requests -------------------------------------------------------------------
     @property
@@ -100,27 +103,15 @@ class PreemptingEngine(SharingEngine):
         return True
 
     # --- one step ---------------------------------------------------------------------
-    def schedule(self):
-        """Make room for every running sequence's next token (preempting), bring swapped groups back if
-        nothing was preempted, then phase 4.1's schedule (admission is `admit` below)."""
-        self._preempted_now = self._make_room_for_decode()
-        if not self._preempted_now:
-            self._swap_in()
-        batch = super().schedule()
-        recomputed = sum(max(0, min(c.end, self._computed_before(c.seq)) - c.start) for c in batch.chunks)
-        self._timed = (now(self.lm.device), recomputed, sum(c.length for c in batch.chunks)) if recomputed else None
-        self._prefilled = [c.seq for c in batch.chunks if c.last]
-        return batch
-
     def step(self) -> list[StepOutput]:
-        """Phase 3.5's step; the tokens a pass computed again are counted, and the pass's time (with its
-        sampling and update) booked by their share of its prefill tokens."""
-        self._timed, self._prefilled = None, []
+        """Phase 3.5's step; the tokens its pass computed again (`claim` counts them) are booked, with the time
+        from their first claim to the step's end (pass, sampling, update) by their share of its prefill tokens."""
+        self._step_prefill, self._step_recomputed, self._prefilled = 0, 0, []
         outputs = super().step()
-        if self._timed is not None:
-            start_s, recomputed, prefill_tokens = self._timed
-            self.stats.tokens_recomputed += recomputed
-            self.stats.recompute_s += (now(self.lm.device) - start_s) * recomputed / prefill_tokens
+        if self._step_recomputed:
+            self.stats.tokens_recomputed += self._step_recomputed
+            self.stats.recompute_s += ((now(self.lm.device) - self._recompute_start)
+                                       * self._step_recomputed / self._step_prefill)
         for seq in self._prefilled:
             self._computed.pop(seq.seq_id, None)
         return outputs
@@ -236,9 +227,12 @@ class PreemptingEngine(SharingEngine):
         return blocks_for(len(seq.all_ids), self.block_size) - forked - self.kv.blocks_in_use(seq, start_block=forked)
 
     def admit(self) -> None:
-        """Admit whole groups from the head of the queue while their prefill fits now (plus the reserve)."""
-        if self._preempted_now:
+        """First make room for every running sequence's next token, preempting the latest groups. A step that
+        preempted admits nothing; otherwise swapped groups come back first, then whole groups from the head
+        of the queue while their prefill fits now (plus the reserve)."""
+        if self._make_room_for_decode():
             return
+        self._swap_in()
         budget = self.allocator.n_free - self.blocks_promised()
         while self.waiting:
             group = self.group_of(self.waiting[0])
@@ -277,9 +271,11 @@ class PreemptingEngine(SharingEngine):
         return next(s for s in queue if self.group_of(s) is group and self._recomputing(s))
 
     def claim(self, chunk):
-        """Claim the chunk's slots; once a recomputing lead has claimed every slot of its full prompt blocks
-        (so nobody writes them again, and no copy-on-write ever splits them), the group's other members fork them."""
+        """Claim the chunk's slots, counting the tokens it computes again; once a recomputing lead has claimed
+        every slot of its full prompt blocks (so nobody writes them again, and no copy-on-write ever splits
+        them), the group's other members fork them."""
         chunk = super().claim(chunk)
+        self._count_recomputed(chunk)
         lead = chunk.seq
         full_prompt = len(lead.prompt_ids) // self.block_size * self.block_size
         if self._recomputing(lead) and self._lead(lead) is lead and lead.kv.n_filled >= full_prompt:
@@ -288,6 +284,16 @@ class PreemptingEngine(SharingEngine):
                 if seq is not lead and self.group_of(seq) is group and self._recomputing(seq):
                     self._fork_prompt(lead, seq)
         return chunk
+
+    def _count_recomputed(self, chunk) -> None:
+        """Count `chunk` in this step's prefill; the clock starts at the first chunk that computes tokens again."""
+        recomputed = max(0, min(chunk.end, self._computed_before(chunk.seq)) - chunk.start)
+        if recomputed and not self._step_recomputed:
+            self._recompute_start = now(self.lm.device)
+        self._step_recomputed += recomputed
+        self._step_prefill += chunk.length
+        if chunk.last:
+            self._prefilled.append(chunk.seq)
 
     def _computed_before(self, seq: Sequence) -> int:
         """Tokens of `seq` whose K/V had been computed before it was dropped: every token but the last output for
