@@ -87,8 +87,6 @@ class SharingEngine(ChunkedPrefillEngine):
         self.groups: list[SequenceGroup] = []        # every request added, in order
         self._group_of: dict[int, SequenceGroup] = {}  # seq_id -> its request
         self._next_request_id = 0
-        # (distinct blocks held, blocks the same tables would hold unshared) at every pass with decode tokens
-        self.usage: list[tuple[int, int]] = []
 
     # --- requests ----------------------------------------------------------------
     def add(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,
@@ -168,8 +166,6 @@ class SharingEngine(ChunkedPrefillEngine):
     def schedule(self):
         batch = super().schedule()
         self.kv.before_pass()      # every copy decided while claiming slots, in one indexed copy
-        if batch.decode:
-            self.usage.append(self.block_usage())
         return batch
 
     def block_usage(self) -> tuple[int, int]:

@@ -211,4 +211,3 @@ class ServingEngine(SpeculativeEngine):
         if group in self.groups:
             self.groups.remove(group)
         self.suspects.pop(group, None)
-        self.usage.clear()             # per-pass sharing statistics, for demos
