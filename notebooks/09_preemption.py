@@ -45,6 +45,7 @@ from phases.p2_2_scheduler.sequence import Status
 from phases.p4_1_copy_on_write.engine import worst_case_blocks
 from phases.p4_4_preemption.checks import check_finished
 from phases.p4_4_preemption.demo import AuditedEngine
+from phases.p4_4_preemption.engine import PREEMPTED
 
 torch.set_num_threads(1)    # many small passes: on this shared 2-core machine one intra-op thread is faster
 lm = load_model("tiny", device="cpu", dtype=torch.float32)
@@ -92,7 +93,7 @@ class CountingEngine(AuditedEngine):
 def state_of(engine, seq) -> int:
     if seq.status is Status.DONE:
         return DONE
-    if seq.status is Status.PREEMPTED:
+    if seq.status is PREEMPTED:
         return SWAPPED if seq in engine.swapped_seqs else RECOMPUTE
     return WAITING if seq.status is Status.WAITING else RUNNING
 

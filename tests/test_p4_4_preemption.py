@@ -16,7 +16,7 @@ from phases.p4_1_copy_on_write.block_ops import blocks_held, check_refcounts, fo
 from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p4_1_copy_on_write.engine import SharingEngine, worst_case_blocks
 from phases.p4_4_preemption.checks import Audited, check_finished
-from phases.p4_4_preemption.engine import PreemptingEngine
+from phases.p4_4_preemption.engine import PREEMPTED, PreemptingEngine
 from phases.p4_4_preemption.swap import SwapSpace
 from tests.oracles import hf_greedy
 
@@ -131,14 +131,14 @@ def test_latest_group_is_preempted_and_goes_back_to_the_front_of_the_queue(tiny3
     while not engine.preempted_ids:
         engine.step()
     assert list(engine.preempted_ids) == [c.request_id]
-    assert engine.waiting[0] is c.seqs[0] and c.seqs[0].status is Status.PREEMPTED
+    assert engine.waiting[0] is c.seqs[0] and c.seqs[0].status is PREEMPTED
     assert c.seqs[0].kv is None                            # its blocks were dropped
     d = engine.add_group([7, 8, 9], 2, n=1)                # a new request queues behind the preempted one
     assert list(engine.waiting) == [c.seqs[0], d.seqs[0]]
     engine.run()
     assert engine.admitted_ids.index(c.request_id, 3) < engine.admitted_ids.index(d.request_id)
     history = c.seqs[0].history
-    assert history[:5] == [Status.WAITING, Status.PREFILLING, Status.DECODING, Status.PREEMPTED, Status.PREFILLING]
+    assert history[:5] == [Status.WAITING, Status.PREFILLING, Status.DECODING, PREEMPTED, Status.PREFILLING]
     assert check_finished(engine, [a, b, c, d]) == []
 
 

@@ -14,7 +14,7 @@ from phases.p2_2_scheduler.sequence import Status
 from phases.p4_1_copy_on_write.block_ops import check_refcounts
 from phases.p4_2_beam_search.engine import BeamSearchEngine
 from phases.p4_3_prefix_caching.engine import PrefixCachingEngine
-from phases.p4_4_preemption.engine import PreemptingEngine
+from phases.p4_4_preemption.engine import PREEMPTED, PreemptingEngine
 from tests.oracles import hf_greedy
 from tests.test_p4_2_beam_search import hf_beam
 
@@ -77,7 +77,7 @@ def test_a_request_preempted_mid_prefill_is_recomputed_and_equals_hf(tiny32, mod
     b = engine.add(random_ids(6 * BS, seed=5), 2, ignore_eos=True)       # up to 7 blocks, a 6-block prompt
     run_checked(engine)
     went = [(x, y) for x, y in zip(b.history, b.history[1:])]
-    assert (Status.PREFILLING, Status.PREEMPTED) in went
+    assert (Status.PREFILLING, PREEMPTED) in went
     assert engine.summary()["n_swapped_out"] == 0
     # what B's pool held when it was dropped and was computed again is booked as recomputation
     assert engine.stats.n_recomputed == 1 and engine.stats.tokens_recomputed > 0 and engine.stats.recompute_s > 0

@@ -21,7 +21,7 @@ Files:
 - README.md  the idea, its files, how to run it; its tables: docs/measurements/p4_4_preemption.md
 """
 
-from phases.p4_4_preemption.engine import PREEMPTION_MODES, PreemptingEngine, PreemptionStats
+from phases.p4_4_preemption.engine import PREEMPTED, PREEMPTION_MODES, PreemptingEngine, PreemptionStats
 from phases.p4_4_preemption.swap import SwapSpace, SwapTraffic
 
-__all__ = ["PREEMPTION_MODES", "PreemptingEngine", "PreemptionStats", "SwapSpace", "SwapTraffic"]
+__all__ = ["PREEMPTED", "PREEMPTION_MODES", "PreemptingEngine", "PreemptionStats", "SwapSpace", "SwapTraffic"]

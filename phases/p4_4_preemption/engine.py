@@ -28,13 +28,28 @@ import math
 from bisect import bisect_left
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
+from enum import Enum
 
 from common.clock import now
-from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
+from phases.p2_2_scheduler.sequence import ALLOWED_MOVES, Sequence, Status, StepOutput
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, OutOfBlocks, blocks_for
 from phases.p4_1_copy_on_write.engine import SequenceGroup, SharingEngine
 from phases.p4_3_prefix_caching.engine import prefix_cache_pool, use_prefix_cache
 from phases.p4_4_preemption.swap import SwapSpace
+
+
+class Preemption(Enum):
+    """The state this phase adds to phase 2.2's machine: a sequence whose KV was taken away to make room. It waits
+    to be prefilled again (prompt and outputs) or to get its KV back from the CPU pool, possibly several times."""
+    PREEMPTED = "PREEMPTED"
+
+
+PREEMPTED = Preemption.PREEMPTED
+# Its moves: out of PREFILLING (part-way through a prefill) or DECODING; back by prefilling again, or straight
+# to DECODING when its KV is put back.
+ALLOWED_MOVES[Status.PREFILLING].add(PREEMPTED)
+ALLOWED_MOVES[Status.DECODING].add(PREEMPTED)
+ALLOWED_MOVES[PREEMPTED] = {Status.PREFILLING, Status.DECODING}
 
 PREEMPTION_MODES = ("recompute", "swap")
 DEFAULT_WATERMARK_FRACTION = 0.01  # vLLM's default: keep 1% of the pool free when admitting
@@ -94,7 +109,7 @@ class PreemptingEngine(SharingEngine):
     def withdraw(self, seq: Sequence) -> bool:
         self._computed.pop(seq.seq_id, None)
         group = self._group_of.get(seq.seq_id)
-        if seq.status is not Status.PREEMPTED or group not in self.swapped:
+        if seq.status is not PREEMPTED or group not in self.swapped:
             return super().withdraw(seq)
         seq.kv.release(self.swap_space.cpu)     # a swapped-out sequence's blocks are in the CPU pool
         seq.kv = None
@@ -118,7 +133,7 @@ class PreemptingEngine(SharingEngine):
 
     @staticmethod
     def _preempted(group: SequenceGroup) -> list[Sequence]:
-        return [s for s in group.seqs if s.status is Status.PREEMPTED]
+        return [s for s in group.seqs if s.status is PREEMPTED]
 
     def _running_groups(self) -> dict[SequenceGroup, list[Sequence]]:
         """Running groups in arrival order, each with its running members."""
@@ -175,7 +190,7 @@ class PreemptingEngine(SharingEngine):
         self.preempted_ids.append(group.request_id)
         decoding = all(s.status is Status.DECODING for s in members)
         for s in members:
-            s.move(Status.PREEMPTED)
+            s.move(PREEMPTED)
         tables = [s.kv for s in members]
         if self.swap_space is not None and decoding and self.swap_space.can_swap_out(tables):
             for s in members:
@@ -201,7 +216,7 @@ class PreemptingEngine(SharingEngine):
         """Bring swapped groups back, earliest first, while they fit beside the running ones' next tokens."""
         while self.swapped:
             group = self.swapped[0]
-            if self.waiting and self.waiting[0].status is Status.PREEMPTED \
+            if self.waiting and self.waiting[0].status is PREEMPTED \
                     and self.group_of(self.waiting[0]).request_id < group.request_id:
                 return  # an earlier group waits to be recomputed (a swap fallback): FCFS, it goes first
             members = self._preempted(group)
@@ -259,7 +274,7 @@ class PreemptingEngine(SharingEngine):
     @staticmethod
     def _recomputing(seq: Sequence) -> bool:
         """Preempted and waiting to be recomputed, or admitted again and not re-prefilled yet."""
-        return seq.status is Status.PREEMPTED or (seq.status is Status.PREFILLING and bool(seq.output_ids))
+        return seq.status is PREEMPTED or (seq.status is Status.PREFILLING and bool(seq.output_ids))
 
     def _lead(self, seq: Sequence) -> Sequence | None:
         """For a sequence being recomputed: the first of its group's members in the queue (members are admitted
@@ -267,7 +282,7 @@ class PreemptingEngine(SharingEngine):
         if not self._recomputing(seq):
             return None
         group = self.group_of(seq)
-        queue = self.waiting if seq.status is Status.PREEMPTED else self.running
+        queue = self.waiting if seq.status is PREEMPTED else self.running
         return next(s for s in queue if self.group_of(s) is group and self._recomputing(s))
 
     def claim(self, chunk):

@@ -27,6 +27,7 @@ from bisect import bisect_left
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_5_paged_attention.runner import Batch
 from phases.p4_1_copy_on_write.engine import SequenceGroup
+from phases.p4_4_preemption.engine import PREEMPTED
 from phases.p4_5_speculative_decoding.engine import SpeculativeEngine
 
 # a group's roles in a forward pass: prefilling a chunk, decoding, or both (a recomputed group's members)
@@ -113,7 +114,7 @@ class ServingEngine(SpeculativeEngine):
         if any(s.output_ids for s in group.seqs):
             members = [s for s in group.seqs if s in self.running]
             for s in members:
-                self._take_back(s, Status.PREEMPTED)   # recomputed from prompt + outputs when admitted again
+                self._take_back(s, PREEMPTED)   # recomputed from prompt + outputs when admitted again
         else:  # it made nothing yet: un-admit it, as if it had never been admitted
             if group.forked:
                 self.unfork(group)
