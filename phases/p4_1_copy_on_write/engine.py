@@ -97,11 +97,15 @@ class SharingEngine(ChunkedPrefillEngine):
     def add_group(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,
                   ignore_eos: bool = False, arrival: float | None = None, *, n: int) -> SequenceGroup:
         """Queue a request for `n` samples of one prompt; returns its group (its `seqs` fill in at prefill)."""
-        return self.add_request(SequenceGroup, prompt, max_new_tokens, sampling, ignore_eos, arrival, n)
+        seq = self.new_request(prompt, max_new_tokens, sampling, ignore_eos, arrival, n)
+        group = SequenceGroup(self._next_request_id, seq.prompt, seq.prompt_ids, n, max_new_tokens, sampling, [seq])
+        return self.queue_group(group)
 
-    def add_request(self, group_cls, prompt, max_new_tokens, sampling, ignore_eos, arrival, n,
-                    **group_kwargs) -> SequenceGroup:
-        """Check and queue a request of `n` sequences as a `group_cls`."""
+    def new_request(self, prompt, max_new_tokens: int, sampling: SamplingParams, ignore_eos: bool,
+                    arrival: float | None, n: int) -> Sequence:
+        """The first sequence of a checked request of `n` sequences, not queued yet (a refused request leaves
+        no trace): `n` fits the running set, every sample's seed is one torch takes, and the worst case of
+        the n sequences fits the whole pool."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an integer >= 1, got {n!r}")
         if n > self.max_running:
@@ -113,9 +117,12 @@ class SharingEngine(ChunkedPrefillEngine):
             raise ValueError(f"{n} sequences of {len(seq.prompt_ids)} prompt + {max_new_tokens} new tokens need "
                              f"up to {need} blocks of {self.block_size} tokens, but the whole pool has "
                              f"{self.allocator.n_blocks}")
+        return seq
+
+    def queue_group(self, group: SequenceGroup) -> SequenceGroup:
+        """Queue a new request (its `request_id` the next one): its first sequence joins the waiting queue."""
+        seq = group.seqs[0]
         self.queue(seq)
-        group = group_cls(self._next_request_id, seq.prompt, seq.prompt_ids, n, max_new_tokens, sampling, [seq],
-                          **group_kwargs)
         self._next_request_id += 1
         self.groups.append(group)
         self._group_of[seq.seq_id] = group

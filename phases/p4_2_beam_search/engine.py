@@ -62,7 +62,9 @@ class BeamSearchEngine(SharingEngine):
                         arrival: float | None = None) -> BeamGroup:
         """Queue a beam-search request (text or token ids); returns its group (`group.best` once `group.done`)."""
         search = BeamSearch(beam_width, max_new_tokens, self.lm.eos_token_ids, length_penalty, early_stopping)
-        return self.add_request(BeamGroup, prompt, max_new_tokens, GREEDY, False, arrival, beam_width, search=search)
+        seq = self.new_request(prompt, max_new_tokens, GREEDY, False, arrival, beam_width)
+        return self.queue_group(BeamGroup(self._next_request_id, seq.prompt, seq.prompt_ids, beam_width, max_new_tokens,
+                                          GREEDY, [seq], search=search))
 
     def emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
         """Beam rows go to their group's search; every other row is sampled as before.
