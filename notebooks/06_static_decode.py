@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 06 · One pass per step, then a step the GPU can replay (phases 3.6 to 3.8)
+# # 06 · One pass per step, then a step the GPU can replay (phases 3.6 to 3.9)
 #
 # On an H100 the engine of phase 3.5 spent ~33 ms on a decode step of 256 sequences, while the GPU worked ~11 ms of
 # it. The rest was the host: Python turning lists into tensors, and some 1,500 kernels launched one at a time. Two phases
@@ -388,13 +388,13 @@ print(f"from batch {next(b for b in range(1, 257) if b * KV_HEADS >= H100_SMS)} 
       "SMs: one split at any context")
 
 # %% [markdown]
-# ## Phase 3.8: what a graph cannot remove, the kernels themselves
+# ## Phase 3.9: what a graph cannot remove, the kernels themselves
 #
 # In the H100 figure above, the graph's GPU time hardly moves from batch 1 to 256, though batch 256 does 256 times
 # the arithmetic. A step that takes the same time whatever its size is counted in kernels: each one starts, reads,
 # writes and drains before the next, even when it touches one row per sequence. `count_launches`
 # (`measure/kernel_count.py`) counts what a step launches on any device: every aten op that computes (views launch
-# nothing) and every Triton launch. Phase 3.8's `FusedDecodeEngine` runs the same step with each RMSNorm, the rotary
+# nothing) and every Triton launch. Phase 3.9's `FusedDecodeEngine` runs the same step with each RMSNorm, the rotary
 # embedding of q and k, and SwiGLU's `silu(gate) * up` as one Triton kernel each. Here on the tiny Qwen3 (2 layers),
 # with the Triton kernels in the interpreter so the count follows a GPU's code path:
 
@@ -402,8 +402,8 @@ print(f"from batch {next(b for b in range(1, 257) if b * KV_HEADS >= H100_SMS)} 
 import os
 
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
-from phases.p3_8_fused_ops.demo import count_decode_step
-from phases.p3_8_fused_ops.engine import FusedDecodeEngine
+from phases.p3_9_fused_ops.demo import count_decode_step
+from phases.p3_9_fused_ops.engine import FusedDecodeEngine
 
 os.environ[FORCE_KERNELS_ENV] = "1"          # the Triton paths on this CPU (the interpreter)
 qwen = load_model("tiny-qwen3", device="cpu", dtype=torch.float32)
@@ -433,7 +433,7 @@ print("Qwen3-0.6B (28 layers), committed count:",
 #   pass) and the token budget's rules.
 # * `phases/p3_7_cuda_graphs/README.md`: the static step, the tuned decode kernel and its split rule; its
 #   measurements page `docs/measurements/p3_7_cuda_graphs.md` holds the kernel and workload tables.
-# * `phases/p3_8_fused_ops/README.md`: the three fused kernels, how they are routed without touching the HF peers
+# * `phases/p3_9_fused_ops/README.md`: the three fused kernels, how they are routed without touching the HF peers
 #   that share the model, and the kernel counts.
 # * `python -m common graph_bench`, `graph_workload` and `fused_bench` rerun every table here, on a GPU with
 #   `--device cuda`.

@@ -110,6 +110,8 @@ def render(comparison: Comparison) -> str:
 
 
 # --- the comparisons, phase by phase ---------------------------------------------------------
+# A Cell's row names an engine as the report printed it: reports recorded before the phases were renumbered
+# name the fused engine p3_8 (phase 3.9 today).
 CPU, H100 = "cpu_smollm2-135m", "nvidia-h100-80gb-hbm3_dummy-qwen3-0.6b"
 BASE = "gpu-baseline/"      # the H100 run of the demos on an earlier tree (see results/gpu-baseline/README.md)
 P3_3_TPUT = f"p3_3/tput_{CPU}"   # `tput` with phase 3.3's two engines only, the run its README discusses
@@ -309,7 +311,7 @@ COMPARISONS: dict[str, Comparison] = {
                     "ms/step")),
     ], "On the CPU graphs do not exist, and the static step runs eagerly at the old speed; on the H100 the step "
        "stays at 5.6-7.8 ms from batch 1 to 128, the blog's flat ms/tok, until the host's per-sequence work shows at 256."),
-    "p3_8_fused_ops": Comparison([
+    "p3_9_fused_ops": Comparison([
         Figure("kernels per decode step, phase 3.7's static step", "beyond the blog",
                Cell("fused-bench_cpu_dummy-qwen3-0.6b", "kernels launched by one decode step",
                     ("1", "p3_7 static step"), "kernels"), None),

@@ -482,9 +482,9 @@ QUICK: dict[str, list[str]] = {
     "p3_7": ["tests/test_p3_7_decode_kernel.py::test_padding_rows_of_length_zero_read_nothing_and_give_zeros",
              "tests/test_p3_7_merge_kernel.py::test_merge_kernel_equals_merge_splits",
              "tests/test_p3_7_engine.py::test_rows_left_behind_are_inert_padding"],
-    "p3_8": ["tests/test_p3_8_fused_ops.py::test_rms_norm_equals_the_models_norm",
-             "tests/test_p3_8_fused_ops.py::test_silu_and_mul_equals_the_swiglu_gate",
-             "tests/test_p3_8_fused_ops.py::test_outside_the_step_the_model_is_its_own"],
+    "p3_9": ["tests/test_p3_9_fused_ops.py::test_rms_norm_equals_the_models_norm",
+             "tests/test_p3_9_fused_ops.py::test_silu_and_mul_equals_the_swiglu_gate",
+             "tests/test_p3_9_fused_ops.py::test_outside_the_step_the_model_is_its_own"],
     "p4_1": ["tests/test_p4_1_copy_on_write.py::test_fork_shares_every_block_and_copy_happens_once_per_writer",
              "tests/test_p4_1_copy_on_write.py::"
              "test_n_samples_hold_one_copy_of_the_prompt_then_copy_the_partial_block_on_first_write",

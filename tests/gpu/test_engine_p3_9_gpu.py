@@ -1,8 +1,8 @@
-"""Phase 3.8 on the tier's device: the fused kernels, compiled, equal the model's modules, and the fused
+"""Phase 3.9 on the tier's device: the fused kernels, compiled, equal the model's modules, and the fused
 decode step (captured as CUDA graphs on CUDA) equals HF `generate`, token for token (fp32, TF32 off).
 
 Off CUDA (ENGINE_TEST_DEVICE=cpu) the engine test forces the kernels into Triton's interpreter, as
-tests/test_p3_8_fused_ops.py does, so the tier itself can be checked without a GPU.
+tests/test_p3_9_fused_ops.py does, so the tier itself can be checked without a GPU.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import torch
 
 from common.model import load_model
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
-from phases.p3_8_fused_ops import layers
-from phases.p3_8_fused_ops.engine import FusedDecodeEngine, FusedOverlappedEngine
-from phases.p3_8_fused_ops.kernels import rms_norm, rotary, silu_and_mul
+from phases.p3_9_fused_ops import layers
+from phases.p3_9_fused_ops.engine import FusedDecodeEngine, FusedOverlappedEngine
+from phases.p3_9_fused_ops.kernels import rms_norm, rotary, silu_and_mul
 from tests.gpu.conftest import tier_runs_on_cuda
 from tests.gpu.test_engine_p3_6_gpu import random_prompts
 from tests.oracles import hf_greedy, run_ignoring_eos
-from tests.test_p3_8_fused_ops import TOL
+from tests.test_p3_9_fused_ops import TOL
 
 # Compiled, fp32 -> bf16 rounds to nearest: rms_norm and silu_and_mul round where the model rounds, so they
 # differ from it by summation order only, at most one bf16 ulp (2^-7 relative at worst). Rotary rounds once where

@@ -25,7 +25,7 @@ from phases.p3_7_cuda_graphs.attention import StaticDecodeBatch
 from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
 from phases.p3_7_cuda_graphs.overlap import OverlappedDecodeEngine
 from phases.p3_7_cuda_graphs.runner import StaticRunner
-from phases.p3_8_fused_ops.layers import fused_ops_on, install_fused_ops
+from phases.p3_9_fused_ops.layers import fused_ops_on, install_fused_ops
 
 
 class FusedRunner(StaticRunner):

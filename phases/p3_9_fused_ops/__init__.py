@@ -1,4 +1,4 @@
-"""Phase 3.8 adds fused kernels to phase 3.7's decode step: RMSNorm, rotary embedding and SwiGLU's gate, one launch each.
+"""Phase 3.9 adds fused kernels to phase 3.7's decode step: RMSNorm, rotary embedding and SwiGLU's gate, one launch each.
 
 - kernels.py   Triton: `rms_norm`, `rotary` (q and k in one launch), `silu_and_mul`; fp32 inside, rounded where
                the model's PyTorch code rounds
@@ -9,5 +9,5 @@
 - aot_check.py the three kernels compiled for an H100 without one: registers, spills
 - demo.py      `fused_bench`: kernels per decode step, phase 3.7 vs this phase (any device), and the step's wall
                and GPU time (CUDA); `fused_workload`: the equal and mixed work
-- README.md    the idea, its files, how to run it; its tables: docs/measurements/p3_8_fused_ops.md
+- README.md    the idea, its files, how to run it; its tables: docs/measurements/p3_9_fused_ops.md
 """
