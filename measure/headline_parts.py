@@ -60,7 +60,7 @@ NANO_VLLM_PUBLISHED = [
 # The gpu tier's tests the check runs: (what they check, alternatives of substrings a test id must all contain).
 # Every kernel case below is in both the CUDA grid and the interpreter's, so a CPU dry run collects each group.
 TIER_FILES = ["tests/gpu/test_kernels_gpu.py", "tests/gpu/test_prefill_kernel_gpu.py",
-              "tests/gpu/test_engine_p3_7_gpu.py", "tests/gpu/test_engine_p3_9_gpu.py", "tests/gpu/test_engines_gpu.py"]
+              "tests/gpu/test_engine_p3_8_gpu.py", "tests/gpu/test_engine_p3_9_gpu.py", "tests/gpu/test_engines_gpu.py"]
 CORRECTNESS_GROUPS = {
     "decode and prefill attention kernels, bf16 and fp32": [("bs16-g8-d128-bf16",), ("bs64-g4-d64-fp32",)],
     "gather and K/V write kernels, bf16 and fp32": [("bs8-d128-bf16",), ("bs64-d64-fp32",)],

@@ -6,7 +6,7 @@ import torch
 
 from common.model import load_model
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
-from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
+from phases.p3_8_cuda_graphs.engine import StaticDecodeEngine
 from phases.p3_9_fused_ops import layers
 from phases.p3_9_fused_ops.engine import FusedDecodeEngine, FusedOverlappedEngine
 from phases.p3_9_fused_ops.kernels import rms_norm, rotary, silu_and_mul
@@ -173,7 +173,7 @@ def test_fused_bench_counts_fewer_kernels_for_the_fused_step():
     from measure.cli import run_demo
     report = run_demo("fused_bench", model="tiny", device="cpu", dtype="fp32", quick=True)
     rows = {r["engine"]: r for r in report.data["kernels"]}
-    plain, fused = rows["p3_7 static step"], rows["p3_9 fused step"]
+    plain, fused = rows["p3_8 static step"], rows["p3_9 fused step"]
     assert fused["kernels"] < plain["kernels"]
     assert fused["by_op"]["triton:_rms_norm_kernel"] == 5 and "pow" not in fused["by_op"]   # 2 layers x 2 + final
     assert fused["by_op"]["linear"] == plain["by_op"]["linear"]                           # the matmuls stay

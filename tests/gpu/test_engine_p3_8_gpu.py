@@ -1,4 +1,4 @@
-"""Phase 3.7 on the tier's device: decode steps replayed as CUDA graphs equal HF `generate`, and the tuned
+"""Phase 3.8 on the tier's device: decode steps replayed as CUDA graphs equal HF `generate`, and phase 3.7's tuned
 decode kernel, compiled, equals its reference.
 
 fp32, TF32 off (`no_tf32`). On CUDA every decode-only step of the engine is a graph replay
@@ -16,9 +16,9 @@ import torch
 
 from phases.p3_4_gather_kernel.batch import random_paged_batch
 from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
-from phases.p3_7_cuda_graphs.decode_kernel import LaunchConfig, launch_config, tiled_decode_attention
-from phases.p3_7_cuda_graphs.engine import StaleGraphs, StaticDecodeEngine
-from phases.p3_7_cuda_graphs.overlap import OverlappedDecodeEngine
+from phases.p3_7_tuned_decode_kernel.decode_kernel import LaunchConfig, launch_config, tiled_decode_attention
+from phases.p3_8_cuda_graphs.engine import StaleGraphs, StaticDecodeEngine
+from phases.p3_8_cuda_graphs.overlap import OverlappedDecodeEngine
 from tests.gpu.conftest import tier_runs_on_cuda
 from tests.gpu.test_engine_p3_6_gpu import TOL, random_prompts
 from tests.oracles import hf_greedy, run_ignoring_eos
