@@ -1,7 +1,7 @@
 """`SharingEngine`: parallel sampling, n samples of one prompt decoding over ONE copy of its KV blocks.
 
 A request may now ask for `n` samples of the same prompt (`add_group(..., n=k)`;
-`add()` is a request of one, and still returns its one Sequence). Phase 3.7's
+`add()` is a request of one, and still returns its one Sequence). Phase 3.8's
 engine would prefill the prompt n times and store its K/V n times. Here:
 
   1. the prompt is prefilled ONCE, as one sequence (the group's sample 0),
@@ -35,8 +35,8 @@ from common.clock import SeqTiming
 from common.sampling import GREEDY, SamplingParams
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
-from phases.p3_7_cuda_graphs.runner import StaticRunner
-from phases.p3_7_cuda_graphs.sampler import DeviceSampler
+from phases.p3_8_cuda_graphs.runner import StaticRunner
+from phases.p3_8_cuda_graphs.sampler import DeviceSampler
 from phases.p4_1_copy_on_write.block_ops import blocks_held
 from phases.p4_1_copy_on_write.kv import CowKV, worst_case_blocks
 
@@ -76,7 +76,7 @@ class SequenceGroup:
 
 
 class SharingEngine(ChunkedPrefillEngine):
-    """Phase 3.6's scheduling on phase 3.7's parts (the static decode runner, the device sampler), with
+    """Phase 3.6's scheduling on phase 3.8's parts (the static decode runner, the device sampler), with
     requests of n sequences over shared blocks (`CowKV`)."""
 
     def __init__(self, lm, *, cuda_graphs: bool | None = None, buckets: list[int] | None = None, **engine_kwargs):

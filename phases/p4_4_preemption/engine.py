@@ -17,7 +17,7 @@ recovery    "recompute": blocks dropped, back to the FRONT of the queue; admitte
             blocks copied to a CPU pool and back when they fit; a full CPU pool falls back to
             recomputation. A group part-way through its prefill is always recomputed.
 
-Draws are keyed on (seed, token index) (phase 3.7), so preemption changes no token; `add()` refuses a
+Draws are keyed on (seed, token index) (phase 3.8), so preemption changes no token; `add()` refuses a
 request that could outgrow the pool alone, so preempting every later group always makes room and nothing
 is lost.
 """

@@ -12,7 +12,7 @@ schedule  after phase 4.4's schedule, a decoding sequence with m guesses becomes
           chunks, and truly free blocks, so a guess never preempts, never evicts
           a cached block, never delays an admission, never runs past max_new_tokens.
 runner    unchanged: phase 3.6's mixed pass runs the chunk and keeps every row's
-          logits (`rows_kept`). Decode-only steps keep phase 3.7's static path; a
+          logits (`rows_kept`). Decode-only steps keep phase 3.8's static path; a
           graph's decode kernel takes one query row per sequence, so a step with a
           verification is a mixed pass.
 kv        the rejected guesses' slots are cut from the table, emptied blocks back
