@@ -8,7 +8,7 @@ A phase's demo hands in its engine line (measure/ imports no phase):
 
   engine             engine(lm, block_size=, n_blocks=, preemption_mode=, max_running=, prefix_caching=,
                      watermark_blocks=): a preempting engine with the engine line's `add`, `add_group`,
-                     `add_beam_search`, `step`, `has_work`, `running`, `allocator`, `summary()`,
+                     `step`, `has_work`, `running`, `allocator`, `summary()`,
                      `peak_blocks_used` and `preempted_ids`
   audited            the same engine, every scheduling decision checked as it is made
   swap_space         swap_space(gpu_allocator, n_blocks, batched=): the CPU pool, `swap_out` / `swap_in`

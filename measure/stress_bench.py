@@ -2,7 +2,7 @@
 
     run_stress_demo(cfg, line)    # line: a PreemptionLine (measure/preempt_bench.py), built by the phase's demo
 
-Bursts of plain requests, n seeded samples and beam searches (measure/workload.py's `stress_trace`)
+Bursts of plain requests and n seeded samples (measure/workload.py's `stress_trace`)
 run through the audited engine with an unlimited pool (the reference), then with a small one per
 preemption mode; the audit (FCFS, latest group preempted, whole groups) runs while it steps, and
 `check_finished` after (every sequence finished exactly once, no block leaked in either pool).
@@ -17,7 +17,7 @@ from measure.preempt_bench import (PreemptionLine, completed, run_trace, same, s
 from measure.report import Report
 from measure.workload import TRACE_SAMPLE_TEMPERATURE, demand_tokens, stress_trace
 
-QUICK = dict(n_requests=8, prompt_len=[3, 10], output_len=[2, 6], burst_size=[2, 4], burst_gap=[1, 2], block_size=4)
+QUICK = dict(n_requests=8, prompt_len=[3, 10], output_len=[4, 12], burst_size=[2, 4], burst_gap=[1, 2], block_size=4)
 
 
 def stress_options() -> list[Option]:
@@ -27,8 +27,7 @@ def stress_options() -> list[Option]:
             Option("burst_size", int, cpu=[4, 12], gpu=[16, 64], many=True, help="min and max requests per burst"),
             Option("burst_gap", int, cpu=[1, 6], gpu=[1, 8], many=True, help="min and max steps between bursts"),
             Option("p_samples", float, cpu=0.2, help="share of requests asking for n seeded samples"),
-            Option("p_beam", float, cpu=0.15, help="share of requests that are beam searches"),
-            Option("max_n", int, cpu=3, gpu=4, help="most samples / beams in one request"),
+            Option("max_n", int, cpu=3, gpu=4, help="most samples in one request"),
             Option("pool_fraction", float, cpu=0.1, gpu=0.1,
                    help="pool size, as a fraction of the KV the whole trace would hold at once"),
             Option("block_size", int, cpu=8, gpu=16, help="tokens per KV block"),
@@ -41,7 +40,7 @@ def stress_options() -> list[Option]:
 def run_stress_demo(cfg: RunConfig, line: PreemptionLine) -> Report:
     lm, report, o = start(cfg, "stress_demo", QUICK)
     trace = stress_trace(lm.vocab_size, o["n_requests"], tuple(o["prompt_len"]), tuple(o["output_len"]),
-                         tuple(o["burst_size"]), tuple(o["burst_gap"]), o["p_samples"], o["p_beam"], o["max_n"],
+                         tuple(o["burst_size"]), tuple(o["burst_gap"]), o["p_samples"], 0.0, o["max_n"],
                          o["seed"])
     bs = o["block_size"]
     demand = demand_tokens(trace)
@@ -54,10 +53,10 @@ def run_stress_demo(cfg: RunConfig, line: PreemptionLine) -> Report:
         ref = run_trace(lm, line, trace, unlimited, bs, "recompute", "unlimited pool", caching)
         runs = [run_trace(lm, line, trace, n_blocks, bs, mode, mode, caching) for mode in line.modes]
 
-    kinds = {k: sum(r.kind == k for r in trace) for k in ("plain", "samples", "beam")}
+    kinds = {k: sum(r.kind == k for r in trace) for k in ("plain", "samples")}
     t = report.table(
-        f"Stress: {len(trace)} requests ({kinds['plain']} plain, {kinds['samples']} with n samples, "
-        f"{kinds['beam']} beam searches) in bursts, a pool of {n_blocks} blocks x {bs} tokens "
+        f"Stress: {len(trace)} requests ({kinds['plain']} plain, {kinds['samples']} with n samples) in bursts, "
+        f"a pool of {n_blocks} blocks x {bs} tokens "
         f"({demand / (n_blocks * bs):.1f}x oversubscribed)",
         ["recovery", "sequences", "preemptions", "swapped out / in", "recomputed", "swap fallbacks",
          "most preempted", "completed", "invariants", "= unlimited", "wall (s)"])
@@ -77,7 +76,7 @@ def run_stress_demo(cfg: RunConfig, line: PreemptionLine) -> Report:
         "most preempted: preemptions of the single most preempted request",
         "invariants: FCFS admission and swap-in, latest-arrived group preempted, whole groups only, every "
         "sequence finished exactly once, no block leaked in the GPU or the CPU pool",
-        "= unlimited: greedy outputs, seeded samples and beam search results identical to the unlimited pool's",
+        "= unlimited: greedy outputs and seeded samples identical to the unlimited pool's",
         f"prefix cache {'on' if caching else 'off'}",
         threads_note(cfg, o, report),
     ]

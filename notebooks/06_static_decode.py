@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # 06 · One pass per step, then a step the GPU can replay (phases 3.6 to 3.8)
+# # 06 · One pass per step, then a step the GPU can replay (phases 3.6 to 3.9)
 #
 # On an H100 the engine of phase 3.5 spent ~33 ms on a decode step of 256 sequences, while the GPU worked ~11 ms of
 # it. The rest was the host: Python turning lists into tensors, and some 1,500 kernels launched one at a time. Two phases
@@ -22,7 +22,7 @@
 # * **phase 3.6** runs every step as **one forward pass**: the decode tokens and the prefill work share one packed
 #   row. A long prompt is prefilled **a chunk at a time** under a per-step token budget (vLLM's
 #   `max_num_batched_tokens`), so it no longer stalls everyone else for its whole prefill;
-# * **phase 3.7** gives the decode step a fixed shape: its inputs live in **static buffers** allocated once, the batch
+# * **phase 3.8** gives the decode step a fixed shape: its inputs live in **static buffers** allocated once, the batch
 #   is padded to a **bucket**, the host sends the device **only what changed**, and tokens are **sampled on the
 #   device**. A step of fixed shape and fixed addresses can be captured once as a **CUDA graph** and replayed: one
 #   call instead of hundreds of launches.
@@ -46,11 +46,11 @@ from common.sampling import SamplingParams
 from measure.step_bench import decode_step_ms, random_prompts
 from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine, WholePromptEngine
-from phases.p3_7_cuda_graphs.demo import stub_decode_forward
-from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
-from phases.p3_7_cuda_graphs.runner import StaticRunner
-from phases.p3_7_cuda_graphs.overlap import OverlappedDecodeEngine
-from phases.p3_7_cuda_graphs.split_rule import MAX_SPLITS, MIN_BLOCKS_PER_SPLIT, choose_splits
+from phases.p3_8_cuda_graphs.demo import stub_decode_forward
+from phases.p3_8_cuda_graphs.engine import StaticDecodeEngine
+from phases.p3_8_cuda_graphs.runner import StaticRunner
+from phases.p3_8_cuda_graphs.overlap import OverlappedDecodeEngine
+from phases.p3_7_tuned_decode_kernel.split_rule import MAX_SPLITS, MIN_BLOCKS_PER_SPLIT, choose_splits
 
 torch.set_num_threads(1)    # many small passes: on this shared 2-core machine one intra-op thread is faster
 lm = load_model("tiny", device="cpu", dtype=torch.float32)
@@ -136,7 +136,7 @@ axes[0].legend(loc="upper right")
 fig.tight_layout()
 
 # %% [markdown]
-# ## Phase 3.7: the static decode step
+# ## Phase 3.8: the static decode step
 #
 # `StaticDecodeEngine` keeps phase 3.6's schedule and changes how a decode-only step runs. Its inputs (token ids,
 # positions, lengths, block tables, slot mapping) are rows of tensors allocated once (`DecodeBuffers`). The host keeps
@@ -207,7 +207,7 @@ a.set_ylabel("rows")
 a.set_yticks(BUCKETS)
 a.legend()
 b.plot(x, [s["rebuilt"] for s in log], "o-", color="tab:red", ms=3, label="phase 3.6: rebuilt from lists")
-b.bar(x, [s["sent"] for s in log], color="tab:blue", label="phase 3.7: what changed")
+b.bar(x, [s["sent"] for s in log], color="tab:blue", label="phase 3.8: what changed")
 b.set_xlabel("static decode step")
 b.set_ylabel("values sent host -> device")
 b.legend()
@@ -261,7 +261,7 @@ HOST_STEPS = 20
 blocks = blocks_for(16 + HOST_STEPS + 16, 16)       # per sequence: prompt, warm-up and timed steps, slack
 host_engines = {
     "3.6 (decode pass from lists)": lambda lm_, n: ChunkedPrefillEngine(lm_, max_running=n, n_blocks=n * blocks),
-    "3.7 static step": lambda lm_, n: StaticDecodeEngine(lm_, max_running=n, n_blocks=n * blocks),
+    "3.8 static step": lambda lm_, n: StaticDecodeEngine(lm_, max_running=n, n_blocks=n * blocks),
 }
 host_us = {name: [] for name in host_engines}
 for batch in HOST_BATCHES:
@@ -308,6 +308,7 @@ meta = runs[0]["meta"]
 print(f"{meta['device_name']}, {meta['model']}, {meta['dtype']}, torch {meta['torch']}, commit {meta['commit']}, "
       f"{meta['date']}")
 fig, ax = plt.subplots(figsize=(7, 3.6))
+# the engines as the reports name them: they were recorded when this phase was numbered 3.7
 styles = {"p3_6 (decode pass from lists)": "o-", "p3_7 static, eager": "s--", "p3_7 static, CUDA graph": "D-"}
 for engine, style in styles.items():
     pts = sorted({r["batch"]: r["ms"] for run in runs[:1] for r in run["data"]["step"] if r["engine"] == engine}.items())
@@ -367,7 +368,7 @@ for q, ids in zip(questions, answers["OverlappedDecodeEngine"]):
     print(f"  {q!r} -> {smol.tokenizer.decode(ids, skip_special_tokens=True)!r}")
 
 # %% [markdown]
-# ## How many programs per sequence: the split-KV rule
+# ## How many programs per sequence: phase 3.7's split-KV rule
 #
 # The decode kernel's grid is batch x KV heads x splits. Each program streams its share of the K/V from HBM, and HBM
 # stays busy only when every SM has a program. With few sequences, each sequence's context is split over several
@@ -388,13 +389,13 @@ print(f"from batch {next(b for b in range(1, 257) if b * KV_HEADS >= H100_SMS)} 
       "SMs: one split at any context")
 
 # %% [markdown]
-# ## Phase 3.8: what a graph cannot remove, the kernels themselves
+# ## Phase 3.9: what a graph cannot remove, the kernels themselves
 #
 # In the H100 figure above, the graph's GPU time hardly moves from batch 1 to 256, though batch 256 does 256 times
 # the arithmetic. A step that takes the same time whatever its size is counted in kernels: each one starts, reads,
 # writes and drains before the next, even when it touches one row per sequence. `count_launches`
 # (`measure/kernel_count.py`) counts what a step launches on any device: every aten op that computes (views launch
-# nothing) and every Triton launch. Phase 3.8's `FusedDecodeEngine` runs the same step with each RMSNorm, the rotary
+# nothing) and every Triton launch. Phase 3.9's `FusedDecodeEngine` runs the same step with each RMSNorm, the rotary
 # embedding of q and k, and SwiGLU's `silu(gate) * up` as one Triton kernel each. Here on the tiny Qwen3 (2 layers),
 # with the Triton kernels in the interpreter so the count follows a GPU's code path:
 
@@ -402,8 +403,8 @@ print(f"from batch {next(b for b in range(1, 257) if b * KV_HEADS >= H100_SMS)} 
 import os
 
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
-from phases.p3_8_fused_ops.demo import count_decode_step
-from phases.p3_8_fused_ops.engine import FusedDecodeEngine
+from phases.p3_9_fused_ops.demo import count_decode_step
+from phases.p3_9_fused_ops.engine import FusedDecodeEngine
 
 os.environ[FORCE_KERNELS_ENV] = "1"          # the Triton paths on this CPU (the interpreter)
 qwen = load_model("tiny-qwen3", device="cpu", dtype=torch.float32)
@@ -431,9 +432,11 @@ print("Qwen3-0.6B (28 layers), committed count:",
 #
 # * `phases/p3_6_varlen_prefill/README.md`: the varlen prefill kernel (one launch per layer for every prompt in the
 #   pass) and the token budget's rules.
-# * `phases/p3_7_cuda_graphs/README.md`: the static step, the tuned decode kernel and its split rule; its
-#   measurements page `docs/measurements/p3_7_cuda_graphs.md` holds the kernel and workload tables.
-# * `phases/p3_8_fused_ops/README.md`: the three fused kernels, how they are routed without touching the HF peers
+# * `phases/p3_7_tuned_decode_kernel/README.md`: the tuned decode kernel and its split rule; its measurements page
+#   `docs/measurements/p3_7_tuned_decode_kernel.md` holds the kernel tables.
+# * `phases/p3_8_cuda_graphs/README.md`: the static step; its measurements page
+#   `docs/measurements/p3_8_cuda_graphs.md` holds the step and workload tables.
+# * `phases/p3_9_fused_ops/README.md`: the three fused kernels, how they are routed without touching the HF peers
 #   that share the model, and the kernel counts.
 # * `python -m common graph_bench`, `graph_workload` and `fused_bench` rerun every table here, on a GPU with
 #   `--device cuda`.

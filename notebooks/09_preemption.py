@@ -45,6 +45,7 @@ from phases.p2_2_scheduler.sequence import Status
 from phases.p4_1_copy_on_write.engine import worst_case_blocks
 from phases.p4_4_preemption.checks import check_finished
 from phases.p4_4_preemption.demo import AuditedEngine
+from phases.p4_4_preemption.engine import PREEMPTED
 
 torch.set_num_threads(1)    # many small passes: on this shared 2-core machine one intra-op thread is faster
 lm = load_model("tiny", device="cpu", dtype=torch.float32)
@@ -92,7 +93,7 @@ class CountingEngine(AuditedEngine):
 def state_of(engine, seq) -> int:
     if seq.status is Status.DONE:
         return DONE
-    if seq.status is Status.PREEMPTED:
+    if seq.status is PREEMPTED:
         return SWAPPED if seq in engine.swapped_seqs else RECOMPUTE
     return WAITING if seq.status is Status.WAITING else RUNNING
 
@@ -288,7 +289,7 @@ for prompt, ids in zip(PROMPTS, hf):
 # %% [markdown]
 # ## What this phase leaves to the next
 #
-# The engine line is complete: batched paged attention, chunked prefill, shared blocks for samples and beams, a
+# The engine line is complete: batched paged attention, chunked prefill, shared blocks for samples, a
 # prefix cache, and now optimistic admission with preemption, so a pool far smaller than the worst case still
 # finishes every request with the same output. Phase 5 puts it behind an OpenAI-compatible HTTP server, where
 # requests arrive whenever clients send them and a preempted request simply pauses its stream.

@@ -110,6 +110,8 @@ def render(comparison: Comparison) -> str:
 
 
 # --- the comparisons, phase by phase ---------------------------------------------------------
+# A Cell's row names an engine as the report printed it: reports recorded before the phases were renumbered
+# name the static graph engine p3_7 and the fused one p3_8 (phases 3.8 and 3.9 today); p3_7's kernel is still 3.7.
 CPU, H100 = "cpu_smollm2-135m", "nvidia-h100-80gb-hbm3_dummy-qwen3-0.6b"
 BASE = "gpu-baseline/"      # the H100 run of the demos on an earlier tree (see results/gpu-baseline/README.md)
 P3_3_TPUT = f"p3_3/tput_{CPU}"   # `tput` with phase 3.3's two engines only, the run its README discusses
@@ -275,7 +277,7 @@ COMPARISONS: dict[str, Comparison] = {
                cpu("workload-bench", "mixed work", ("batched",), "total tok/s"),
                gpu("workload-bench", "mixed work", ("batched",), "total tok/s")),
     ], "The blog stops at a sketch of the gather kernel; this phase is the batched forward pass it points to. "
-       "The GPU figures are the baseline before phases 3.6-3.7 (prefill looped over sequences, decode host-bound); "
+       "The GPU figures are the baseline before phases 3.6-3.8 (prefill looped over sequences, decode host-bound); "
        "that run timed HF's padded generate cold, before engines were warmed up (6,885 tok/s warm)."),
     "p3_6_varlen_prefill": Comparison([
         Figure("whole prefill pass, 16 prompts of 8-64 tokens: p3_6 / p3_5", "beyond the blog",
@@ -292,7 +294,20 @@ COMPARISONS: dict[str, Comparison] = {
     ], "On the CPU one call for the pack saves little over a loop of SDPA calls; on the H200, where each call's "
        "launch is the cost, 16 prompts in one call beat the loop. The streams' rows: 4 streams and a 512-token "
        "prompt on the CPU, 32 streams and 8,192 tokens on the GPU."),
-    "p3_7_cuda_graphs": Comparison([
+    "p3_7_tuned_decode_kernel": Comparison([
+        Figure("decode attention, batch 256 x 2,048 tokens: K/V read (GB/s)", "beyond the blog",
+               "the interpreter: checked, not timed",
+               Cell(f"graph-bench_{H100}", "decode attention, one layer", ("256", "2048"), "p3_7 GB/s")),
+        Figure("... as a share of the datasheet's HBM bandwidth", "beyond the blog", "-",
+               Cell(f"graph-bench_{H100}", "decode attention, one layer", ("256", "2048"), "% of HBM"), unit="%"),
+        Figure("... this kernel's time / SDPA's on contiguous K/V", "beyond the blog", "-",
+               Cell(f"graph-bench_{H100}", "decode attention, one layer", ("256", "2048"), "p3_7/SDPA")),
+        Figure("... phase 3.5's kernel's time / SDPA's", "beyond the blog", "-",
+               Cell(f"graph-bench_{H100}", "decode attention, one layer", ("256", "2048"), "p3_5/SDPA")),
+    ], "The blog's kernel stops at a gather; these are one layer's decode attention on the H100, per call with "
+       "the launch included, before the merge became one Triton launch (the measurements page says how kernels "
+       "are timed)."),
+    "p3_8_cuda_graphs": Comparison([
         Figure("equal work: CUDA-graph engine tok/s", "beyond the blog",
                Cell(f"graph-workload_{CPU}", "equal work", ("graphs",), "total tok/s"),
                Cell(f"graph-workload_{H100}", "equal work", ("graphs",), "total tok/s")),
@@ -309,8 +324,8 @@ COMPARISONS: dict[str, Comparison] = {
                     "ms/step")),
     ], "On the CPU graphs do not exist, and the static step runs eagerly at the old speed; on the H100 the step "
        "stays at 5.6-7.8 ms from batch 1 to 128, the blog's flat ms/tok, until the host's per-sequence work shows at 256."),
-    "p3_8_fused_ops": Comparison([
-        Figure("kernels per decode step, phase 3.7's static step", "beyond the blog",
+    "p3_9_fused_ops": Comparison([
+        Figure("kernels per decode step, phase 3.8's static step", "beyond the blog",
                Cell("fused-bench_cpu_dummy-qwen3-0.6b", "kernels launched by one decode step",
                     ("1", "p3_7 static step"), "kernels"), None),
         Figure("kernels per decode step, fused", "beyond the blog",

@@ -30,7 +30,7 @@ print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', 
 
 echo "=== phase 3.6's prefill tiles, compiled with triton $DEVICE_TRITON"
 "$VENV/bin/python" -m phases.p3_6_varlen_prefill.aot_check
-for check in phases.p3_7_cuda_graphs.aot_check phases.p3_8_fused_ops.aot_check; do
+for check in phases.p3_7_tuned_decode_kernel.aot_check phases.p3_9_fused_ops.aot_check; do
     echo "=== $check, compiled with triton $DEVICE_TRITON (report in $VENV/aot)"
     COLUMNS=$REPORT_COLUMNS "$VENV/bin/python" -m "$check" --results-dir "$VENV/aot"
 done

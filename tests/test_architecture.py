@@ -2,6 +2,7 @@
 
 Each row of the trace names `Class.method` and `path:line`. The check: the method that runs for the
 served engine (or for its KV, runner or sampler part) is that class's, and it is defined at that line.
+The page's redesign table (classes in the served chain, methods along it, most levels) is counted from the code.
 """
 
 from __future__ import annotations
@@ -39,5 +40,28 @@ def test_each_traced_method_is_the_one_that_runs_and_is_where_the_doc_says(tiny3
 
 
 def test_the_check_reads_a_row():
-    row = "| run | the mixed pass | `StaticRunner.run` `phases/p3_7_cuda_graphs/runner.py:107` |"
-    assert ROW.findall(row) == [("run", "StaticRunner", "run", "phases/p3_7_cuda_graphs/runner.py", "107")]
+    row = "| run | the mixed pass | `StaticRunner.run` `phases/p3_8_cuda_graphs/runner.py:107` |"
+    assert ROW.findall(row) == [("run", "StaticRunner", "run", "phases/p3_8_cuda_graphs/runner.py", "107")]
+
+
+def served_chain() -> list[type]:
+    """The project classes the served engine is made of, most derived first."""
+    return [c for c in ServingEngine.__mro__ if c.__module__.startswith("phases.")]
+
+
+def redesign_row(label: str) -> str:
+    """The 'after' cell of one row of the doc's redesign table."""
+    row = next(line for line in DOC.read_text().splitlines() if line.startswith(f"| {label} |"))
+    return row.split("|")[3].strip()
+
+
+def test_the_redesign_table_states_the_served_chain_as_it_is():
+    chain = served_chain()
+    defined = [name for c in chain for name, v in vars(c).items()
+               if callable(v) or isinstance(v, (property, staticmethod, classmethod))]
+    levels = {name: defined.count(name) for name in set(defined) if name != "__init__"}
+    deepest = max(levels, key=levels.get)
+    assert redesign_row("classes in the served engine's chain") == str(len(chain))
+    assert redesign_row("methods defined along it") == f"{len(defined)} ({len(set(defined))} distinct)"
+    assert redesign_row("most levels one method is defined at (`__init__` aside)") == \
+        f"{levels[deepest]} (`{deepest}`)"

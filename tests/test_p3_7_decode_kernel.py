@@ -3,7 +3,8 @@
 Every launch setting the tuner tries is a different kernel: tiles of 1, 2 and 4
 blocks, several splits (more splits than a sequence has blocks included), GQA
 groups that are and are not powers of two, windows and softcaps, and padding rows
-of length 0 (a CUDA-graph bucket's spare rows) that must come out as zeros.
+of length 0 (a CUDA-graph bucket's spare rows) that must come out as zeros. Then the split rule, and the
+sweep's choice of a launch config.
 """
 
 import pytest
@@ -11,7 +12,10 @@ import torch
 
 from phases.p3_4_gather_kernel.batch import random_paged_batch
 from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
-from phases.p3_7_cuda_graphs.decode_kernel import DEFAULT_CONFIG, LaunchConfig, launch_config, tiled_decode_attention
+from phases.p3_7_tuned_decode_kernel.decode_kernel import (DEFAULT_CONFIG, LaunchConfig, launch_config,
+                                                          tiled_decode_attention)
+from phases.p3_7_tuned_decode_kernel.split_rule import MAX_SPLITS, choose_splits
+from phases.p3_7_tuned_decode_kernel.tuning import best_config
 from tests.test_p3_5_kernels import HEAD_DIM, LAYER, N_KV_HEADS, TOL, close
 
 
@@ -84,3 +88,22 @@ def test_a_head_dim_below_the_smallest_dot_is_refused_before_launch():
     q = torch.randn(2, 2 * N_KV_HEADS, 8)
     with pytest.raises(ValueError, match="head_dim 8 is below 16"):
         tiled_decode_attention(q, b.kv_store, LAYER, b.block_tables, b.seq_lens)
+
+
+def test_split_rule():
+    sms = 132
+    assert choose_splits(256, 8, sms, 128) == 1            # 2048 programs fill the GPU
+    assert choose_splits(1, 8, sms, 1) == 1                # one block: nothing to split
+    one = choose_splits(1, 8, sms, 4096)
+    assert one == MAX_SPLITS and one & (one - 1) == 0       # a power of two, capped
+    assert choose_splits(4, 8, sms, 256) == 2              # capped by the context: 256 blocks / 128 per split
+    assert choose_splits(16, 8, sms, 4096) == 1            # 128 programs: about one per SM already
+    assert choose_splits(4, 8, 0, 4096) == 1               # CPU
+
+
+def test_best_config_totals_the_large_cells_and_says_none_without_any():
+    row = lambda batch, warps, ms: dict(kernel="p3_7", batch=batch, context=512, tile_blocks=4,  # noqa: E731
+                                        num_warps=warps, num_stages=3, splits=1, ms=ms)
+    assert best_config([row(2, 2, 1.0), row(2, 4, 2.0)]) is None          # a quick run: no batch >= 32
+    best = best_config([row(32, 2, 1.0), row(32, 4, 0.5), row(64, 2, 1.0), row(64, 4, 0.6), row(2, 2, 0.0)])
+    assert best == dict(tile_blocks=4, num_warps=4, num_stages=3, total_ms=1.1)

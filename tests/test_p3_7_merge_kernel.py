@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from phases.p3_5_paged_attention.kernels import merge_splits
-from phases.p3_7_cuda_graphs.decode_kernel import LAUNCH_CONFIGS
-from phases.p3_7_cuda_graphs.merge_kernel import merge_splits_triton
+from phases.p3_7_tuned_decode_kernel.decode_kernel import LAUNCH_CONFIGS
+from phases.p3_7_tuned_decode_kernel.merge_kernel import merge_splits_triton
 from tests.test_p3_6_prefill_kernel import H100_SHARED_BYTES, REPO_ROOT
 
 BF16_ULP = 2.0 ** -7     # bf16 keeps 8 significant bits: one rounding is within this share of the value
@@ -66,7 +66,7 @@ def test_the_merge_and_every_decode_launch_compile_for_an_h100_without_spilling(
     `LAUNCH_CONFIGS` (the tuned bf16 default, head_dim 256, fp32 pools) at the largest head_dim the entry
     covers, one split and split-KV, keep everything in registers."""
     script = ("import torch\n"
-              "from phases.p3_7_cuda_graphs.aot_check import compile_launch_configs, compile_merge_kernel\n"
+              "from phases.p3_7_tuned_decode_kernel.aot_check import compile_launch_configs, compile_merge_kernel\n"
               "cost = compile_merge_kernel(torch.bfloat16, 128, 8)\n"
               "print('merge', cost.registers, cost.spill_bytes, cost.shared_bytes)\n"
               "for dtype, head_dim, split, config, cost in compile_launch_configs():\n"

@@ -285,40 +285,17 @@ def test_composes_with_copy_on_write_sharing(tiny32):
     assert engine.allocator.owned_ids() == []
 
 
-def test_beams_publish_their_history_under_the_right_names(tiny32):
-    """Beams re-fork every step; each takes over its parent's chain of hashes. A later request whose prompt is a
-    beam's history maps those cached blocks in, and still gets HF's tokens (a stale name would give wrong K/V)."""
-    from tests.test_p4_2_beam_search import hf_beam
-    prompt = _random_ids(6, seed=11)
-    engine = PrefixCachingEngine(tiny32, max_running=4, block_size=2, n_blocks=128)
-    group = engine.add_beam_search(prompt, 9, beam_width=3)
-    while engine.has_work:
-        engine.step()
-        for seq in engine.running:   # every beam's chain names exactly the tokens its own table holds
-            n_full = seq.kv.n_filled // 2
-            hashes = engine.kv.chains[seq.kv].hashes        # published up to its last claim
-            assert len(hashes) <= n_full and hashes == chain_hashes(seq.all_ids[:len(hashes) * 2], 2)
-    assert group.best == hf_beam(tiny32, prompt, 3, 9)
-    later = [engine.add(prompt + h.token_ids[:k], 4, ignore_eos=True) for h in group.hypotheses for k in (4, 7)]
-    hits_before = engine.cache_stats.blocks_hit
-    engine.run()
-    assert engine.cache_stats.blocks_hit - hits_before > 3 * len(later)   # beyond the prompt's 2 full blocks
-    for seq in later:
-        assert seq.output_ids == hf_greedy(tiny32, seq.prompt_ids, 4, ignore_eos=True)
-    engine.allocator.check_invariants()
-
-
-def test_caching_off_is_phase_4_2_step_for_step(tiny32):
-    """prefix_caching=False: the same tokens, steps, passes, copies and blocks as BeamSearchEngine."""
+def test_caching_off_is_phase_4_1_step_for_step(tiny32):
+    """prefix_caching=False: the same tokens, steps, passes, copies and blocks as SharingEngine."""
     from common.sampling import SamplingParams
-    from phases.p4_2_beam_search.engine import BeamSearchEngine
+    from phases.p4_1_copy_on_write.engine import SharingEngine
     system = _random_ids(9, seed=12)
     runs = []
-    for engine in (BeamSearchEngine(tiny32, max_running=6, block_size=BS, n_blocks=30),
+    for engine in (SharingEngine(tiny32, max_running=6, block_size=BS, n_blocks=30),
                    PrefixCachingEngine(tiny32, prefix_caching=False, max_running=6, block_size=BS, n_blocks=30)):
         reqs = [engine.add(system + _random_ids(3, seed=40), 5, ignore_eos=True),
                 engine.add_group(system + [77], 6, SamplingParams(temperature=0.9, seed=1), ignore_eos=True, n=2),
-                engine.add_beam_search(system + [88, 89], 5, beam_width=2),
+                engine.add_group(system + [88, 89], 5, ignore_eos=True, n=2),
                 engine.add(system + _random_ids(2, seed=41), 7, ignore_eos=True)]
         used = []
         while engine.has_work:

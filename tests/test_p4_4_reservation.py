@@ -122,8 +122,6 @@ def test_bad_input_is_refused_clearly(tiny32):
         e.add(list(range(100, 160)), 10)
     with pytest.raises(ValueError, match="one sequence"):
         e.add_group(list(range(100, 110)), 4, n=2)
-    with pytest.raises(ValueError, match="one sequence"):
-        e.add_beam_search(list(range(100, 110)), 4, beam_width=2)
     assert not e.has_work
 
 

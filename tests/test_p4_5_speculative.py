@@ -367,16 +367,6 @@ def test_a_draft_with_another_vocabulary_or_tokenizer_is_refused(tiny32):
         DraftProposer(tiny32, dataclasses.replace(tiny32, tokenizer=OtherTokenizer()), n_blocks=8)
 
 
-def test_beam_search_with_speculation_is_refused(tiny32):
-    engine = SpeculativeEngine(tiny32, speculative="ngram", n_blocks=16)
-    with pytest.raises(ValueError, match="beam search"):
-        engine.add_beam_search([5, 6, 7], 4, beam_width=2)
-    assert not engine.waiting
-    plain = SpeculativeEngine(tiny32, n_blocks=16)
-    plain.add_beam_search([5, 6, 7], 4, beam_width=2)
-    plain.run()
-
-
 def test_spec_demo_quick_runs_and_every_output_equals_plain():
     from measure.cli import run_demo
     report = run_demo("spec_demo", model="tiny", device="cpu", quick=True)

@@ -57,7 +57,7 @@ def test_the_table_names_every_demo_and_each_module_defines_its_demos():
 GROUND_FLOOR = sorted(f"common.{p.stem}" for p in (REPO_ROOT / "common").glob("*.py") if p.stem != "__main__")
 # Phase files that measure rather than build: the demo modules the registry names, and the checks and
 # compile or tuning scripts beside them.
-NOT_CONCEPT = {"checks.py", "aot_check.py", "tuning.py"}
+NOT_CONCEPT = {"checks.py", "aot_check.py", "tuning.py", "bench.py"}   # measurement, beside the concept
 DEMO_FILES = {REPO_ROOT / (module.replace(".", "/") + ".py") for module in registry.DEMO_MODULES.values()}
 
 

@@ -142,11 +142,8 @@ class Scheduler:
     def _emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
         """Pick each sequence's next token from logits [S, V] (row i is seqs[i]); advance its status."""
         tokens = self._sample(seqs, logits)
-        return take_tokens(seqs, tokens, self.lm.eos_token_ids, self._clock(), self._finish)
-
-    def _clock(self) -> float:
-        """When the tokens just sampled exist: a synchronised clock, read once the device's queued work is done."""
-        return now(self.lm.device)
+        # when the tokens exist: a synchronised clock, read once the device's queued work is done
+        return take_tokens(seqs, tokens, self.lm.eos_token_ids, now(self.lm.device), self._finish)
 
     def _finish(self, seq: Sequence) -> None:
         """`seq` made its last token. It leaves the running set when the scheduler says (here: with its batch)."""

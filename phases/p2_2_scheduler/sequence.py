@@ -1,10 +1,6 @@
 """A request's life: `Status` and `Sequence`, and `StepOutput`, one token of one step.
 
 A sequence moves WAITING -> PREFILLING -> DECODING -> DONE, exactly once each.
-The state machine also has a PREEMPTED state, which this phase's scheduler never
-enters: a sequence whose KV was taken away to make room goes from PREFILLING or
-DECODING to PREEMPTED, and comes back to PREFILLING (its prompt and outputs are
-prefilled again) or straight to DECODING (its KV is put back), possibly several times.
 `kv` is whatever KV state the engine keeps for the sequence (here the
 `PaddedBatch` it shares with its batch); the state machine never looks inside it.
 
@@ -27,17 +23,13 @@ class Status(Enum):
     PREFILLING = auto()
     DECODING = auto()
     DONE = auto()
-    PREEMPTED = auto()  # its KV taken away to make room; waits to be prefilled again or to get its KV back
 
 
 # The only moves a sequence may make. Anything else is a scheduler bug.
 ALLOWED_MOVES = {
     Status.WAITING: {Status.PREFILLING},
-    # a sequence part-way through its prefill can be preempted too
-    Status.PREFILLING: {Status.DECODING, Status.DONE, Status.PREEMPTED},
-    Status.DECODING: {Status.DONE, Status.PREEMPTED},
-    # back by prefilling prompt + outputs again, or straight to decoding when its KV is put back
-    Status.PREEMPTED: {Status.PREFILLING, Status.DECODING},
+    Status.PREFILLING: {Status.DECODING, Status.DONE},
+    Status.DECODING: {Status.DONE},
     Status.DONE: set(),
 }
 

@@ -23,8 +23,23 @@ QUICK_MAX_NEW_TOKENS = 4
 QUICK_BLOCK_SIZE = 4
 
 
-class _RecordingEngine(SharingEngine):
-    """Notes each sample's block table just before its blocks go back."""
+class RecordsBlockUsage:
+    """A mixin for an engine of this phase's line: at every pass with decode tokens, just before it runs, it
+    records `(blocks held, blocks the same tables would hold unshared)` in `usage`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.usage: list[tuple[int, int]] = []
+
+    def schedule(self):
+        batch = super().schedule()
+        if batch.decode:
+            self.usage.append(self.block_usage())
+        return batch
+
+
+class _RecordingEngine(RecordsBlockUsage, SharingEngine):
+    """Notes each sample's block table just before its blocks go back, and the block usage of every pass."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -1,7 +1,7 @@
 """`SharingEngine`: parallel sampling, n samples of one prompt decoding over ONE copy of its KV blocks.
 
 A request may now ask for `n` samples of the same prompt (`add_group(..., n=k)`;
-`add()` is a request of one, and still returns its one Sequence). Phase 3.7's
+`add()` is a request of one, and still returns its one Sequence). Phase 3.8's
 engine would prefill the prompt n times and store its K/V n times. Here:
 
   1. the prompt is prefilled ONCE, as one sequence (the group's sample 0),
@@ -35,8 +35,8 @@ from common.clock import SeqTiming
 from common.sampling import GREEDY, SamplingParams
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
-from phases.p3_7_cuda_graphs.runner import StaticRunner
-from phases.p3_7_cuda_graphs.sampler import DeviceSampler
+from phases.p3_8_cuda_graphs.runner import StaticRunner
+from phases.p3_8_cuda_graphs.sampler import DeviceSampler
 from phases.p4_1_copy_on_write.block_ops import blocks_held
 from phases.p4_1_copy_on_write.kv import CowKV, worst_case_blocks
 
@@ -76,7 +76,7 @@ class SequenceGroup:
 
 
 class SharingEngine(ChunkedPrefillEngine):
-    """Phase 3.6's scheduling on phase 3.7's parts (the static decode runner, the device sampler), with
+    """Phase 3.6's scheduling on phase 3.8's parts (the static decode runner, the device sampler), with
     requests of n sequences over shared blocks (`CowKV`)."""
 
     def __init__(self, lm, *, cuda_graphs: bool | None = None, buckets: list[int] | None = None, **engine_kwargs):
@@ -87,8 +87,6 @@ class SharingEngine(ChunkedPrefillEngine):
         self.groups: list[SequenceGroup] = []        # every request added, in order
         self._group_of: dict[int, SequenceGroup] = {}  # seq_id -> its request
         self._next_request_id = 0
-        # (distinct blocks held, blocks the same tables would hold unshared) at every pass with decode tokens
-        self.usage: list[tuple[int, int]] = []
 
     # --- requests ----------------------------------------------------------------
     def add(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,
@@ -99,11 +97,15 @@ class SharingEngine(ChunkedPrefillEngine):
     def add_group(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,
                   ignore_eos: bool = False, arrival: float | None = None, *, n: int) -> SequenceGroup:
         """Queue a request for `n` samples of one prompt; returns its group (its `seqs` fill in at prefill)."""
-        return self.add_request(SequenceGroup, prompt, max_new_tokens, sampling, ignore_eos, arrival, n)
+        seq = self.new_request(prompt, max_new_tokens, sampling, ignore_eos, arrival, n)
+        group = SequenceGroup(self._next_request_id, seq.prompt, seq.prompt_ids, n, max_new_tokens, sampling, [seq])
+        return self.queue_group(group)
 
-    def add_request(self, group_cls, prompt, max_new_tokens, sampling, ignore_eos, arrival, n,
-                    **group_kwargs) -> SequenceGroup:
-        """Check and queue a request of `n` sequences as a `group_cls`."""
+    def new_request(self, prompt, max_new_tokens: int, sampling: SamplingParams, ignore_eos: bool,
+                    arrival: float | None, n: int) -> Sequence:
+        """The first sequence of a checked request of `n` sequences, not queued yet (a refused request leaves
+        no trace): `n` fits the running set, every sample's seed is one torch takes, and the worst case of
+        the n sequences fits the whole pool."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an integer >= 1, got {n!r}")
         if n > self.max_running:
@@ -115,9 +117,12 @@ class SharingEngine(ChunkedPrefillEngine):
             raise ValueError(f"{n} sequences of {len(seq.prompt_ids)} prompt + {max_new_tokens} new tokens need "
                              f"up to {need} blocks of {self.block_size} tokens, but the whole pool has "
                              f"{self.allocator.n_blocks}")
+        return seq
+
+    def queue_group(self, group: SequenceGroup) -> SequenceGroup:
+        """Queue a new request (its `request_id` the next one): its first sequence joins the waiting queue."""
+        seq = group.seqs[0]
         self.queue(seq)
-        group = group_cls(self._next_request_id, seq.prompt, seq.prompt_ids, n, max_new_tokens, sampling, [seq],
-                          **group_kwargs)
         self._next_request_id += 1
         self.groups.append(group)
         self._group_of[seq.seq_id] = group
@@ -168,8 +173,6 @@ class SharingEngine(ChunkedPrefillEngine):
     def schedule(self):
         batch = super().schedule()
         self.kv.before_pass()      # every copy decided while claiming slots, in one indexed copy
-        if batch.decode:
-            self.usage.append(self.block_usage())
         return batch
 
     def block_usage(self) -> tuple[int, int]:

@@ -30,6 +30,7 @@ from measure.progress import progress_bar
 from measure.report import Report
 from measure.workload import Request
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
+from phases.p4_1_copy_on_write.demo import RecordsBlockUsage
 from phases.p4_1_copy_on_write.engine import worst_case_blocks
 from phases.p4_2_beam_search.engine import BeamSearchEngine
 
@@ -42,13 +43,17 @@ PAPER = {"parallel sampling": {"Alpaca": "6.1-9.8%", "ShareGPT": "16.2-30.5%"},
 COLORS = {"parallel sampling": "tab:blue", "beam search": "tab:orange"}
 
 
+class MeteredEngine(RecordsBlockUsage, BeamSearchEngine):
+    """The engine of this phase, recording the blocks held at every decode pass (`usage`)."""
+
+
 def _measure(lm, prompts: list[str], method: str, width: int, max_new: int, block_size: int) -> dict:
     """Run one configuration to the end; return its block accounting and lengths."""
     ids = [lm.prompt_ids(p) for p in prompts]
     n_prompt = [len(i) for i in ids]
     # everyone runs at once
     pool = sum(worst_case_blocks(Request(prompt_ids=i, max_new_tokens=max_new), width, block_size) for i in ids)
-    engine = BeamSearchEngine(lm, max_running=width * len(prompts), block_size=block_size, n_blocks=pool)
+    engine = MeteredEngine(lm, max_running=width * len(prompts), block_size=block_size, n_blocks=pool)
     if method == "parallel sampling":
         sampling = SamplingParams(temperature=SAMPLE_TEMPERATURE, seed=SAMPLE_SEED)
         groups = [engine.add_group(i, max_new, sampling, n=width) for i in ids]

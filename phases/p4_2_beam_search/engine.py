@@ -42,7 +42,6 @@ class BeamGroup(SequenceGroup):
     def __init__(self, *args, search: BeamSearch, **kwargs):
         super().__init__(*args, **kwargs)
         self.search = search
-        self.held: dict[Sequence, torch.Tensor] = {}   # beam -> its logits row [V], waiting for its siblings'
 
     @property
     def hypotheses(self) -> list[Hypothesis]:
@@ -63,15 +62,16 @@ class BeamSearchEngine(SharingEngine):
                         arrival: float | None = None) -> BeamGroup:
         """Queue a beam-search request (text or token ids); returns its group (`group.best` once `group.done`)."""
         search = BeamSearch(beam_width, max_new_tokens, self.lm.eos_token_ids, length_penalty, early_stopping)
-        return self.add_request(BeamGroup, prompt, max_new_tokens, GREEDY, False, arrival, beam_width, search=search)
+        seq = self.new_request(prompt, max_new_tokens, GREEDY, False, arrival, beam_width)
+        return self.queue_group(BeamGroup(self._next_request_id, seq.prompt, seq.prompt_ids, beam_width, max_new_tokens,
+                                          GREEDY, [seq], search=search))
 
     def emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
         """Beam rows go to their group's search; every other row is sampled as before.
 
-        A search step needs every live beam's logits at once. Decode passes always carry all of them, but beams
-        that prefill again (after being taken off the pool) are prefilled in chunks (phase 3.6), and their last
-        chunks may land in different passes: a beam whose prefill ended early holds its logits row
-        (`BeamGroup.held`) until its siblings' rows arrive, then the group steps."""
+        A search step needs every live beam's logits at once. The prompt is prefilled once, as beam 0 (in
+        chunks, perhaps: phase 3.6), and its last chunk's row opens the search; from then on the beams only
+        decode, and every step's pass carries one decode row for each of them."""
         beam_rows: dict[BeamGroup, list[int]] = {}
         other_rows = []
         for row, seq in enumerate(seqs):
@@ -84,21 +84,8 @@ class BeamSearchEngine(SharingEngine):
         if other_rows:
             outputs += super().emit([seqs[r] for r in other_rows], logits[other_rows])
         for group, rows in beam_rows.items():
-            if not group.forked:      # the prompt's first prefill: one row, the search opens its beams
-                outputs += self._beam_step(group, [seqs[rows[0]]], logits[rows])
-                continue
-            group.held.update({seqs[r]: logits[r] for r in rows})
-            if all(s in group.held for s in group.live):      # every live beam's row is here: one search step
-                beams, rows_v = zip(*group.held.items())
-                group.held.clear()
-                outputs += self._beam_step(group, list(beams), torch.stack(rows_v))
+            outputs += self._beam_step(group, [seqs[r] for r in rows], logits[rows])
         return outputs
-
-    def retire(self, seq: Sequence) -> None:
-        group = self._group_of.get(seq.seq_id)
-        if isinstance(group, BeamGroup):
-            group.held.pop(seq, None)   # taken out after its prefill ended: its row is stale
-        super().retire(seq)
 
     def _beam_step(self, group: BeamGroup, beams: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
         # The search expects its live beams in its own order (best first): slot order.

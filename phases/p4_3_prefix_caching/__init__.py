@@ -1,4 +1,4 @@
-"""Phase 4.3 adds automatic prefix caching to phase 4.2's engine: full KV blocks are named by a chained hash of their tokens and reused by later requests, so a shared prompt prefix is prefilled once.
+"""Phase 4.3 adds automatic prefix caching to phase 4.1's engine: full KV blocks are named by a chained hash of their tokens and reused by later requests, so a shared prompt prefix is prefilled once.
 
 Files:
 - block_hash.py    `hash_block(parent_hash, tokens)` and `chain_hashes`: a full block's name covers every
@@ -9,7 +9,7 @@ Files:
                    table and a third block state, cached-free
 - kv.py            `PrefixKV(CowKV)`: the KV part that maps cached prompt blocks in, publishes new full
                    ones after each pass and discounts held hits in admission; `CacheStats`
-- engine.py        `PrefixCachingEngine(BeamSearchEngine)`: phase 4.2's engine with `PrefixKV` (on by
+- engine.py        `PrefixCachingEngine(SharingEngine)`: phase 4.1's engine with `PrefixKV` (on by
                    default; `prefix_caching=False` chooses `CowKV`), and the two functions that give any
                    engine this part (`prefix_cache_pool`, `use_prefix_cache`)
 - demo.py          `prefix_demo`, one-shot and few-shot system prompts with and without the cache: hit

@@ -6,7 +6,7 @@ different short input. Here the task is English -> French translation (the
 prompt set is in common/prompts.py), the shared part is the system prompt of
 the chat template, and each request asks for one sentence. For each prompt style the same requests run twice on the
 same engine settings, on PrefixCachingEngine with the cache off (every prompt
-prefilled in full, as phase 4.2's engine does) and on (a prompt's cached full
+prefilled in full, as phase 4.1's engine does) and on (a prompt's cached full
 blocks are mapped in, only the rest is prefilled).
 
 All requests arrive at t = 0 and at most `max_running` run at once, so the

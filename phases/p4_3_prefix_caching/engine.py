@@ -1,13 +1,13 @@
-"""`PrefixCachingEngine`: phase 4.2's engine, with prompts that start with cached blocks skipping their prefill.
+"""`PrefixCachingEngine`: phase 4.1's engine, with prompts that start with cached blocks skipping their prefill.
 
 The whole phase is a KV part, `PrefixKV` (kv.py): admission does not count a
 cached block someone else holds, a new table maps the cached prefix in and
 its prefill starts past it, full blocks are published once written, and a
 fork continues its parent's chain of hashes. The scheduler, runner and
-sampler are phase 4.2's, unchanged.
+sampler are phase 4.1's, unchanged.
 
 `PrefixCachingEngine(lm, prefix_caching=False)` chooses phase 4.1's `CowKV`
-instead: phase 4.2's engine, step for step, as the "off" side of a comparison.
+instead: phase 4.1's engine, step for step, as the "off" side of a comparison.
 
 Known limit: requests admitted in the same step all look the cache up before
 any of them has computed anything, so N requests arriving together with one
@@ -17,7 +17,7 @@ new system prompt all compute it; requests admitted in later steps hit.
 from __future__ import annotations
 
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
-from phases.p4_2_beam_search.engine import BeamSearchEngine
+from phases.p4_1_copy_on_write.engine import SharingEngine
 from phases.p4_3_prefix_caching.kv import CacheStats, PrefixKV
 from phases.p4_3_prefix_caching.prefix_cache import PrefixCachingAllocator
 
@@ -41,8 +41,8 @@ def use_prefix_cache(engine, prefix_caching: bool) -> None:
         engine.kv = PrefixKV(engine.allocator, engine.cache_stats)
 
 
-class PrefixCachingEngine(BeamSearchEngine):
-    """Phase 4.2's engine (samples, beams, copy-on-write) with automatic prefix caching."""
+class PrefixCachingEngine(SharingEngine):
+    """Phase 4.1's engine (samples over shared blocks, copy-on-write) with automatic prefix caching."""
 
     def __init__(self, lm, *, prefix_caching: bool = True, block_size: int = DEFAULT_BLOCK_SIZE,
                  n_blocks: int | None = None, allocator: BlockAllocator | None = None, **engine_kwargs):

@@ -16,8 +16,8 @@ additions, each in the method the scheduler already calls:
   the pool nothing, so admission does not count it. (A cached-free hit still
   counts: reviving it takes it from the evictable pool.)
 
-`fork` hands a forked table its parent's chain of hashes, so a sample or a
-beam keeps publishing where its parent left off. `written` also ticks the
+`fork` hands a forked table its parent's chain of hashes, so a sample keeps
+publishing where its parent left off. `written` also ticks the
 allocator's logical clock, once per pass, so the blocks released between two
 passes share one `last_use` and the evictor drops the deepest first.
 """

@@ -2,8 +2,8 @@
 
 Files:
 - swap.py    `SwapSpace`: a CPU block pool of the same block shape, and one indexed copy per direction
-- engine.py  `PreemptingEngine(BeamSearchEngine)` with phase 4.3's `PrefixKV`, the last engine of the
-             line (samples, beams, prefix caching, preemption): FCFS admission of whole groups with a watermark, preemption of the
+- engine.py  `PreemptingEngine(SharingEngine)` with phase 4.3's `PrefixKV`, the last engine of the
+             line (samples, prefix caching, preemption): FCFS admission of whole groups with a watermark, preemption of the
              latest group (a group part-way through its prefill too), recovery by
              `preemption_mode="recompute"` (prompt + outputs re-prefilled in chunks, still-cached blocks
              mapped back in) or `"swap"`
@@ -21,7 +21,7 @@ Files:
 - README.md  the idea, its files, how to run it; its tables: docs/measurements/p4_4_preemption.md
 """
 
-from phases.p4_4_preemption.engine import PREEMPTION_MODES, PreemptingEngine, PreemptionStats
+from phases.p4_4_preemption.engine import PREEMPTED, PREEMPTION_MODES, PreemptingEngine, PreemptionStats
 from phases.p4_4_preemption.swap import SwapSpace, SwapTraffic
 
-__all__ = ["PREEMPTION_MODES", "PreemptingEngine", "PreemptionStats", "SwapSpace", "SwapTraffic"]
+__all__ = ["PREEMPTED", "PREEMPTION_MODES", "PreemptingEngine", "PreemptionStats", "SwapSpace", "SwapTraffic"]

@@ -4,7 +4,7 @@ preempt_demo  A burst of requests (mixed prompt and output lengths, all at t = 0
               fraction of what they would need at once: no preemption (an unlimited pool, the reference),
               then recomputation and swapping, outputs identical to the reference; then block sizes
               8..128 (the paper's Fig. 19) and what one recovery costs per block size.
-stress_demo   A seeded random trace: bursts of plain requests, n seeded samples and beam searches,
+stress_demo   A seeded random trace: bursts of plain requests and n seeded samples,
               overflowing the pool many times over, every promise of the scheduler checked as it runs.
 rate_sweep    Poisson arrivals at rising rates: paged allocation against Orca's three reservations
               (reservation.py).
@@ -35,7 +35,7 @@ from phases.p4_4_preemption.swap import SwapSpace
 
 
 class AuditedEngine(Audited, PreemptingEngine):
-    """The engine the demos run (samples, beams, prefix caching, preemption), every scheduling decision checked."""
+    """The engine the demos run (samples, prefix caching, preemption), every scheduling decision checked."""
 
 
 # The plain engine warms up and runs the micro-benchmark (no audit inside its timings); the audited one runs
@@ -58,7 +58,7 @@ def preempt_demo(cfg: RunConfig) -> Report:
 
 
 @demo("stress_demo", phase="p4_4", options=stress_options(),
-      help="a seeded random trace (bursts, samples, beams) overflowing the pool many times; invariants checked")
+      help="a seeded random trace (bursts, plain requests, samples) overflowing the pool many times; invariants checked")
 def stress_demo(cfg: RunConfig) -> Report:
     """The seeded trace on the engine as it is served (prefix cache on), every promise of the scheduler checked
     while it runs (checks.py): FCFS, latest group preempted, whole groups, every sequence finished exactly once,

@@ -1,6 +1,6 @@
 """`PreemptingEngine`: optimistic FCFS admission; when the pool runs dry, the latest request gives its blocks back.
 
-Phase 4.2's engine (samples, beams, copy-on-write) with phase 4.3's prefix cache as its KV part. Phases
+Phase 4.1's engine (samples over shared blocks, copy-on-write) with phase 4.3's prefix cache as its KV part. Phases
 3.3-4.3 admitted a request only if its worst case (prompt + max_new_tokens, every sample) fit beside
 everyone else's, so most reserved blocks sat empty. Here (vLLM paper §4.5):
 
@@ -17,7 +17,7 @@ recovery    "recompute": blocks dropped, back to the FRONT of the queue; admitte
             blocks copied to a CPU pool and back when they fit; a full CPU pool falls back to
             recomputation. A group part-way through its prefill is always recomputed.
 
-Draws are keyed on (seed, token index) (phase 3.7), so preemption changes no token; `add()` refuses a
+Draws are keyed on (seed, token index) (phase 3.8), so preemption changes no token; `add()` refuses a
 request that could outgrow the pool alone, so preempting every later group always makes room and nothing
 is lost.
 """
@@ -28,14 +28,28 @@ import math
 from bisect import bisect_left
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
+from enum import Enum
 
 from common.clock import now
-from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
+from phases.p2_2_scheduler.sequence import ALLOWED_MOVES, Sequence, Status, StepOutput
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, OutOfBlocks, blocks_for
-from phases.p4_1_copy_on_write.engine import SequenceGroup
-from phases.p4_2_beam_search.engine import BeamSearchEngine
+from phases.p4_1_copy_on_write.engine import SequenceGroup, SharingEngine
 from phases.p4_3_prefix_caching.engine import prefix_cache_pool, use_prefix_cache
 from phases.p4_4_preemption.swap import SwapSpace
+
+
+class Preemption(Enum):
+    """The state this phase adds to phase 2.2's machine: a sequence whose KV was taken away to make room. It waits
+    to be prefilled again (prompt and outputs) or to get its KV back from the CPU pool, possibly several times."""
+    PREEMPTED = "PREEMPTED"
+
+
+PREEMPTED = Preemption.PREEMPTED
+# Its moves: out of PREFILLING (part-way through a prefill) or DECODING; back by prefilling again, or straight
+# to DECODING when its KV is put back.
+ALLOWED_MOVES[Status.PREFILLING].add(PREEMPTED)
+ALLOWED_MOVES[Status.DECODING].add(PREEMPTED)
+ALLOWED_MOVES[PREEMPTED] = {Status.PREFILLING, Status.DECODING}
 
 PREEMPTION_MODES = ("recompute", "swap")
 DEFAULT_WATERMARK_FRACTION = 0.01  # vLLM's default: keep 1% of the pool free when admitting
@@ -51,8 +65,8 @@ class PreemptionStats:
     n_swap_fallbacks: int = 0    # swap-mode preemptions recomputed because the CPU pool was full
 
 
-class PreemptingEngine(BeamSearchEngine):
-    """Phase 4.2's engine with phase 4.3's prefix cache as its KV part, admitting optimistically and
+class PreemptingEngine(SharingEngine):
+    """Phase 4.1's engine with phase 4.3's prefix cache as its KV part, admitting optimistically and
     preempting the latest request when the pool runs dry."""
 
     def __init__(self, lm, preemption_mode: str = "recompute", watermark_blocks: int | None = None,
@@ -76,8 +90,11 @@ class PreemptingEngine(BeamSearchEngine):
         # request_id of every preemption / every admission and swap-in, in order (the latest ones)
         self.preempted_ids: deque[int] = deque(maxlen=DECISION_LOG_LENGTH)
         self.admitted_ids: deque[int] = deque(maxlen=DECISION_LOG_LENGTH)
-        self._preempted_now = False              # a preemption in this step: admit nothing new
         self._computed: dict[int, int] = {}      # seq_id -> tokens whose K/V it had when dropped for recompute
+        # this step's chunks, counted as they are claimed: prefill tokens, of those computed again, when the
+        # first of those was claimed, and the sequences whose prefill ends in the pass
+        self._step_prefill, self._step_recomputed, self._recompute_start = 0, 0, 0.0
+        self._prefilled: list[Sequence] = []
 
     # --- requests -------------------------------------------------------------------
     @property
@@ -92,7 +109,7 @@ class PreemptingEngine(BeamSearchEngine):
     def withdraw(self, seq: Sequence) -> bool:
         self._computed.pop(seq.seq_id, None)
         group = self._group_of.get(seq.seq_id)
-        if seq.status is not Status.PREEMPTED or group not in self.swapped:
+        if seq.status is not PREEMPTED or group not in self.swapped:
             return super().withdraw(seq)
         seq.kv.release(self.swap_space.cpu)     # a swapped-out sequence's blocks are in the CPU pool
         seq.kv = None
@@ -101,34 +118,22 @@ class PreemptingEngine(BeamSearchEngine):
         return True
 
     # --- one step ---------------------------------------------------------------------
-    def schedule(self):
-        """Make room for every running sequence's next token (preempting), bring swapped groups back if
-        nothing was preempted, then phase 4.1's schedule (admission is `admit` below)."""
-        self._preempted_now = self._make_room_for_decode()
-        if not self._preempted_now:
-            self._swap_in()
-        batch = super().schedule()
-        recomputed = sum(max(0, min(c.end, self._computed_before(c.seq)) - c.start) for c in batch.chunks)
-        self._timed = (now(self.lm.device), recomputed, sum(c.length for c in batch.chunks)) if recomputed else None
-        self._prefilled = [c.seq for c in batch.chunks if c.last]
-        return batch
-
     def step(self) -> list[StepOutput]:
-        """Phase 3.5's step; the tokens a pass computed again are counted, and the pass's time (with its
-        sampling and update) booked by their share of its prefill tokens."""
-        self._timed, self._prefilled = None, []
+        """Phase 3.5's step; the tokens its pass computed again (`claim` counts them) are booked, with the time
+        from their first claim to the step's end (pass, sampling, update) by their share of its prefill tokens."""
+        self._step_prefill, self._step_recomputed, self._prefilled = 0, 0, []
         outputs = super().step()
-        if self._timed is not None:
-            start_s, recomputed, prefill_tokens = self._timed
-            self.stats.tokens_recomputed += recomputed
-            self.stats.recompute_s += (now(self.lm.device) - start_s) * recomputed / prefill_tokens
+        if self._step_recomputed:
+            self.stats.tokens_recomputed += self._step_recomputed
+            self.stats.recompute_s += ((now(self.lm.device) - self._recompute_start)
+                                       * self._step_recomputed / self._step_prefill)
         for seq in self._prefilled:
             self._computed.pop(seq.seq_id, None)
         return outputs
 
     @staticmethod
     def _preempted(group: SequenceGroup) -> list[Sequence]:
-        return [s for s in group.seqs if s.status is Status.PREEMPTED]
+        return [s for s in group.seqs if s.status is PREEMPTED]
 
     def _running_groups(self) -> dict[SequenceGroup, list[Sequence]]:
         """Running groups in arrival order, each with its running members."""
@@ -185,7 +190,7 @@ class PreemptingEngine(BeamSearchEngine):
         self.preempted_ids.append(group.request_id)
         decoding = all(s.status is Status.DECODING for s in members)
         for s in members:
-            s.move(Status.PREEMPTED)
+            s.move(PREEMPTED)
         tables = [s.kv for s in members]
         if self.swap_space is not None and decoding and self.swap_space.can_swap_out(tables):
             for s in members:
@@ -211,7 +216,7 @@ class PreemptingEngine(BeamSearchEngine):
         """Bring swapped groups back, earliest first, while they fit beside the running ones' next tokens."""
         while self.swapped:
             group = self.swapped[0]
-            if self.waiting and self.waiting[0].status is Status.PREEMPTED \
+            if self.waiting and self.waiting[0].status is PREEMPTED \
                     and self.group_of(self.waiting[0]).request_id < group.request_id:
                 return  # an earlier group waits to be recomputed (a swap fallback): FCFS, it goes first
             members = self._preempted(group)
@@ -237,9 +242,12 @@ class PreemptingEngine(BeamSearchEngine):
         return blocks_for(len(seq.all_ids), self.block_size) - forked - self.kv.blocks_in_use(seq, start_block=forked)
 
     def admit(self) -> None:
-        """Admit whole groups from the head of the queue while their prefill fits now (plus the reserve)."""
-        if self._preempted_now:
+        """First make room for every running sequence's next token, preempting the latest groups. A step that
+        preempted admits nothing; otherwise swapped groups come back first, then whole groups from the head
+        of the queue while their prefill fits now (plus the reserve)."""
+        if self._make_room_for_decode():
             return
+        self._swap_in()
         budget = self.allocator.n_free - self.blocks_promised()
         while self.waiting:
             group = self.group_of(self.waiting[0])
@@ -266,7 +274,7 @@ class PreemptingEngine(BeamSearchEngine):
     @staticmethod
     def _recomputing(seq: Sequence) -> bool:
         """Preempted and waiting to be recomputed, or admitted again and not re-prefilled yet."""
-        return seq.status is Status.PREEMPTED or (seq.status is Status.PREFILLING and bool(seq.output_ids))
+        return seq.status is PREEMPTED or (seq.status is Status.PREFILLING and bool(seq.output_ids))
 
     def _lead(self, seq: Sequence) -> Sequence | None:
         """For a sequence being recomputed: the first of its group's members in the queue (members are admitted
@@ -274,13 +282,15 @@ class PreemptingEngine(BeamSearchEngine):
         if not self._recomputing(seq):
             return None
         group = self.group_of(seq)
-        queue = self.waiting if seq.status is Status.PREEMPTED else self.running
+        queue = self.waiting if seq.status is PREEMPTED else self.running
         return next(s for s in queue if self.group_of(s) is group and self._recomputing(s))
 
     def claim(self, chunk):
-        """Claim the chunk's slots; once a recomputing lead has claimed every slot of its full prompt blocks
-        (so nobody writes them again, and no copy-on-write ever splits them), the group's other members fork them."""
+        """Claim the chunk's slots, counting the tokens it computes again; once a recomputing lead has claimed
+        every slot of its full prompt blocks (so nobody writes them again, and no copy-on-write ever splits
+        them), the group's other members fork them."""
         chunk = super().claim(chunk)
+        self._count_recomputed(chunk)
         lead = chunk.seq
         full_prompt = len(lead.prompt_ids) // self.block_size * self.block_size
         if self._recomputing(lead) and self._lead(lead) is lead and lead.kv.n_filled >= full_prompt:
@@ -289,6 +299,16 @@ class PreemptingEngine(BeamSearchEngine):
                 if seq is not lead and self.group_of(seq) is group and self._recomputing(seq):
                     self._fork_prompt(lead, seq)
         return chunk
+
+    def _count_recomputed(self, chunk) -> None:
+        """Count `chunk` in this step's prefill; the clock starts at the first chunk that computes tokens again."""
+        recomputed = max(0, min(chunk.end, self._computed_before(chunk.seq)) - chunk.start)
+        if recomputed and not self._step_recomputed:
+            self._recompute_start = now(self.lm.device)
+        self._step_recomputed += recomputed
+        self._step_prefill += chunk.length
+        if chunk.last:
+            self._prefilled.append(chunk.seq)
 
     def _computed_before(self, seq: Sequence) -> int:
         """Tokens of `seq` whose K/V had been computed before it was dropped: every token but the last output for

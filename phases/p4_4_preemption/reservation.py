@@ -17,7 +17,7 @@ same, so a policy changes who runs when, never a token.
 How a reservation runs here: first come, first served, the head of the queue is admitted when its whole
 reservation is free (`blocks_to_admit`); `ReservedKV.new` claims every reserved block then; decoding
 never runs out of blocks, so nothing is ever preempted; at the finish the whole reservation goes back
-at once. Requests are of one sequence only (`add_request`).
+at once. Requests are of one sequence only (`new_request`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from typing import Callable
 from phases.p2_2_scheduler.sequence import Sequence
 from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks, blocks_for
 from phases.p3_2_block_table.block_table import BlockTable
-from phases.p4_1_copy_on_write.engine import SequenceGroup
 from phases.p4_1_copy_on_write.kv import CowKV
 from phases.p4_4_preemption.engine import PreemptingEngine
 
@@ -107,14 +106,12 @@ class ReservingEngine(PreemptingEngine):
         return reserved_tokens(self.policy, len(seq.prompt_ids) + seq.max_new_tokens, self.context_limit)
 
     # --- requests: one sequence each, within the context limit, a reservation the pool can hold ---------------
-    def add_request(self, group_cls, prompt, max_new_tokens, sampling, ignore_eos, arrival, n, **group_kwargs):
-        """One sequence only: n samples or beams would fork blocks into reserved tables, so `add_group(n>1)`
-        and `add_beam_search` are refused here."""
-        if n != 1 or group_cls is not SequenceGroup:
-            raise ValueError(f"a reserving engine serves requests of one sequence; got {group_cls.__name__} "
-                             f"with n={n}")
-        return super().add_request(group_cls, prompt, max_new_tokens, sampling, ignore_eos, arrival, n,
-                                   **group_kwargs)
+    def new_request(self, prompt, max_new_tokens, sampling, ignore_eos, arrival, n) -> Sequence:
+        """One sequence only: n samples would fork blocks into reserved tables, so `add_group(n>1)` is refused
+        here."""
+        if n != 1:
+            raise ValueError(f"a reserving engine serves requests of one sequence; got n={n}")
+        return super().new_request(prompt, max_new_tokens, sampling, ignore_eos, arrival, n)
 
     def new_sequence(self, prompt, max_new_tokens, sampling, ignore_eos, arrival) -> Sequence:
         seq = super().new_sequence(prompt, max_new_tokens, sampling, ignore_eos, arrival)

@@ -9,7 +9,7 @@ allocator", Fig. 4), and come back when there is room again:
     swap_in(tables)    CPU blocks -> fresh GPU blocks, the CPU blocks freed,
                        every table rewritten to list GPU block ids again
 
-The tables are one group's: n samples or k beams that may share blocks. The move keeps that sharing:
+The tables are one group's: n samples that may share blocks. The move keeps that sharing:
 a GPU block listed by 3 tables is copied ONCE, to one CPU block that the 3 tables then list (CPU
 refcount 3), and it comes back as one GPU block with refcount 3. Only the block ids change; `n_filled`
 and the order of blocks in each table stay as they were, so a swapped-in sequence resumes decoding

@@ -12,7 +12,7 @@ schedule  after phase 4.4's schedule, a decoding sequence with m guesses becomes
           chunks, and truly free blocks, so a guess never preempts, never evicts
           a cached block, never delays an admission, never runs past max_new_tokens.
 runner    unchanged: phase 3.6's mixed pass runs the chunk and keeps every row's
-          logits (`rows_kept`). Decode-only steps keep phase 3.7's static path; a
+          logits (`rows_kept`). Decode-only steps keep phase 3.8's static path; a
           graph's decode kernel takes one query row per sequence, so a step with a
           verification is a mixed pass.
 kv        the rejected guesses' slots are cut from the table, emptied blocks back
@@ -21,7 +21,7 @@ kv        the rejected guesses' slots are cut from the table, emptied blocks bac
           happens on the real last token's write; the guesses land in that block,
           now private, or in fresh ones.
 
-Refused: k < 1, a draft with another vocabulary, beam search (a beam's next tokens depend on every beam's scores).
+Refused: k < 1, a draft with another vocabulary.
 """
 
 from __future__ import annotations
@@ -99,12 +99,6 @@ class SpeculativeEngine(PreemptingEngine):
         self.proposer = make_proposer(lm, speculative, draft_layers, self.allocator.n_blocks)
         self.num_speculative_tokens = k
         self.spec_stats = SpecStats()
-
-    def add_beam_search(self, *args, **kwargs):
-        if self.proposer is not None:
-            raise ValueError("speculative decoding does not run beam search (a beam's next tokens depend on every "
-                             "beam's scores at once); use an engine with speculative=None for beams")
-        return super().add_beam_search(*args, **kwargs)
 
     # --- schedule: proposals ride in the step's spare budget and blocks ------------------------
     def schedule(self) -> Batch:

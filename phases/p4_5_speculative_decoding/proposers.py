@@ -33,7 +33,7 @@ from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks
 from phases.p3_2_block_table.block_table import BlockTable
 from phases.p3_5_paged_attention.runner import Batch, Chunk
 from phases.p3_6_varlen_prefill.runner import MixedRunner
-from phases.p3_7_cuda_graphs.sampler import _as_int64, sample_rows, sampling_rows
+from phases.p3_8_cuda_graphs.sampler import _as_int64, sample_rows, sampling_rows
 from phases.p4_5_speculative_decoding.acceptance import Proposal, target_logits
 
 DEFAULT_MAX_N = 3        # longest suffix the n-gram proposer looks for (vLLM's prompt_lookup_max default is 5)

@@ -1,4 +1,4 @@
-"""Phase 5 adds serving to phase 4.5's engine: the last engine of the line (samples, beams, prefix caching, preemption, speculation) behind an OpenAI-compatible HTTP API, with streaming, aborts, a bounded queue, and failures isolated to the request that caused them.
+"""Phase 5 adds serving to phase 4.5's engine: the last engine of the line (samples, prefix caching, preemption, speculation) behind an OpenAI-compatible HTTP API, with streaming, aborts, a bounded queue, and failures isolated to the request that caused them.
 
 Files, in reading order:
 - detokenize.py    token ids -> text deltas (incremental detokenization) and stop strings
@@ -17,5 +17,5 @@ Files, in reading order:
                    (prefix caching on vs off) and undersized (preemption); this phase's server handed to
                    the harness in measure/ (serve_bench.py; load_gen.py sends the load)
 - workload_demo.py `serve_workload`: the served engine on workload_bench's equal and mixed work, beside
-                   phases 3.5 and 3.7 (no HTTP stack)
+                   phases 3.5 and 3.8 (no HTTP stack)
 """

@@ -15,10 +15,8 @@ cause before a request is queued; this is the second line, for what is left:
 3. The isolation ends once every suspect has come through a pass in the roles it had in the pass that
    failed (prefilling a chunk, decoding, or both), or has finished.
 
-The KV of a failed pass is never trusted: it is dropped, never swapped. A beam-search group in a failing
-pass fails with it (its search state moved on in the pass and cannot be rolled back; the server never makes
-beams). A failure with no group to blame (nothing running) is raised as it is: the caller must fail
-everything.
+The KV of a failed pass is never trusted: it is dropped, never swapped. A failure with no group to blame
+(nothing running) is raised as it is: the caller must fail everything.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from bisect import bisect_left
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_5_paged_attention.runner import Batch
 from phases.p4_1_copy_on_write.engine import SequenceGroup
-from phases.p4_2_beam_search.engine import BeamGroup
+from phases.p4_4_preemption.engine import PREEMPTED
 from phases.p4_5_speculative_decoding.engine import SpeculativeEngine
 
 # a group's roles in a forward pass: prefilling a chunk, decoding, or both (a recomputed group's members)
@@ -81,11 +79,7 @@ class ServingEngine(SpeculativeEngine):
         involved = sorted((g for g in in_pass if not g.done), key=lambda g: g.request_id)
         if not involved:
             raise error                    # nothing to blame: the caller fails everything
-        if len(involved) == 1:
-            failed, retried = involved, []
-        else:  # a beam search cannot be rolled back: it fails with the pass
-            failed = [g for g in involved if isinstance(g, BeamGroup)]
-            retried = [g for g in involved if not isinstance(g, BeamGroup)]
+        failed, retried = (involved, []) if len(involved) == 1 else ([], involved)
         unrun = [g for g in self._unrun if g not in in_pass and not g.done]   # claimed slots never written
         for group in retried + unrun:
             self._roll_back(group)
@@ -120,7 +114,7 @@ class ServingEngine(SpeculativeEngine):
         if any(s.output_ids for s in group.seqs):
             members = [s for s in group.seqs if s in self.running]
             for s in members:
-                self._take_back(s, Status.PREEMPTED)   # recomputed from prompt + outputs when admitted again
+                self._take_back(s, PREEMPTED)   # recomputed from prompt + outputs when admitted again
         else:  # it made nothing yet: un-admit it, as if it had never been admitted
             if group.forked:
                 self.unfork(group)
@@ -218,4 +212,3 @@ class ServingEngine(SpeculativeEngine):
         if group in self.groups:
             self.groups.remove(group)
         self.suspects.pop(group, None)
-        self.usage.clear()             # per-pass sharing statistics, for demos

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from phases.p2_2_scheduler.sequence import Status
+from phases.p4_4_preemption.engine import PREEMPTED
 
 TOKEN_RATE_WINDOW_S = 10.0
 METRIC_PREFIX = "engine"
@@ -56,7 +56,7 @@ class EngineStats:
 
 def snapshot(engine, generated_tokens: int, requests_failed: int) -> EngineStats:
     """The served engine's state now; call on the engine thread only."""
-    preempted = sum(1 for s in engine.waiting if s.status is Status.PREEMPTED) + len(engine.swapped_seqs)
+    preempted = sum(1 for s in engine.waiting if s.status is PREEMPTED) + len(engine.swapped_seqs)
     cache = engine.cache_stats
     return EngineStats(
         running=len(engine.running), waiting=len(engine.waiting) + len(engine.swapped_seqs) - preempted,

@@ -1,10 +1,10 @@
 """The served engine, and `n` samples of one prompt (the OpenAI `n` parameter) behind one small adapter.
 
 `ServingEngine` (isolation.py) is the last engine of the line, phase 4.5's
-`SpeculativeEngine` (samples over shared blocks, beam search, prefix caching,
-preemption, and speculative decoding when asked for), plus two things a server
-needs: a failing step fails only the request that caused it, and it forgets a
-request once it is over.
+`SpeculativeEngine` (samples over shared blocks, prefix caching, preemption,
+and speculative decoding when asked for), plus two things a server needs: a
+failing step fails only the request that caused it, and it forgets a request
+once it is over.
 
 The async engine asks five things of `SharedSamples`: queue a request of `n`
 samples (one `SequenceGroup`: the prompt is prefilled once and its samples

@@ -1,8 +1,12 @@
-"""Phase 3.8 on the tier's device: the fused kernels, compiled, equal the model's modules, and the fused
-decode step (captured as CUDA graphs on CUDA) equals HF `generate`, token for token (fp32, TF32 off).
+"""Phase 3.8 on the tier's device: decode steps replayed as CUDA graphs equal HF `generate`, and phase 3.7's tuned
+decode kernel, compiled, equals its reference.
 
-Off CUDA (ENGINE_TEST_DEVICE=cpu) the engine test forces the kernels into Triton's interpreter, as
-tests/test_p3_8_fused_ops.py does, so the tier itself can be checked without a GPU.
+fp32, TF32 off (`no_tf32`). On CUDA every decode-only step of the engine is a graph replay
+(one graph per bucket and split count, captured at first use); the runs below make the batch
+grow and shrink through the buckets (sequences finish one by one, newcomers join), and the
+later engines (copy-on-write samples, beams, prefix caching, preemption) run on the same path
+by inheritance (tests/gpu/test_engines_gpu.py). Off CUDA (ENGINE_TEST_DEVICE=cpu) the same
+tests check the eager static step.
 """
 
 from __future__ import annotations
@@ -10,63 +14,74 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.model import load_model
-from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
-from phases.p3_8_fused_ops import layers
-from phases.p3_8_fused_ops.engine import FusedDecodeEngine, FusedOverlappedEngine
-from phases.p3_8_fused_ops.kernels import rms_norm, rotary, silu_and_mul
+from phases.p3_4_gather_kernel.batch import random_paged_batch
+from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
+from phases.p3_7_tuned_decode_kernel.decode_kernel import LaunchConfig, launch_config, tiled_decode_attention
+from phases.p3_8_cuda_graphs.engine import StaleGraphs, StaticDecodeEngine
+from phases.p3_8_cuda_graphs.overlap import OverlappedDecodeEngine
 from tests.gpu.conftest import tier_runs_on_cuda
-from tests.gpu.test_engine_p3_6_gpu import random_prompts
+from tests.gpu.test_engine_p3_6_gpu import TOL, random_prompts
 from tests.oracles import hf_greedy, run_ignoring_eos
-from tests.test_p3_8_fused_ops import TOL
-
-# Compiled, fp32 -> bf16 rounds to nearest: rms_norm and silu_and_mul round where the model rounds, so they
-# differ from it by summation order only, at most one bf16 ulp (2^-7 relative at worst). Rotary rounds once where
-# PyTorch rounds three times: TOL's looser bound.
-ONE_ULP = {torch.float32: TOL[torch.float32], torch.bfloat16: dict(atol=1e-6, rtol=2 ** -7)}
 
 pytestmark = pytest.mark.gpu
 
 ON_CUDA = tier_runs_on_cuda()
-PROMPT_LENGTHS = (1, 6, 11, 19)
-NEW_TOKENS = (6, 2, 9, 4)     # finish one by one: the batch shrinks through the buckets
+PROMPT_LENGTHS = (1, 6, 11, 19, 4, 30)
+NEW_TOKENS = (6, 2, 9, 4, 7, 3)     # finish one by one: the batch crosses bucket boundaries downwards
+
+
+@pytest.mark.parametrize("engine_cls", [StaticDecodeEngine, OverlappedDecodeEngine])
+@pytest.mark.parametrize("buckets,budget", [(None, 4096), (None, 7), ([8], 7)])
+def test_graph_decode_equals_hf_generate(tier_lm, no_tf32, buckets, budget, engine_cls):
+    """Budget 4096: four prompts in one pass, then decode-only steps as they finish (buckets 4, 2, 1);
+    budget 7: chunks beside decodes (mixed passes), decode-only steps between; [8]: every step padded.
+    OverlappedDecodeEngine: the same, with step N+1 launched before step N's ids are read (pinned copy, event)."""
+    engine = engine_cls(tier_lm, max_running=4, block_size=4, n_blocks=256, buckets=buckets,
+                        max_num_batched_tokens=budget)
+    prompts = random_prompts(PROMPT_LENGTHS, seed=11)
+    outputs = run_ignoring_eos(engine, prompts, NEW_TOKENS)
+    for p, n, out in zip(prompts, NEW_TOKENS, outputs):
+        assert out == hf_greedy(tier_lm, p, n, ignore_eos=True)
+    assert engine.runner.n_static_steps > 0
+    if engine_cls is OverlappedDecodeEngine:
+        assert engine.n_overlapped_steps > 0
+    if ON_CUDA:
+        assert engine.runner.cuda_graphs and engine.runner.graphs
+        if budget == 4096 and buckets is None:
+            assert len(engine.runner.graphs) >= 2      # the batch shrank through several buckets, each its own graph
+
+
+@pytest.mark.skipif(not ON_CUDA, reason="CUDA graphs need a CUDA device")
+def test_graphs_captured_up_front_and_a_changed_dtype_is_refused(tier_tiny, no_tf32):
+    from common.model import load_model
+    lm = load_model("tiny", device="cuda", dtype=torch.float32)
+    engine = StaticDecodeEngine(lm, max_running=4, block_size=4, n_blocks=64)
+    assert engine.runner.capture_all() == len(engine.runner.buckets)
+    prompt = random_prompts((7,), seed=12)[0]
+    seq = engine.add(prompt, 5, ignore_eos=True)
+    engine.run()
+    assert seq.output_ids == hf_greedy(lm, prompt, 5, ignore_eos=True)
+    engine.add(prompt, 5, ignore_eos=True)
+    engine.step()
+    lm.model.to(torch.float16)
+    with pytest.raises(StaleGraphs):
+        engine.step()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_fused_kernels_compiled_equal_the_models_modules(gpu_device, dtype):
-    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm, apply_rotary_pos_emb
-    gen = torch.Generator().manual_seed(0)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen).to(gpu_device, dtype)
-
-    norm = Qwen3RMSNorm(1024, eps=1e-6).to(gpu_device, dtype)
-    norm.weight.data = randn(1024)
-    x = randn(7, 1, 1024)
-    tol = ONE_ULP[dtype] if ON_CUDA else TOL[dtype]      # off CUDA the interpreter truncates (see TOL)
-    torch.testing.assert_close(rms_norm(x, norm.weight, norm.variance_epsilon), norm(x), **tol)
-    q, k = randn(5, 1, 16, 128).transpose(1, 2), randn(5, 1, 8, 128).transpose(1, 2)
-    cos, sin = randn(5, 1, 128), randn(5, 1, 128)
-    for got, want in zip(rotary(q, k, cos, sin), apply_rotary_pos_emb(q, k, cos, sin)):
-        torch.testing.assert_close(got, want, **TOL[dtype])
-    gate, up = randn(5, 1, 3072), randn(5, 1, 3072)
-    torch.testing.assert_close(silu_and_mul(gate, up), torch.nn.functional.silu(gate) * up, **tol)
-
-
-@pytest.mark.parametrize("engine_cls", [FusedDecodeEngine, FusedOverlappedEngine])
-@pytest.mark.parametrize("model", ["tiny", "tiny-qwen3"])
-def test_fused_graph_decode_equals_hf_generate(gpu_device, no_tf32, monkeypatch, engine_cls, model):
-    if not ON_CUDA:
-        monkeypatch.setenv(FORCE_KERNELS_ENV, "1")
-    lm = load_model(model, device=gpu_device, dtype=torch.float32)
-    engine = engine_cls(lm, max_running=4, block_size=4, n_blocks=256)
-    assert engine.fused_ops
-    before = layers.fused_calls.copy()
-    prompts = random_prompts(PROMPT_LENGTHS, seed=13)
-    outputs = run_ignoring_eos(engine, prompts, NEW_TOKENS)
-    for p, n, out in zip(prompts, NEW_TOKENS, outputs):
-        assert out == hf_greedy(lm, p, n, ignore_eos=True)
-    calls = layers.fused_calls - before
-    # Every fused kind ran: on CUDA while each graph was captured (replays run no Python), else every step.
-    assert set(calls) == {"rms_norm", "rotary", "silu_and_mul"}
-    assert engine.runner.graphs if ON_CUDA else not engine.runner.graphs
+@pytest.mark.parametrize("n_splits", [1, 4])
+@pytest.mark.parametrize("tile_blocks", [1, 4])
+def test_tuned_kernel_compiled_equals_reference(gpu_device, dtype, n_splits, tile_blocks):
+    lens = [1, 15, 16, 17, 250, 0]
+    b = random_paged_batch(lens, 16, 8, 128, dtype=dtype, device=gpu_device, seed=n_splits)
+    q = torch.randn(len(lens), 16, 128, generator=torch.Generator().manual_seed(1)).to(gpu_device, dtype)
+    ref = paged_decode_attention_reference(q.float(), b.kv_store.float(), 1, b.block_tables, b.seq_lens)
+    out = tiled_decode_attention(q, b.kv_store, 1, b.block_tables, b.seq_lens, n_splits=n_splits,
+                                 config=LaunchConfig(tile_blocks, launch_config(128, dtype).num_warps),
+                                 sliding_window=None)   # its warps: 2 in fp32 spill ~15 KB per thread (aot_check)
+    torch.testing.assert_close(out.float(), ref, **TOL[dtype])
+    windowed = tiled_decode_attention(q, b.kv_store, 1, b.block_tables, b.seq_lens, n_splits=n_splits,
+                                      sliding_window=40, softcap=30.0)
+    ref_w = paged_decode_attention_reference(q.float(), b.kv_store.float(), 1, b.block_tables, b.seq_lens,
+                                             sliding_window=40, softcap=30.0)
+    torch.testing.assert_close(windowed.float(), ref_w, **TOL[dtype])

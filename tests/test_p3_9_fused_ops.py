@@ -1,4 +1,4 @@
-"""Phase 3.8's fused kernels (under the CPU interpreter) against the model's own modules, and the engine that
+"""Phase 3.9's fused kernels (under the CPU interpreter) against the model's own modules, and the engine that
 launches them against HF `generate`, token for token."""
 
 import pytest
@@ -6,10 +6,10 @@ import torch
 
 from common.model import load_model
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
-from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
-from phases.p3_8_fused_ops import layers
-from phases.p3_8_fused_ops.engine import FusedDecodeEngine, FusedOverlappedEngine
-from phases.p3_8_fused_ops.kernels import rms_norm, rotary, silu_and_mul
+from phases.p3_8_cuda_graphs.engine import StaticDecodeEngine
+from phases.p3_9_fused_ops import layers
+from phases.p3_9_fused_ops.engine import FusedDecodeEngine, FusedOverlappedEngine
+from phases.p3_9_fused_ops.kernels import rms_norm, rotary, silu_and_mul
 from tests.oracles import hf_greedy, run_ignoring_eos
 from tests.test_p3_6_engine import random_prompts
 
@@ -173,7 +173,7 @@ def test_fused_bench_counts_fewer_kernels_for_the_fused_step():
     from measure.cli import run_demo
     report = run_demo("fused_bench", model="tiny", device="cpu", dtype="fp32", quick=True)
     rows = {r["engine"]: r for r in report.data["kernels"]}
-    plain, fused = rows["p3_7 static step"], rows["p3_8 fused step"]
+    plain, fused = rows["p3_8 static step"], rows["p3_9 fused step"]
     assert fused["kernels"] < plain["kernels"]
     assert fused["by_op"]["triton:_rms_norm_kernel"] == 5 and "pow" not in fused["by_op"]   # 2 layers x 2 + final
     assert fused["by_op"]["linear"] == plain["by_op"]["linear"]                           # the matmuls stay
@@ -185,7 +185,7 @@ def test_the_fused_kernels_compile_for_an_h100():
     import sys
     from tests.test_p3_6_prefill_kernel import REPO_ROOT
     script = ("import torch\n"
-              "from phases.p3_8_fused_ops.aot_check import compile_rms_norm, compile_rotary, compile_silu_and_mul\n"
+              "from phases.p3_9_fused_ops.aot_check import compile_rms_norm, compile_rotary, compile_silu_and_mul\n"
               "for cost in (compile_rms_norm(torch.bfloat16), compile_rotary(torch.bfloat16),"
               " compile_silu_and_mul(torch.float32)):\n"
               "    print(cost.registers, cost.spill_bytes)\n")
@@ -206,7 +206,7 @@ def test_notebook_runs():
     assert len(re.findall(r"largest pass (\d+) tokens, outputs equal to HF generate: True", text)) == 2
     assert "outputs equal to phase 3.6's engine: True" in text and "outputs equal to HF generate:        True" in text
     assert "buckets used [1, 2, 4, 8]" in text and "equal: True" in text and "same answers: True" in text
-    kernels = re.findall(r"(\w+Engine): (\d+) kernels per decode step", text)                 # phase 3.8's count
+    kernels = re.findall(r"(\w+Engine): (\d+) kernels per decode step", text)                 # phase 3.9's count
     assert [k for k, _ in kernels] == ["StaticDecodeEngine", "FusedDecodeEngine"] and "same tokens: True" in text
     assert int(kernels[1][1]) < int(kernels[0][1])
     ends = re.search(r"OverlappedDecodeEngine: \d+ steps, ends (\[.*?\]).*?(\d+) overlapped, (\d+) rows wasted", text)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from common.sampling import SEED_MAX, SEED_MIN, Sampler, SamplingParams
-from phases.p3_7_cuda_graphs.buffers import send
+from phases.p3_8_cuda_graphs.buffers import send
 
 UINT64 = 1 << 64
 

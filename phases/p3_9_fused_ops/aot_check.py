@@ -6,7 +6,7 @@ the fused step launches them for Qwen3-0.6B (hidden 1,024; 16 query heads and 8
 KV heads of 128 dims; MLP width 3,072). It says that they build for sm_90 and
 what they ask of a thread; not how fast they run.
 
-    python -m phases.p3_8_fused_ops.aot_check --results-dir results
+    python -m phases.p3_9_fused_ops.aot_check --results-dir results
 
 It runs in its own process: without a GPU the kernel module otherwise switches
 Triton's interpreter on for the whole process.
@@ -20,7 +20,7 @@ import sys
 
 from phases.p3_4_gather_kernel.interpreter import INTERPRET_ENV
 
-if "phases.p3_8_fused_ops.kernels" not in sys.modules:
+if "phases.p3_9_fused_ops.kernels" not in sys.modules:
     os.environ[INTERPRET_ENV] = "0"   # compile, do not interpret (must precede the kernels' import)
 
 import torch  # noqa: E402
@@ -29,7 +29,7 @@ import triton  # noqa: E402
 from measure.report import print_report, save_report  # noqa: E402
 from phases.p3_6_varlen_prefill.aot_check import (H100_ARCH, TRITON_DTYPES, KernelCost, compile_for_gpu,  # noqa: E402
                                                   compiled_report)
-from phases.p3_8_fused_ops import kernels  # noqa: E402
+from phases.p3_9_fused_ops import kernels  # noqa: E402
 
 QWEN3_HIDDEN, QWEN3_HEAD_DIM = 1024, 128
 # As a launch specialises them: tensors start aligned, and row strides of these widths are multiples of 16.
@@ -76,7 +76,7 @@ def compile_silu_and_mul(dtype: torch.dtype, arch: int = H100_ARCH) -> KernelCos
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m phases.p3_8_fused_ops.aot_check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m phases.p3_9_fused_ops.aot_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--results-dir", default=None, help="also save the report there (json + md)")
     args = p.parse_args(argv)
     report = compiled_report("fused_aot", "qwen3-0.6b-shape", "bf16 and fp32")

@@ -40,7 +40,7 @@ import triton.language as tl  # noqa: E402
 from phases.p3_4_gather_kernel.checks import require_power_of_two  # noqa: E402
 from phases.p3_5_paged_attention.kernel_checks import check_decode_inputs, check_window_and_softcap  # noqa: E402
 from phases.p3_5_paged_attention.kernels import NO_SOFTCAP, NO_WINDOW  # noqa: E402
-from phases.p3_7_cuda_graphs.merge_kernel import merge_splits_triton  # noqa: E402
+from phases.p3_7_tuned_decode_kernel.merge_kernel import merge_splits_triton  # noqa: E402
 
 MIN_DOT = 16   # the smallest M, N and K `tl.dot` takes on a GPU: query rows and key tiles are padded up to it
 

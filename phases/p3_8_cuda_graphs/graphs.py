@@ -22,7 +22,7 @@ from typing import Callable
 
 import torch
 
-from phases.p3_7_cuda_graphs.graph_capture import record, warm_up_for_capture
+from phases.p3_8_cuda_graphs.graph_capture import record, warm_up_for_capture
 
 
 def capture(forward: Callable[[], torch.Tensor], pool=None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:

@@ -98,7 +98,7 @@ def _is_swiglu(module: torch.nn.Module) -> bool:
 
 
 def _fused_norm_forward(module):
-    from phases.p3_8_fused_ops.kernels import rms_norm
+    from phases.p3_9_fused_ops.kernels import rms_norm
     own = module.forward
 
     def forward(hidden_states: torch.Tensor) -> torch.Tensor:
@@ -110,7 +110,7 @@ def _fused_norm_forward(module):
 
 
 def _fused_mlp_forward(module):
-    from phases.p3_8_fused_ops.kernels import silu_and_mul
+    from phases.p3_9_fused_ops.kernels import silu_and_mul
     own = module.forward
 
     def forward(x: torch.Tensor) -> torch.Tensor:
@@ -122,7 +122,7 @@ def _fused_mlp_forward(module):
 
 
 def _fused_rotary(own):
-    from phases.p3_8_fused_ops.kernels import rotary, rotary_refusal
+    from phases.p3_9_fused_ops.kernels import rotary, rotary_refusal
 
     def apply_rotary_pos_emb(q, k, cos, sin, *args, **kwargs):
         # Only HF's default call, (q, k, cos, sin) or unsqueeze_dim=1 by name; anything else is the model's.

@@ -1,6 +1,6 @@
-"""`FusedDecodeEngine`: phase 3.7's static decode step with RMSNorm, rotary and SwiGLU each one kernel.
+"""`FusedDecodeEngine`: phase 3.8's static decode step with RMSNorm, rotary and SwiGLU each one kernel.
 
-Phase 3.7's CUDA graph took the host out of a decode step, and what was left on
+Phase 3.8's CUDA graph took the host out of a decode step, and what was left on
 the H100 was a GPU time nearly flat from batch 1 to batch 256 (README),
 although batch 256 does 256 times the arithmetic. A step that long whatever its
 size is counted in kernels, not in bytes or FLOPs. Each of its ~1,570 kernels
@@ -21,15 +21,15 @@ from __future__ import annotations
 import torch
 
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV, use_kernels
-from phases.p3_7_cuda_graphs.attention import StaticDecodeBatch
-from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
-from phases.p3_7_cuda_graphs.overlap import OverlappedDecodeEngine
-from phases.p3_7_cuda_graphs.runner import StaticRunner
-from phases.p3_8_fused_ops.layers import fused_ops_on, install_fused_ops
+from phases.p3_8_cuda_graphs.attention import StaticDecodeBatch
+from phases.p3_8_cuda_graphs.engine import StaticDecodeEngine
+from phases.p3_8_cuda_graphs.overlap import OverlappedDecodeEngine
+from phases.p3_8_cuda_graphs.runner import StaticRunner
+from phases.p3_9_fused_ops.layers import fused_ops_on, install_fused_ops
 
 
 class FusedRunner(StaticRunner):
-    """Phase 3.7's runner; its static pass runs with the fused norm, rotary and SwiGLU kernels on."""
+    """Phase 3.8's runner; its static pass runs with the fused norm, rotary and SwiGLU kernels on."""
 
     fused_ops = False   # set by the engine, once it has installed the fused modules
 
@@ -41,7 +41,7 @@ class FusedRunner(StaticRunner):
 
 
 class FusedDecodeEngine(StaticDecodeEngine):
-    """Phase 3.7's engine; its static decode step launches the fused norm, rotary and SwiGLU kernels."""
+    """Phase 3.8's engine; its static decode step launches the fused norm, rotary and SwiGLU kernels."""
 
     runner_class = FusedRunner
 
@@ -57,5 +57,5 @@ class FusedDecodeEngine(StaticDecodeEngine):
 
 
 class FusedOverlappedEngine(FusedDecodeEngine, OverlappedDecodeEngine):
-    """The fused step with phase 3.7's overlapped steps: the host builds step N+1 while the GPU runs step N,
+    """The fused step with phase 3.8's overlapped steps: the host builds step N+1 while the GPU runs step N,
     which matters more once the GPU's share of a step has shrunk."""

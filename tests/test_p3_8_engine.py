@@ -1,10 +1,10 @@
-"""Phase 3.7's static decode step, eager on CPU: buckets and padding never change a token, the buffers
+"""Phase 3.8's static decode step, eager on CPU: buckets and padding never change a token, the buffers
 send only what changed, sampling on the device keeps its promises, and what must be refused is.
 
 Oracles: HF `generate` (greedy, fp32) token for token, and phase 3.6's engine (same scheduler, the
 decode pass built from Python lists each step) on the models with windows and softcaps. Runs where
 sequences finish and join mid-stream cross bucket boundaries in both directions. The same step
-replayed as CUDA graphs is checked in the gpu tier (tests/gpu/test_engine_p3_7_gpu.py).
+replayed as CUDA graphs is checked in the gpu tier (tests/gpu/test_engine_p3_8_gpu.py).
 """
 
 import traceback
@@ -17,11 +17,9 @@ from common.sampling import SamplingParams, filter_logits
 from phases.p2_2_scheduler.sequence import Status
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
 from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
-from phases.p3_7_cuda_graphs.buffers import EMPTY_SLOT
-from phases.p3_7_cuda_graphs.engine import StaleGraphs, StaticDecodeEngine, decode_buckets
-from phases.p3_7_cuda_graphs.sampler import filter_rows, sample_rows, sampling_rows, uniform_noise
-from phases.p3_7_cuda_graphs.split_rule import MAX_SPLITS, choose_splits
-from phases.p3_7_cuda_graphs.tuning import best_config
+from phases.p3_8_cuda_graphs.buffers import EMPTY_SLOT
+from phases.p3_8_cuda_graphs.engine import StaleGraphs, StaticDecodeEngine, decode_buckets
+from phases.p3_8_cuda_graphs.sampler import filter_rows, sample_rows, sampling_rows, uniform_noise
 from tests.oracles import hf_greedy
 from tests.test_p3_6_engine import random_prompts
 
@@ -167,25 +165,6 @@ def test_a_model_changed_after_the_first_static_step_is_refused_and_loses_nothin
     assert seq.output_ids == made                 # nothing was emitted from a stale replay
 
 
-def test_split_rule():
-    sms = 132
-    assert choose_splits(256, 8, sms, 128) == 1            # 2048 programs fill the GPU
-    assert choose_splits(1, 8, sms, 1) == 1                # one block: nothing to split
-    one = choose_splits(1, 8, sms, 4096)
-    assert one == MAX_SPLITS and one & (one - 1) == 0       # a power of two, capped
-    assert choose_splits(4, 8, sms, 256) == 2              # capped by the context: 256 blocks / 128 per split
-    assert choose_splits(16, 8, sms, 4096) == 1            # 128 programs: about one per SM already
-    assert choose_splits(4, 8, 0, 4096) == 1               # CPU
-
-
-def test_best_config_totals_the_large_cells_and_says_none_without_any():
-    row = lambda batch, warps, ms: dict(kernel="p3_7", batch=batch, context=512, tile_blocks=4,  # noqa: E731
-                                        num_warps=warps, num_stages=3, splits=1, ms=ms)
-    assert best_config([row(2, 2, 1.0), row(2, 4, 2.0)]) is None          # a quick run: no batch >= 32
-    best = best_config([row(32, 2, 1.0), row(32, 4, 0.5), row(64, 2, 1.0), row(64, 4, 0.6), row(2, 2, 0.0)])
-    assert best == dict(tile_blocks=4, num_warps=4, num_stages=3, total_ms=1.1)
-
-
 def test_device_filters_equal_common_sampling():
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 200, generator=gen)
@@ -273,11 +252,11 @@ def test_graph_bench_and_graph_workload_quick():
     from measure.cli import run_demo
     bench = run_demo("graph_bench", model="tiny", device="cpu", dtype="fp32", quick=True)
     engines = {r["engine"] for r in bench.data["step"]}
-    assert engines == {"p3_6 (decode pass from lists)", "p3_7 static, eager"}        # no graph on a CPU
+    assert engines == {"p3_6 (decode pass from lists)", "p3_8 static, eager"}        # no graph on a CPU
     assert all(r["ms"] > 0 for r in bench.data["step"])
     host = bench.data["host"]                       # the same engines with the model stubbed out
-    assert {r["engine"] for r in host} == {"p3_6 (decode pass from lists)", "p3_7 static, eager",
-                                           "p3_7 static, overlapped"}
+    assert {r["engine"] for r in host} == {"p3_6 (decode pass from lists)", "p3_8 static, eager",
+                                           "p3_8 static, overlapped"}
     assert {r["batch"] for r in host} == {1, 3} and all(r["host_ms"] > 0 for r in host)
     work = run_demo("graph_workload", model="tiny", device="cpu", dtype="fp32", quick=True,
                     options={"engines": ["chunked", "graphs"]})
@@ -288,7 +267,7 @@ def test_graph_bench_and_graph_workload_quick():
 def test_the_host_sections_stub_returns_what_each_decode_pass_returns_and_leaves_prefill_alone(tiny):
     # The stub must give each engine's decode pass the logits shape its caller slices, or the host section
     # would time an error path; prefill passes still run the model (their K/V and first tokens are real).
-    from phases.p3_7_cuda_graphs.demo import stub_decode_forward
+    from phases.p3_8_cuda_graphs.demo import stub_decode_forward
     for engine in (ChunkedPrefillEngine(tiny, max_running=3, n_blocks=32),
                    StaticDecodeEngine(tiny, max_running=3, n_blocks=32, buckets=[4])):
         stub_decode_forward(engine)

@@ -3,7 +3,7 @@
 In a CUDA graph the host's launches are gone, but every kernel still starts,
 reads its inputs from HBM, writes its output back and drains before the next
 one starts: a couple of microseconds even for a row of 1,024 numbers. A decode
-step of Qwen3-0.6B in phase 3.7 is 56 kernels per layer on a GPU, 28 layers, and
+step of Qwen3-0.6B in phase 3.8 is 56 kernels per layer on a GPU, 28 layers, and
 most of them are tiny element-wise ops:
 
     RMSNorm   to(fp32), pow, mean, add eps, rsqrt, mul, to(dtype), mul weight   8 kernels -> 1

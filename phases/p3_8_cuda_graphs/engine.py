@@ -13,8 +13,8 @@ the sampler  `DeviceSampler` (sampler.py): every pass samples on the device in o
 from __future__ import annotations
 
 from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
-from phases.p3_7_cuda_graphs.runner import StaleGraphs, StaticRunner, decode_buckets
-from phases.p3_7_cuda_graphs.sampler import DeviceSampler
+from phases.p3_8_cuda_graphs.runner import StaleGraphs, StaticRunner, decode_buckets
+from phases.p3_8_cuda_graphs.sampler import DeviceSampler
 
 __all__ = ["StaticDecodeEngine", "StaleGraphs", "decode_buckets"]
 

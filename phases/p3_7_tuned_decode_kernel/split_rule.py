@@ -16,7 +16,7 @@ programs to switch between while their loads are in flight. So:
 
 On a CPU there are no SMs to fill (the PyTorch path ignores splits): one split.
 The constants are what the split sweep of tuning.py (`python -m
-phases.p3_7_cuda_graphs.tuning`) measured on an H100.
+phases.p3_7_tuned_decode_kernel.tuning`) measured on an H100.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The runner of phase 3.7: a decode-only step runs over static buffers, padded to a bucket, replayed as a CUDA graph.
+"""The runner of phase 3.8: a decode-only step runs over static buffers, padded to a bucket, replayed as a CUDA graph.
 
 On a GPU most of a 256-sequence decode step of phases 3.5/3.6 is not GPU work
 but Python building tensors from lists and launching some 1,500 kernels one by
@@ -34,11 +34,11 @@ from phases.p3_1_block_allocator.allocator import BlockAllocator, blocks_for
 from phases.p3_5_paged_attention.attention import use_paged_attention
 from phases.p3_5_paged_attention.runner import Batch
 from phases.p3_6_varlen_prefill.runner import MixedRunner
-from phases.p3_7_cuda_graphs.attention import STATIC_ATTN_NAME, StaticDecodeBatch
-from phases.p3_7_cuda_graphs.buffers import DecodeBuffers, compute_slots
-from phases.p3_7_cuda_graphs.graphs import capture
-from phases.p3_7_cuda_graphs.sampler import DeviceSampler
-from phases.p3_7_cuda_graphs.split_rule import choose_splits, sm_count
+from phases.p3_8_cuda_graphs.attention import STATIC_ATTN_NAME, StaticDecodeBatch
+from phases.p3_8_cuda_graphs.buffers import DecodeBuffers, compute_slots
+from phases.p3_8_cuda_graphs.graphs import capture
+from phases.p3_8_cuda_graphs.sampler import DeviceSampler
+from phases.p3_7_tuned_decode_kernel.split_rule import choose_splits, sm_count
 
 
 class StaleGraphs(RuntimeError):

@@ -1,13 +1,7 @@
-"""Phase 3.7's demos: `graph_bench` (the decode step and its kernel) and `graph_workload` (the engine among all).
+"""Phase 3.8's demos: `graph_bench` (the decode step and its kernel) and `graph_workload` (the engine among all).
 
 graph_bench, four sections (`--sections`; tune only when named):
-  kernel  one layer's decode attention, the model's shape, mixed lengths in [context / 2, context]:
-          SDPA on contiguous K/V, phase 3.5's kernel and this phase's (launch_config, split count
-          from split_rule.py); median GPU ms per call from CUDA-graph replays (no host launch latency,
-          measure/kernel_bench.gpu_time) and this phase's per call from Python (launch included), GB/s
-          of K/V read and that as a share of the GPU's HBM bandwidth (nominal, and a measured
-          device-to-device copy). CPU: the kernels only run in Triton's interpreter, so they are
-          checked on the first cell, not timed.
+  kernel  phase 3.7's tuned kernel beside SDPA and phase 3.5's kernel, one layer (p3_7_tuned_decode_kernel/bench.py)
   step    one decode step of `batch` sequences (prompts of `prompt_len` tokens), median wall ms
           (the blog's ms/tok: every sequence makes one token per step): phase 3.6's decode pass
           built from Python lists, this phase's static step run eagerly, and replayed as a CUDA
@@ -16,9 +10,8 @@ graph_bench, four sections (`--sections`; tune only when named):
           At batch 1, HF generate with the compiled static cache for comparison (GPU).
   host    the step section's engines with each decode pass stubbed out (zero logits, no model): the host's own
           ms per step and us per sequence, the part a graph does not remove and overlapped steps must hide.
-  tune    (GPU) every LaunchConfig x split count (tuning.py): the best configs and, per cell,
-          the best split count beside the rule's choice.
-graph_workload: workload_bench's equal and mixed work through phases 3.5, 3.6 and 3.7 (`graphs`, and
+  tune    (GPU) phase 3.7's launch-config sweep (p3_7_tuned_decode_kernel/bench.py)
+graph_workload: workload_bench's equal and mixed work through phases 3.5, 3.6 and 3.8 (`graphs`, and
   `overlap` for the overlapped steps; GPU default, or `--engines ... overlap`) and the HF peers,
   ratios against this phase's targets (measure/workload_bench.py).
 """
@@ -32,27 +25,19 @@ import torch
 from measure.demos import Option, RunConfig, demo, run_sections
 from measure.harness import EngineRun, EngineRunner, measure, pool_problems, submit, workload_pool_blocks
 from measure.hf_peers import HF_COMPILED, HF_STATIC
-from measure.kernel_bench import CALLS_PER_GRAPH, GRAPH_REPLAY, PER_CALL, gpu_time, median_ms
 from measure.report import Report
 from measure.step_bench import FIRST_TOKEN_ID, decode_step_ms, prefill_everything, replay_ms
 from measure.workload import Request
 from measure.workload_bench import run_workload_bench, workload_options
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, blocks_for
 from phases.p3_5_paged_attention.demo import ALL_ENGINES as P3_5_ENGINES
-from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton
-from phases.p3_5_paged_attention.reference import sdpa_decode_contiguous
 from phases.p3_6_varlen_prefill.demo import CHUNKED
 from phases.p3_6_varlen_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillEngine
-from phases.p3_7_cuda_graphs.decode_kernel import DEFAULT_CONFIG, launch_config, tiled_decode_attention
-from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
-from phases.p3_7_cuda_graphs.overlap import OverlappedDecodeEngine
-from phases.p3_7_cuda_graphs.split_rule import choose_splits, sm_count
-from phases.p3_7_cuda_graphs.tuning import LAYER, best_config, decode_case, tune
+from phases.p3_7_tuned_decode_kernel.bench import kernel_section, tune_section
+from phases.p3_8_cuda_graphs.engine import StaticDecodeEngine
+from phases.p3_8_cuda_graphs.overlap import OverlappedDecodeEngine
 
-# Nominal HBM bandwidth (bytes/s) by GPU name: the datasheets' figures.
-HBM_BYTES_PER_S = {"H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12, "H200": 4.8e12, "A100-SXM4-80GB": 2.04e12}
 STEP_SLACK_TOKENS = 16   # pool room per sequence beyond its prompt and timed steps (the warm-up steps)
-COPY_BYTES = 2 << 30     # the measured-bandwidth copy: 2 GiB read and 2 GiB written
 TARGETS = {  # (workload, faster, slower) -> the ratio this phase aims for
     ("equal", "graphs", "hf_compiled"): 1.5,
     ("equal", "graphs", "hf_cb"): 10.0,
@@ -62,77 +47,13 @@ TARGETS = {  # (workload, faster, slower) -> the ratio this phase aims for
 }
 
 
-def nominal_hbm(device_name: str) -> float | None:
-    return next((bw for name, bw in HBM_BYTES_PER_S.items() if name in device_name), None)
-
-
-def copy_bandwidth() -> float:
-    """Bytes/s of a device-to-device copy, counting bytes read and written (what HBM can give a kernel)."""
-    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = median_ms(lambda: dst.copy_(src), "cuda", warmup=2, iters=5)
-    del src, dst
-    return 2 * COPY_BYTES / (ms / 1e3)
-
-
-# --- kernel --------------------------------------------------------------------------------------
-def kernel_section(cfg: RunConfig, lm, report: Report) -> None:
-    on_gpu = torch.device(lm.device).type == "cuda"   # the kernels are timed only there (CPU: the interpreter)
-    name = torch.cuda.get_device_name(0) if on_gpu else "cpu"
-    nominal, measured = (nominal_hbm(name), copy_bandwidth()) if on_gpu else (None, None)
-    t = report.table(f"decode attention, one layer ({lm.n_heads} query heads over {lm.n_kv_heads} KV heads, "
-                     f"head_dim {lm.head_dim}, block_size {cfg.block_size}, {str(lm.dtype).removeprefix('torch.')})",
-                     ["batch", "context", "splits", "SDPA ms", "p3_5 ms", "p3_7 ms", "p3_7 ms per call", "p3_7 GB/s",
-                      "% of HBM", "% of copy", "p3_7/SDPA", "p3_5/SDPA", "p3_7 err"])
-    rows = []
-    for i, (batch, context) in enumerate((b, c) for b in cfg.kernel_batches for c in cfg.kernel_contexts):
-        q, pool, tables, lens, k, v, kv_bytes = decode_case(batch, context, lm.n_heads, lm.n_kv_heads, lm.head_dim,
-                                                            cfg.block_size, lm.dtype, lm.device)
-        splits = choose_splits(batch, lm.n_kv_heads, sm_count(lm.device), tables.shape[1])
-        ref = sdpa_decode_contiguous(q, k, v, lens)
-        ours = lambda: tiled_decode_attention(q, pool, LAYER, tables, lens, n_splits=splits,   # noqa: E731
-                                              check_values=False)
-        if not on_gpu:
-            err = float((ours().float() - ref.float()).abs().max()) if i == 0 else None
-            t.add_row(batch, context, splits, median_ms(lambda: sdpa_decode_contiguous(q, k, v, lens), lm.device),
-                      "-", "not timed (CPU)", "-", "-", "-", "-", "-", "-", f"{err:.1e}" if err is not None else "-")
-            continue
-        # GPU time from graph replays (no host launch latency, as in the engine's replayed step); one per-call
-        # figure beside it, launch included, as an eager engine would pay it.
-        sdpa = gpu_time(lambda: sdpa_decode_contiguous(q, k, v, lens), lm.device)
-        old = gpu_time(lambda: paged_decode_attention_triton(q, pool, LAYER, tables, lens), lm.device)
-        new = gpu_time(ours, lm.device)
-        per_call = median_ms(ours, lm.device)
-        gbs = kv_bytes / new.ms / 1e6
-        err = float((ours().float() - ref.float()).abs().max())
-        share = 100 * gbs * 1e9 / nominal if nominal else None
-        t.add_row(batch, context, splits, sdpa.cell(), old.cell(), new.cell(), per_call, gbs, share if share else "-",
-                  100 * gbs * 1e9 / measured, new.ms / sdpa.ms, old.ms / sdpa.ms, f"{err:.1e}")
-        rows.append(dict(batch=batch, context=context, splits=splits, sdpa_ms=sdpa.ms, p3_5_ms=old.ms, p3_7_ms=new.ms,
-                         p3_7_per_call_ms=per_call, gb_per_s=gbs, hbm_share=share,
-                         copy_share=100 * gbs * 1e9 / measured, err=err,
-                         timing=dict(sdpa=sdpa.how, p3_5=old.how, p3_7=new.how)))
-    notes = [f"ms: {GRAPH_REPLAY}, {CALLS_PER_GRAPH} calls captured in one CUDA graph and replayed back to back "
-             "(no host launch latency, as in the engine's replayed step; a cell that says otherwise could not be "
-             f"captured); p3_7 ms per call: {PER_CALL} (CUDA events around one call from Python, what an eager "
-             "engine pays). GB/s: the K/V bytes the sequences hold over the p3_7 GPU time."]
-    if nominal:
-        notes.append(f"% of HBM: of the datasheet's {nominal / 1e12:.2f} TB/s.")
-    if measured:
-        notes.append(f"% of copy: of a measured device-to-device copy ({measured / 1e12:.2f} TB/s, read + write).")
-    config = launch_config(lm.head_dim, lm.dtype)
-    t.notes.append(" ".join(notes + [f"p3_7 launch: {config} (decode_kernel.launch_config); splits: "
-                                     "split_rule.choose_splits."]))
-    report.data["kernel"] = dict(rows=rows, nominal_hbm=nominal, copy_bandwidth=measured, config=vars(config))
-
-
 # --- step ------------------------------------------------------------------------------------------
 STEP_ENGINES = {
     "p3_6 (decode pass from lists)": lambda lm, n, blocks: ChunkedPrefillEngine(lm, max_running=n, n_blocks=blocks),
-    "p3_7 static, eager": lambda lm, n, blocks: StaticDecodeEngine(lm, max_running=n, n_blocks=blocks,
+    "p3_8 static, eager": lambda lm, n, blocks: StaticDecodeEngine(lm, max_running=n, n_blocks=blocks,
                                                                    cuda_graphs=False),
-    "p3_7 static, CUDA graph": lambda lm, n, blocks: StaticDecodeEngine(lm, max_running=n, n_blocks=blocks),
-    "p3_7 CUDA graph, overlapped": lambda lm, n, blocks: OverlappedDecodeEngine(lm, max_running=n, n_blocks=blocks),
+    "p3_8 static, CUDA graph": lambda lm, n, blocks: StaticDecodeEngine(lm, max_running=n, n_blocks=blocks),
+    "p3_8 CUDA graph, overlapped": lambda lm, n, blocks: OverlappedDecodeEngine(lm, max_running=n, n_blocks=blocks),
 }
 
 
@@ -182,12 +103,12 @@ def stub_decode_forward(engine) -> None:
         return zeros[:batch.block_tables.shape[0]]     # phase 3.5's decode pass: [S, 1, V]
 
     runner.forward = forward
-    if hasattr(runner, "replay"):                      # p3_7's static step: [bucket, V]
+    if hasattr(runner, "replay"):                      # p3_8's static step: [bucket, V]
         runner.replay = lambda batch: zeros[:batch.block_tables.shape[0], 0]
 
 
 HOST_ENGINES = {name: make for name, make in STEP_ENGINES.items() if "graph" not in name} | {
-    "p3_7 static, overlapped": lambda lm, n, blocks: OverlappedDecodeEngine(lm, max_running=n, n_blocks=blocks,
+    "p3_8 static, overlapped": lambda lm, n, blocks: OverlappedDecodeEngine(lm, max_running=n, n_blocks=blocks,
                                                                             cuda_graphs=False),
 }
 
@@ -223,31 +144,7 @@ def host_section(cfg: RunConfig, lm, report: Report) -> None:
     report.data["host"] = rows
 
 
-# --- tune ------------------------------------------------------------------------------------------
-def tune_section(cfg: RunConfig, lm, report: Report) -> None:
-    if torch.device(lm.device).type != "cuda":
-        report.table("tuning sweep", ["note"]).add_row("GPU only: the kernels run in Triton's interpreter on a CPU")
-        return
-    shape = dict(n_heads=lm.n_heads, n_kv_heads=lm.n_kv_heads, head_dim=lm.head_dim, block_size=cfg.block_size,
-                 dtype=lm.dtype)
-    rows = tune(cfg.kernel_batches, cfg.kernel_contexts, splits=(1, 2), **shape)
-    best = best_config(rows)
-    t = report.table("launch configs, total ms over the batch >= 32 cells (each at its better split count)",
-                     ["tile_blocks", "num_warps", "num_stages", "total ms"])
-    totals: dict[tuple, dict] = {}
-    for r in rows:
-        if r["kernel"] == "p3_7" and r["batch"] >= 32:
-            key = (r["tile_blocks"], r["num_warps"], r["num_stages"])
-            cell = (r["batch"], r["context"])
-            totals.setdefault(key, {})[cell] = min(totals[key].get(cell, float("inf")), r["ms"])
-    for key, per_cell in sorted(totals.items(), key=lambda kv: sum(kv[1].values()))[:10]:
-        t.add_row(*key, sum(per_cell.values()))
-    t.notes.append(f"best: {best or 'none (no cell with batch >= 32)'}; decode_kernel.DEFAULT_CONFIG is "
-                   f"{DEFAULT_CONFIG}")
-    report.data["tune"] = dict(rows=rows, best=best)
-
-
-@demo("graph_bench", phase="p3_7",
+@demo("graph_bench", phase="p3_8",
       help="the decode step: eager vs static buffers vs CUDA graphs per batch size; the tuned decode kernel vs "
            "phase 3.5's and SDPA (GB/s, share of HBM); the launch-config sweep",
       options=[Option("sections", str, cpu=["kernel", "step", "host"], gpu=["kernel", "step", "host"], many=True,
@@ -315,9 +212,9 @@ def run_graphs(lm, requests: list[Request], max_running: int, block_size: int = 
                                     settings=settings)
 
 
-GRAPHS = EngineRunner("graphs", "StaticDecodeEngine (p3_7): static buffers, bucketed batches, CUDA graphs on CUDA",
+GRAPHS = EngineRunner("graphs", "StaticDecodeEngine (p3_8): static buffers, bucketed batches, CUDA graphs on CUDA",
                       run_graphs)
-OVERLAP = EngineRunner("overlap", "OverlappedDecodeEngine (p3_7): the graphs engine, step N+1 launched before step "
+OVERLAP = EngineRunner("overlap", "OverlappedDecodeEngine (p3_8): the graphs engine, step N+1 launched before step "
                        "N's tokens are read", partial(run_graphs, engine_cls=OverlappedDecodeEngine))
 ENGINES = P3_5_ENGINES + [CHUNKED, GRAPHS, OVERLAP, HF_STATIC, HF_COMPILED]
 
@@ -332,8 +229,8 @@ def prefilled_graph_engine(lm, requests: list[Request], engine_cls: type = Stati
     return engine
 
 
-@demo("graph_workload", phase="p3_7",
-      help="workload_bench's equal and mixed work through phases 3.5-3.7 and HF's engines; this phase's targets",
+@demo("graph_workload", phase="p3_8",
+      help="workload_bench's equal and mixed work through phases 3.5, 3.6, 3.8 and HF's engines; this phase's targets",
       options=workload_options(["hf_static", "batched", "chunked", "graphs"],
                                ["hf_static", "hf_compiled", "hf_cb", "batched", "chunked", "graphs", "overlap"],
                                [e.name for e in ENGINES] + ["hf_cb"]))

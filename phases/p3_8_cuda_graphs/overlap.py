@@ -16,7 +16,7 @@ the host cannot know in advance is an EOS: a sequence that ends on one at step k
 row in step k, which is wasted (`_complete`).
 
 Only steady decode streaks overlap: a step with prefill chunks, or one that would admit a waiting request,
-first completes the pass in flight and then runs as phase 3.6/3.7 do (`_rows_to_launch`).
+first completes the pass in flight and then runs as phase 3.6/3.8 do (`_rows_to_launch`).
 
 On a CPU nothing runs asynchronously (the copy is a clone, the "wait" returns at once), so the tests there
 check the bookkeeping: equal outputs, wasted rows, no leaked block. What the overlap buys is a GPU
@@ -33,7 +33,7 @@ import torch
 
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_5_paged_attention.attention import use_paged_attention
-from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
+from phases.p3_8_cuda_graphs.engine import StaticDecodeEngine
 
 HOST_BUFFERS = 2     # pinned host buffers for sampled ids: one being filled by step k, one read for step k-1
 

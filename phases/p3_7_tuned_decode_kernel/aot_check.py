@@ -9,8 +9,8 @@ pools, head_dim 256), and over the merge kernel. It cannot say how fast a varian
 spill registers to local memory, which a timing on a GPU should then explain,
 and that every variant builds.
 
-    python -m phases.p3_7_cuda_graphs.aot_check                      # Qwen3-0.6B's shape in bf16
-    python -m phases.p3_7_cuda_graphs.aot_check --head-dim 64 --group 3   # SmolLM2-135M's
+    python -m phases.p3_7_tuned_decode_kernel.aot_check                      # Qwen3-0.6B's shape in bf16
+    python -m phases.p3_7_tuned_decode_kernel.aot_check --head-dim 64 --group 3   # SmolLM2-135M's
 
 Like phase 3.6's, it runs in its own process: without a GPU the kernel modules
 otherwise switch Triton's interpreter on for the whole process.
@@ -24,7 +24,7 @@ import sys
 
 from phases.p3_4_gather_kernel.interpreter import INTERPRET_ENV
 
-if "phases.p3_7_cuda_graphs.decode_kernel" not in sys.modules:
+if "phases.p3_7_tuned_decode_kernel.decode_kernel" not in sys.modules:
     os.environ[INTERPRET_ENV] = "0"   # compile, do not interpret (must precede the kernels' import)
 
 import torch  # noqa: E402
@@ -33,10 +33,10 @@ import triton  # noqa: E402
 from measure.report import print_report, save_report  # noqa: E402
 from phases.p3_6_varlen_prefill.aot_check import (H100_ARCH, TRITON_DTYPES, KernelCost, compile_for_gpu,  # noqa: E402
                                                   compiled_report)
-from phases.p3_7_cuda_graphs import decode_kernel, merge_kernel  # noqa: E402
-from phases.p3_7_cuda_graphs.decode_kernel import (DEFAULT_CONFIG, LAUNCH_CONFIGS, MIN_DOT,  # noqa: E402
+from phases.p3_7_tuned_decode_kernel import decode_kernel, merge_kernel  # noqa: E402
+from phases.p3_7_tuned_decode_kernel.decode_kernel import (DEFAULT_CONFIG, LAUNCH_CONFIGS, MIN_DOT,  # noqa: E402
                                                   LaunchConfig, launch_config)
-from phases.p3_7_cuda_graphs.tuning import SPLIT_CHOICES, config_grid  # noqa: E402
+from phases.p3_7_tuned_decode_kernel.tuning import SPLIT_CHOICES, config_grid  # noqa: E402
 
 # Qwen3-0.6B (the GPU runs' model): 16 query heads over 8 KV heads of 128 dims; the pool's block size.
 QWEN3_HEAD_DIM, QWEN3_GROUP, BLOCK_SIZE = 128, 2, 16
@@ -107,7 +107,7 @@ def compile_merge_kernel(out_dtype: torch.dtype, head_dim: int, n_splits: int, a
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m phases.p3_7_cuda_graphs.aot_check",
+    p = argparse.ArgumentParser(prog="python -m phases.p3_7_tuned_decode_kernel.aot_check",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--head-dim", type=int, default=QWEN3_HEAD_DIM)
     p.add_argument("--group", type=int, default=QWEN3_GROUP, help="query heads per KV head")

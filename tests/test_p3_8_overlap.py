@@ -1,4 +1,4 @@
-"""Phase 3.7's overlapped decode steps (overlap.py), on the CPU: the same tokens as HF `generate` and as the
+"""Phase 3.8's overlapped decode steps (overlap.py), on the CPU: the same tokens as HF `generate` and as the
 engine without overlap, a row wasted for every sequence that ends on an EOS in flight, no block leaked,
 and the mirror of the device rows kept honest. (What the overlap buys in time needs a GPU.)"""
 
@@ -7,12 +7,12 @@ import torch
 
 from common.model import load_model
 from common.sampling import SamplingParams
-from phases.p3_7_cuda_graphs.buffers import PENDING
-from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
-from phases.p3_7_cuda_graphs.overlap import OverlappedDecodeEngine
+from phases.p3_8_cuda_graphs.buffers import PENDING
+from phases.p3_8_cuda_graphs.engine import StaticDecodeEngine
+from phases.p3_8_cuda_graphs.overlap import OverlappedDecodeEngine
 from tests.oracles import hf_greedy
 from tests.test_p3_6_engine import random_prompts
-from tests.test_p3_7_engine import BLOCK_SIZE, NEW_TOKENS, PROMPT_LENGTHS, run
+from tests.test_p3_8_engine import BLOCK_SIZE, NEW_TOKENS, PROMPT_LENGTHS, run
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def test_an_eos_in_flight_costs_one_wasted_row_and_nothing_else(smol32):
     seqs = [engine.add(p, 30) for p in prompts]
     engine.run()
     assert engine.allocator.n_free == engine.allocator.n_blocks, "blocks leaked"
-    for p, s in zip(prompts, seqs):       # what StaticDecodeEngine gives too (test_p3_7_engine.py)
+    for p, s in zip(prompts, seqs):       # what StaticDecodeEngine gives too (test_p3_8_engine.py)
         assert s.output_ids == hf_greedy(lm, p, 30)
     eos_ends = sum(s.finish_reason == "eos" for s in seqs)
     assert eos_ends >= 2

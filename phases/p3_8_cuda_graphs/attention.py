@@ -38,7 +38,7 @@ def decode_attention(q: torch.Tensor, batch: StaticDecodeBatch, layer: int, scal
                      sliding_window: int | None, softcap: float | None) -> torch.Tensor:
     """q [B, n_heads, head_dim] -> [B, n_heads, head_dim]: the tuned kernel on CUDA, phase 3.5's path on CPU."""
     if use_kernels(q.device):
-        from phases.p3_7_cuda_graphs.decode_kernel import tiled_decode_attention
+        from phases.p3_7_tuned_decode_kernel.decode_kernel import tiled_decode_attention
         return tiled_decode_attention(q, batch.kv_store, layer, batch.block_tables, batch.seq_lens, scale,
                                       n_splits=batch.n_splits, sliding_window=sliding_window, softcap=softcap,
                                       check_values=False)

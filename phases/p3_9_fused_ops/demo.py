@@ -1,16 +1,16 @@
-"""Phase 3.8's demos: `fused_bench` (what one decode step launches, and what it takes) and `fused_workload`.
+"""Phase 3.9's demos: `fused_bench` (what one decode step launches, and what it takes) and `fused_workload`.
 
 fused_bench, two sections (`--sections`):
-  kernels  the kernels one static decode step launches, phase 3.7's step against this phase's: every aten
+  kernels  the kernels one static decode step launches, phase 3.8's step against this phase's: every aten
            op that computes and every Triton launch (measure/kernel_count.py), counted as the step runs
            eagerly, per step and per layer, and by op. Any device: on a CPU the Triton kernels (the
            decode attention and the fused ones) run in the interpreter for the count, so the count is
            the GPU's.
-  step     (CUDA) phase 3.7's graph-bench step section with this phase's engines: ms per decode step and
-           the replayed graph's GPU time, per batch size, phase 3.7's graph against the fused graph (and
+  step     (CUDA) phase 3.8's graph-bench step section with this phase's engines: ms per decode step and
+           the replayed graph's GPU time, per batch size, phase 3.8's graph against the fused graph (and
            the fused graph with overlapped steps); HF generate compiled at batch 1.
-fused_workload: workload_bench's equal and mixed work, phase 3.7's `graphs` and `overlap` against the
-  fused engines and the HF peers, ratios against phase 3.7's targets.
+fused_workload: workload_bench's equal and mixed work, phase 3.8's `graphs` and `overlap` against the
+  fused engines and the HF peers, ratios against phase 3.8's targets.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from measure.step_bench import prefill_everything, random_prompts
 from measure.workload_bench import run_workload_bench, workload_options
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, blocks_for
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
-from phases.p3_7_cuda_graphs.demo import ENGINES as P3_7_ENGINES
-from phases.p3_7_cuda_graphs.demo import STEP_ENGINES as P3_7_STEP_ENGINES
-from phases.p3_7_cuda_graphs.demo import TARGETS as P3_7_TARGETS
-from phases.p3_7_cuda_graphs.demo import prefilled_graph_engine, run_graphs, step_section
-from phases.p3_7_cuda_graphs.engine import StaticDecodeEngine
-from phases.p3_8_fused_ops.engine import FusedDecodeEngine, FusedOverlappedEngine
+from phases.p3_8_cuda_graphs.demo import ENGINES as P3_8_ENGINES
+from phases.p3_8_cuda_graphs.demo import STEP_ENGINES as P3_8_STEP_ENGINES
+from phases.p3_8_cuda_graphs.demo import TARGETS as P3_8_TARGETS
+from phases.p3_8_cuda_graphs.demo import prefilled_graph_engine, run_graphs, step_section
+from phases.p3_8_cuda_graphs.engine import StaticDecodeEngine
+from phases.p3_9_fused_ops.engine import FusedDecodeEngine, FusedOverlappedEngine
 
 COUNT_NEW_TOKENS = 4       # each counted request: its prefill, then decode steps (one of them counted)
 TOP_OPS = 12               # rows of the by-op table
@@ -76,7 +76,7 @@ def count_decode_step(lm, engine_cls: type, batch: int, prompt_len: int, block_s
     return counted[0]
 
 
-COUNT_ENGINES = {"p3_7 static step": StaticDecodeEngine, "p3_8 fused step": FusedDecodeEngine}
+COUNT_ENGINES = {"p3_8 static step": StaticDecodeEngine, "p3_9 fused step": FusedDecodeEngine}
 
 
 def kernels_section(cfg: RunConfig, lm, report: Report) -> None:
@@ -108,9 +108,9 @@ def kernels_section(cfg: RunConfig, lm, report: Report) -> None:
 
 
 STEP_ENGINES = {
-    "p3_7 static, CUDA graph": P3_7_STEP_ENGINES["p3_7 static, CUDA graph"],
-    "p3_8 fused, CUDA graph": lambda lm, n, blocks: FusedDecodeEngine(lm, max_running=n, n_blocks=blocks),
-    "p3_8 fused, CUDA graph, overlapped": lambda lm, n, blocks: FusedOverlappedEngine(lm, max_running=n,
+    "p3_8 static, CUDA graph": P3_8_STEP_ENGINES["p3_8 static, CUDA graph"],
+    "p3_9 fused, CUDA graph": lambda lm, n, blocks: FusedDecodeEngine(lm, max_running=n, n_blocks=blocks),
+    "p3_9 fused, CUDA graph, overlapped": lambda lm, n, blocks: FusedOverlappedEngine(lm, max_running=n,
                                                                                     n_blocks=blocks),
 }
 
@@ -124,8 +124,8 @@ def fused_step_section(cfg: RunConfig, lm, report: Report) -> None:
     step_section(cfg, lm, report, STEP_ENGINES)
 
 
-@demo("fused_bench", phase="p3_8",
-      help="kernels per decode step, phase 3.7's vs the fused step (any device); the step's wall and GPU time (CUDA)",
+@demo("fused_bench", phase="p3_9",
+      help="kernels per decode step, phase 3.8's vs the fused step (any device); the step's wall and GPU time (CUDA)",
       options=[Option("sections", str, cpu=["kernels"], gpu=["kernels", "step"], many=True, help="kernels and/or step",
                       choices=("kernels", "step")),
                Option("count_batches", int, cpu=[1, 4], gpu=[1, 64], many=True,
@@ -144,18 +144,18 @@ def fused_bench(cfg: RunConfig) -> Report:
     return run_sections(cfg, lm, report, {"kernels": kernels_section, "step": fused_step_section})
 
 
-FUSED = EngineRunner("fused", "FusedDecodeEngine (p3_8): the graphs engine with fused norm, rotary and SwiGLU kernels "
+FUSED = EngineRunner("fused", "FusedDecodeEngine (p3_9): the graphs engine with fused norm, rotary and SwiGLU kernels "
                      "(on CUDA; elsewhere the same as graphs)", partial(run_graphs, engine_cls=FusedDecodeEngine))
-FUSED_OVERLAP = EngineRunner("fused_overlap", "FusedOverlappedEngine (p3_8): the fused engine with overlapped steps",
+FUSED_OVERLAP = EngineRunner("fused_overlap", "FusedOverlappedEngine (p3_9): the fused engine with overlapped steps",
                              partial(run_graphs, engine_cls=FusedOverlappedEngine))
-ENGINES = P3_7_ENGINES + [FUSED, FUSED_OVERLAP]
-# Phase 3.7's targets against HF's peers (compiled generate, generate_batch), asked of the fused engines too.
-TARGETS = P3_7_TARGETS | {(work, fused, peer): ratio for (work, engine, peer), ratio in P3_7_TARGETS.items()
+ENGINES = P3_8_ENGINES + [FUSED, FUSED_OVERLAP]
+# Phase 3.8's targets against HF's peers (compiled generate, generate_batch), asked of the fused engines too.
+TARGETS = P3_8_TARGETS | {(work, fused, peer): ratio for (work, engine, peer), ratio in P3_8_TARGETS.items()
                           if engine == "graphs" for fused in ("fused", "fused_overlap")}
 
 
-@demo("fused_workload", phase="p3_8",
-      help="workload_bench's equal and mixed work: phase 3.7's graph engines against the fused ones and HF's",
+@demo("fused_workload", phase="p3_9",
+      help="workload_bench's equal and mixed work: phase 3.8's graph engines against the fused ones and HF's",
       options=workload_options(["graphs", "fused"],
                                ["hf_compiled", "hf_cb", "graphs", "overlap", "fused", "fused_overlap"],
                                [e.name for e in ENGINES] + ["hf_cb"]))
