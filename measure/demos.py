@@ -44,6 +44,7 @@ DEMO_MODULES: dict[str, str] = {
     "tput": "phases.p3_5_paged_attention.demo",
     "workload_bench": "phases.p3_5_paged_attention.demo",
     "prefill_bench": "phases.p3_6_varlen_prefill.demo",
+    "decode_bench": "phases.p3_7_tuned_decode_kernel.demo",
     "graph_bench": "phases.p3_8_cuda_graphs.demo",
     "graph_workload": "phases.p3_8_cuda_graphs.demo",
     "fused_bench": "phases.p3_9_fused_ops.demo",

@@ -16,7 +16,7 @@ from phases.p3_7_tuned_decode_kernel.decode_kernel import (DEFAULT_CONFIG, Launc
                                                           tiled_decode_attention)
 from phases.p3_7_tuned_decode_kernel.split_rule import MAX_SPLITS, choose_splits
 from phases.p3_7_tuned_decode_kernel.tuning import best_config
-from tests.test_p3_5_kernels import HEAD_DIM, LAYER, N_KV_HEADS, TOL, close
+from tests.test_p3_5_kernels import HEAD_DIM, LAYER, N_KV_HEADS, close
 
 
 def case(block_size, group, lens, dtype=torch.float32, seed=0):
@@ -107,3 +107,10 @@ def test_best_config_totals_the_large_cells_and_says_none_without_any():
     assert best_config([row(2, 2, 1.0), row(2, 4, 2.0)]) is None          # a quick run: no batch >= 32
     best = best_config([row(32, 2, 1.0), row(32, 4, 0.5), row(64, 2, 1.0), row(64, 4, 0.6), row(2, 2, 0.0)])
     assert best == dict(tile_blocks=4, num_warps=4, num_stages=3, total_ms=1.1)
+
+
+def test_decode_bench_quick_runs_on_the_cpu():
+    """The phase's demo: the kernel section's table, its kernels checked against the reference on the first cell."""
+    from measure.cli import run_demo
+    report = run_demo("decode_bench", "tiny", "cpu", "fp32", quick=True)
+    assert report.tables and all(t.rows for t in report.tables)
