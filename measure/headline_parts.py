@@ -67,7 +67,7 @@ CORRECTNESS_GROUPS = {
     "split-KV decode kernel (p3_7), fp32 and bf16": [("test_tuned_kernel_compiled_equals_reference",)],
     "fused norm, rotary and SwiGLU kernels, fp32 and bf16": [("test_fused_kernels_compiled",)],
     "served engine (p5), graphs on, = HF generate fp32": [("test_engine_equals_hf_generate", "p5")],
-    "overlapped graph engine (p3_7) = HF generate fp32": [("test_graph_decode_equals_hf_generate", "None-4096",
+    "overlapped graph engine (p3_8) = HF generate fp32": [("test_graph_decode_equals_hf_generate", "None-4096",
                                                            "OverlappedDecodeEngine")],
     "fused overlapped graph engine (p3_9) = HF generate fp32": [("test_fused_graph_decode", "FusedOverlapped")],
 }

@@ -10,7 +10,8 @@ nano-vllm's bench.py in that form (the work small engines publish tok/s on).
 Step-timed traces (`TracedRequest`: phase 4.4's preemption and stress demos)
 arrive at an engine *step*, not a second, so a trace means the same thing on a
 fast GPU and a slow CPU, and two runs of it are comparable; each request is
-plain (greedy), n seeded samples, or a beam search of width n:
+plain (greedy), n seeded samples, or a beam search of width n (which needs
+phase 4.2's engine; phase 4.4's demos send plain requests and samples only):
 - `burst`: n greedy requests that all arrive at once, lengths drawn uniformly;
 - `stress_trace`: bursts every few steps, a seeded mix of the three kinds.
 measure/harness.py's `drive(engine, trace)` feeds one to an engine.

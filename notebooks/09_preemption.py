@@ -291,5 +291,6 @@ for prompt, ids in zip(PROMPTS, hf):
 #
 # The engine line is complete: batched paged attention, chunked prefill, shared blocks for samples, a
 # prefix cache, and now optimistic admission with preemption, so a pool far smaller than the worst case still
-# finishes every request with the same output. Phase 5 puts it behind an OpenAI-compatible HTTP server, where
-# requests arrive whenever clients send them and a preempted request simply pauses its stream.
+# finishes every request with the same output. Phase 4.5 adds speculative decoding to it, and phase 5 puts it
+# behind an OpenAI-compatible HTTP server, where requests arrive whenever clients send them and a preempted
+# request simply pauses its stream.

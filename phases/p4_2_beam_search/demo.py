@@ -2,7 +2,8 @@
 
 The vLLM paper (§6.3, Fig. 15) measures "memory saving" as the blocks saved by
 sharing divided by the blocks needed without sharing. We measure the same on
-our engines: at every decode pass the engine records
+our engines: at every decode pass the demo's engine (`MeteredEngine`, with phase
+4.1's `RecordsBlockUsage`) records
 
     held     = distinct physical blocks the running sequences hold (with sharing)
     unshared = sum over running sequences of their own table lengths

@@ -6,7 +6,7 @@ target scores the last sampled token and the guesses in ONE pass; acceptance
 step makes 1 to k + 1 tokens per sequence, all of them what the target alone
 would make. Phase 4.4's engine, with one change per part it touches:
 
-schedule  after phase 4.4's schedule, a decoding sequence with m guesses becomes a
+schedule  after the inherited schedule (3.6's, with 4.4's admit), a decoding sequence with m guesses becomes a
           `Verify` chunk of m + 1 rows (its last token, then the guesses). Only
           spare capacity is used: the step's budget after decode tokens and
           chunks, and truly free blocks, so a guess never preempts, never evicts
