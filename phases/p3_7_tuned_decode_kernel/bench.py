@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import torch
 
-from measure.demos import RunConfig
+from measure.demos import Option, RunConfig
 from measure.kernel_bench import CALLS_PER_GRAPH, GRAPH_REPLAY, PER_CALL, gpu_time, median_ms
 from measure.report import Report
+from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton
 from phases.p3_5_paged_attention.reference import sdpa_decode_contiguous
 from phases.p3_7_tuned_decode_kernel.decode_kernel import DEFAULT_CONFIG, launch_config, tiled_decode_attention
@@ -29,6 +30,14 @@ from phases.p3_7_tuned_decode_kernel.tuning import LAYER, best_config, decode_ca
 # Nominal HBM bandwidth (bytes/s) by GPU name: the datasheets' figures.
 HBM_BYTES_PER_S = {"H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12, "H200": 4.8e12, "A100-SXM4-80GB": 2.04e12}
 COPY_BYTES = 2 << 30     # the measured-bandwidth copy: 2 GiB read and 2 GiB written
+
+# The options the two sections read, for every demo that runs them; and their quick settings.
+KERNEL_OPTIONS = [Option("kernel_batches", int, cpu=[2, 8], gpu=[32, 64, 128, 256], many=True,
+                         help="kernel section batch sizes"),
+                  Option("kernel_contexts", int, cpu=[64], gpu=[512, 1024, 2048], many=True,
+                         help="kernel section context lengths"),
+                  Option("block_size", int, cpu=DEFAULT_BLOCK_SIZE, help="tokens per KV block")]
+KERNEL_QUICK = dict(kernel_batches=[2], kernel_contexts=[32])
 
 
 def nominal_hbm(device_name: str) -> float | None:

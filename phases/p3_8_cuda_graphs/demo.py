@@ -33,7 +33,7 @@ from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, blocks_for
 from phases.p3_5_paged_attention.demo import ALL_ENGINES as P3_5_ENGINES
 from phases.p3_6_varlen_prefill.demo import CHUNKED
 from phases.p3_6_varlen_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillEngine
-from phases.p3_7_tuned_decode_kernel.bench import kernel_section, tune_section
+from phases.p3_7_tuned_decode_kernel.bench import KERNEL_OPTIONS, KERNEL_QUICK, kernel_section, tune_section
 from phases.p3_8_cuda_graphs.engine import StaticDecodeEngine
 from phases.p3_8_cuda_graphs.overlap import OverlappedDecodeEngine
 
@@ -157,13 +157,9 @@ def host_section(cfg: RunConfig, lm, report: Report) -> None:
                Option("host_batches", int, cpu=[1, 64, 256], gpu=[1, 64, 256], many=True,
                       help="host section batch sizes"),
                Option("host_steps", int, cpu=50, gpu=50, help="timed decode steps per cell in the host section"),
-               Option("kernel_batches", int, cpu=[2, 8], gpu=[32, 64, 128, 256], many=True,
-                      help="kernel section batch sizes"),
-               Option("kernel_contexts", int, cpu=[64], gpu=[512, 1024, 2048], many=True,
-                      help="kernel section context lengths"),
-               Option("block_size", int, cpu=DEFAULT_BLOCK_SIZE, help="tokens per KV block")])
+               *KERNEL_OPTIONS])
 def graph_bench(cfg: RunConfig) -> Report:
-    cfg.use_quick(batch_sizes=[1, 2], steps=2, prompt_len=8, kernel_batches=[2], kernel_contexts=[32],
+    cfg.use_quick(**KERNEL_QUICK, batch_sizes=[1, 2], steps=2, prompt_len=8,
                   hf_new_tokens=4, host_batches=[1, 3], host_steps=3)
     lm = cfg.load()
     report = cfg.new_report("graph_bench")
