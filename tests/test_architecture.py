@@ -40,8 +40,8 @@ def test_each_traced_method_is_the_one_that_runs_and_is_where_the_doc_says(tiny3
 
 
 def test_the_check_reads_a_row():
-    row = "| run | the mixed pass | `StaticRunner.run` `phases/p3_8_cuda_graphs/runner.py:107` |"
-    assert ROW.findall(row) == [("run", "StaticRunner", "run", "phases/p3_8_cuda_graphs/runner.py", "107")]
+    row = "| run | the mixed pass | `StaticRunner.run` `phases/p3_10_cuda_graphs/runner.py:107` |"
+    assert ROW.findall(row) == [("run", "StaticRunner", "run", "phases/p3_10_cuda_graphs/runner.py", "107")]
 
 
 def served_chain() -> list[type]:

@@ -17,7 +17,7 @@ recovery    "recompute": blocks dropped, back to the FRONT of the queue; admitte
             blocks copied to a CPU pool and back when they fit; a full CPU pool falls back to
             recomputation. A group part-way through its prefill is always recomputed.
 
-Draws are keyed on (seed, token index) (phase 3.8), so preemption changes no token; `add()` refuses a
+Draws are keyed on (seed, token index) (phase 3.10), so preemption changes no token; `add()` refuses a
 request that could outgrow the pool alone, so preempting every later group always makes room and nothing
 is lost.
 """
@@ -119,7 +119,7 @@ class PreemptingEngine(SharingEngine):
 
     # --- one step ---------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        """Phase 3.5's step; the tokens its pass computed again (`claim` counts them) are booked, with the time
+        """Phase 3.6's step; the tokens its pass computed again (`claim` counts them) are booked, with the time
         from their first claim to the step's end (pass, sampling, update) by their share of its prefill tokens."""
         self._step_prefill, self._step_recomputed, self._prefilled = 0, 0, []
         outputs = super().step()
