@@ -55,7 +55,7 @@ def median_ms(fn: Callable[[], object], device: str | torch.device, warmup: int 
     A launch returns before the kernel runs, so the CUDA events time the stream, but the start event runs at
     once on an idle GPU while the host is still in Python launching the kernel: the figure includes that
     launch latency (tens of microseconds on a slow host, as much as a small kernel's whole run). It is what an
-    eager engine pays for each call (phases 3.4-3.7)."""
+    eager engine pays for each call (phases 3.4-3.8)."""
     for _ in range(warmup):
         fn()
     sync(device)
