@@ -115,7 +115,7 @@ print("kernel    vs reference max |diff|:", (kern - ref).abs().max().item())
 # ## 4. One batched decode pass per step: engines side by side
 #
 # A few requests on the tiny random model (2 layers), EOS ignored so every engine does the same work.
-# The numbers here are only a sanity check on a laptop-sized run; the phase README quotes the measured
+# The numbers here are only a sanity check on a laptop-sized run; phase 3.6's README quotes the measured
 # `workload_bench` on SmolLM2-135M.
 
 # %%

@@ -308,8 +308,8 @@ meta = runs[0]["meta"]
 print(f"{meta['device_name']}, {meta['model']}, {meta['dtype']}, torch {meta['torch']}, commit {meta['commit']}, "
       f"{meta['date']}")
 fig, ax = plt.subplots(figsize=(7, 3.6))
-# the engines as the reports name them: they were recorded when this phase was numbered 3.7
-styles = {"p3_8 (decode pass from lists)": "o-", "p3_7 static, eager": "s--", "p3_7 static, CUDA graph": "D-"}
+# the engines as the reports name them, recorded when CUDA graphs were phase 3.7 and chunked prefill 3.6
+styles = {"p3_6 (decode pass from lists)": "o-", "p3_7 static, eager": "s--", "p3_7 static, CUDA graph": "D-"}
 for engine, style in styles.items():
     pts = sorted({r["batch"]: r["ms"] for run in runs[:1] for r in run["data"]["step"] if r["engine"] == engine}.items())
     ax.plot(*zip(*pts), style, label=engine)
@@ -431,7 +431,8 @@ print("Qwen3-0.6B (28 layers), committed count:",
 # ## Where to read on
 #
 # * `phases/p3_7_varlen_prefill/README.md`: the varlen prefill kernel (one launch per layer for every prompt in the
-#   pass) and the token budget's rules.
+#   pass).
+# * `phases/p3_8_chunked_prefill/README.md`: the token budget's rules, decode tokens first, then prompt chunks.
 # * `phases/p3_9_tuned_decode_kernel/README.md`: the tuned decode kernel and its split rule; its measurements page
 #   `docs/measurements/p3_9_tuned_decode_kernel.md` holds the kernel tables.
 # * `phases/p3_10_cuda_graphs/README.md`: the static step; its measurements page
