@@ -139,14 +139,18 @@ class BatchedPagedEngine:
 
     # --- schedule ----------------------------------------------------------------------------------
     def schedule(self) -> Batch:
-        """Admission, then every decoding sequence's next token, then the admitted prompts, whole."""
+        """Admission, then every decoding sequence's next token, then the step's prefill work."""
         self.admit()
         decode = [s for s in self.running if s.status is Status.DECODING]
         batch = Batch(decode=decode, decode_slots=[self.kv.append_slots(s, 1)[0] for s in decode])
-        for seq in self.running:
-            if seq.status is Status.PREFILLING:
-                batch.chunks.append(self.claim(Chunk(seq, seq.kv.n_filled, len(seq.all_ids) - seq.kv.n_filled)))
+        batch.chunks = self.chunks()
         return batch
+
+    def chunks(self) -> list[Chunk]:
+        """The step's prefill work: every admitted prompt, whole, in admission order (admission kept them to
+        one prefill pass's worth); each chunk's slots are claimed as it is scheduled."""
+        return [self.claim(Chunk(s, s.kv.n_filled, len(s.all_ids) - s.kv.n_filled))
+                for s in self.running if s.status is Status.PREFILLING]
 
     def claim(self, chunk: Chunk) -> Chunk:
         """Claim the pool slots of `chunk`'s positions (before the pass; attention writes them)."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 from phases.p2_2_scheduler.sequence import Status
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
 from phases.p3_6_batched_engine.engine import DEFAULT_MAX_PREFILL_TOKENS, DEFAULT_MAX_RUNNING, BatchedPagedEngine
-from phases.p3_6_batched_engine.runner import Batch, Chunk
+from phases.p3_6_batched_engine.runner import Chunk
 from phases.p3_8_chunked_prefill.runner import MixedRunner
 
 # Tokens in one forward pass. Phase 3.6's prefill cap, so on a burst of prompts both engines pack the same
@@ -56,19 +56,13 @@ class ChunkedPrefillEngine(BatchedPagedEngine):
         self.max_num_batched_tokens = max_num_batched_tokens
         self.runner = MixedRunner(lm, self.allocator)
 
-    # --- schedule: decode tokens first, then chunks, within the budget ----------------------------
-    def schedule(self) -> Batch:
-        self.admit()
-        decode = [s for s in self.running if s.status is Status.DECODING]
-        batch = Batch(decode=decode, decode_slots=[self.kv.append_slots(s, 1)[0] for s in decode])
-        batch.chunks = self.chunks(self.max_num_batched_tokens - len(decode), self.running)
-        return batch
-
-    def chunks(self, budget: int, among: list) -> list[Chunk]:
-        """The prefill chunks of one pass, `budget` tokens at most, in admission order (`among`'s order: a
-        prefill in flight before a newcomer); each chunk's slots are claimed as it is scheduled."""
+    # --- the step's prefill work: chunks, within what decode tokens leave of the budget -------------
+    def chunks(self) -> list[Chunk]:
+        """The prefill chunks of one pass, at most the budget less one token per decoding sequence, in admission
+        order (a prefill in flight before a newcomer); each chunk's slots are claimed as it is scheduled."""
+        prefilling, budget = self.prefill_work()
         chunks: list[Chunk] = []
-        for seq in among:
+        for seq in prefilling:
             rest = prefill_left(seq)
             if not rest:
                 continue
@@ -78,6 +72,12 @@ class ChunkedPrefillEngine(BatchedPagedEngine):
             chunks.append(self.claim(Chunk(seq, seq.kv.n_filled, length)))
             budget -= length
         return chunks
+
+    def prefill_work(self) -> tuple[list, int]:
+        """The running sequences still prefilling, in admission order, and the tokens this step's pass has for
+        them: the budget less one per decoding sequence (decode goes first)."""
+        prefilling = [s for s in self.running if s.status is Status.PREFILLING]
+        return prefilling, self.max_num_batched_tokens - (len(self.running) - len(prefilling))
 
     # --- admission: room in this step's token budget ----------------------------------------------
     def budget_left(self) -> int:
@@ -105,9 +105,10 @@ class WholePromptEngine(ChunkedPrefillEngine):
     does not fit what is left of the budget waits, except that the first prompt of a step always goes, however
     long. A long prompt then takes one long pass, and every decoding stream waits for it."""
 
-    def chunks(self, budget: int, among: list) -> list[Chunk]:
+    def chunks(self) -> list[Chunk]:
+        prefilling, budget = self.prefill_work()
         chunks: list[Chunk] = []
-        for seq in among:
+        for seq in prefilling:
             rest = prefill_left(seq)
             if not rest:
                 continue
