@@ -25,7 +25,7 @@ from typing import Any, Callable
 from measure.report import Report
 
 # Every demo -> the module that defines it, in reading order. A new demo adds its line here.
-# `tput` is defined in p3_3 and taken over by p3_5 (see `demo(extends=...)`): the table names the latest.
+# `tput` is defined in p3_3 and taken over by p3_6 (see `demo(extends=...)`): the table names the latest.
 DEMO_MODULES: dict[str, str] = {
     "decode_sweep": "phases.p1_kv_cache.demo",
     "sweep": "phases.p2_1_naive_batching.demo",
@@ -41,14 +41,14 @@ DEMO_MODULES: dict[str, str] = {
     "gather_bench": "phases.p3_4_gather_kernel.demo",
     "stack_bench": "phases.p3_4_gather_kernel.demo",
     "attn_bench": "phases.p3_5_paged_attention.demo",
-    "tput": "phases.p3_5_paged_attention.demo",
-    "workload_bench": "phases.p3_5_paged_attention.demo",
-    "prefill_bench": "phases.p3_6_varlen_prefill.demo",
-    "decode_bench": "phases.p3_7_tuned_decode_kernel.demo",
-    "graph_bench": "phases.p3_8_cuda_graphs.demo",
-    "graph_workload": "phases.p3_8_cuda_graphs.demo",
-    "fused_bench": "phases.p3_9_fused_ops.demo",
-    "fused_workload": "phases.p3_9_fused_ops.demo",
+    "tput": "phases.p3_6_batched_engine.demo",
+    "workload_bench": "phases.p3_6_batched_engine.demo",
+    "prefill_bench": "phases.p3_8_chunked_prefill.demo",
+    "decode_bench": "phases.p3_9_tuned_decode_kernel.demo",
+    "graph_bench": "phases.p3_10_cuda_graphs.demo",
+    "graph_workload": "phases.p3_10_cuda_graphs.demo",
+    "fused_bench": "phases.p3_11_fused_ops.demo",
+    "fused_workload": "phases.p3_11_fused_ops.demo",
     "cow_demo": "phases.p4_1_copy_on_write.demo",
     "share_demo": "phases.p4_2_beam_search.demo",
     "prefix_demo": "phases.p4_3_prefix_caching.demo",
@@ -194,7 +194,7 @@ def demo(name: str, phase: str, help: str, options: list[Option] | None = None,
     The module DEMO_MODULES names for `name` defines the demo the command
     runs. `extends="p3_3"` says a later phase deliberately takes over an
     earlier phase's demo of the same name (`tput` gains the batched engine in
-    p3_5); the earlier function stays importable and is kept in EARLIER.
+    p3_6); the earlier function stays importable and is kept in EARLIER.
     """
     if name not in DEMO_MODULES:
         raise ValueError(f"demo '{name}' is not in measure.demos.DEMO_MODULES; add the line "

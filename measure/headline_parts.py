@@ -35,7 +35,7 @@ DEMOS_BOX_S = 15
 
 STEP_DIR = "{step_dir}"    # in a step's command: its own folder (reports, junit), filled in when it runs
 HEADLINE_ENGINE = "fused_overlap"     # the end of the decode line: fused kernels, CUDA graphs, overlapped steps
-DECODE_ENGINE = "p3_9 fused, CUDA graph, overlapped"   # the same engine in fused_bench's step section
+DECODE_ENGINE = "p3_11 fused, CUDA graph, overlapped"   # the same engine in fused_bench's step section
 HF_CB_CONFIG = "16:1024"   # one generate_batch setting (page size : tokens per batch): each costs a full run
 STEP_OVER_GPU_TARGET = 1.3     # a 256-sequence decode step's wall time over its graph's GPU time
 BATCH1_OVER_HF_TARGET = 1.5    # a batch-1 step against HF compiled's time per token
@@ -60,16 +60,17 @@ NANO_VLLM_PUBLISHED = [
 # The gpu tier's tests the check runs: (what they check, alternatives of substrings a test id must all contain).
 # Every kernel case below is in both the CUDA grid and the interpreter's, so a CPU dry run collects each group.
 TIER_FILES = ["tests/gpu/test_kernels_gpu.py", "tests/gpu/test_prefill_kernel_gpu.py",
-              "tests/gpu/test_engine_p3_8_gpu.py", "tests/gpu/test_engine_p3_9_gpu.py", "tests/gpu/test_engines_gpu.py"]
+              "tests/gpu/test_engine_p3_10_gpu.py", "tests/gpu/test_engine_p3_11_gpu.py",
+              "tests/gpu/test_engines_gpu.py"]
 CORRECTNESS_GROUPS = {
     "decode and prefill attention kernels, bf16 and fp32": [("bs16-g8-d128-bf16",), ("bs64-g4-d64-fp32",)],
     "gather and K/V write kernels, bf16 and fp32": [("bs8-d128-bf16",), ("bs64-d64-fp32",)],
-    "split-KV decode kernel (p3_7), fp32 and bf16": [("test_tuned_kernel_compiled_equals_reference",)],
+    "split-KV decode kernel (p3_9), fp32 and bf16": [("test_tuned_kernel_compiled_equals_reference",)],
     "fused norm, rotary and SwiGLU kernels, fp32 and bf16": [("test_fused_kernels_compiled",)],
     "served engine (p5), graphs on, = HF generate fp32": [("test_engine_equals_hf_generate", "p5")],
-    "overlapped graph engine (p3_8) = HF generate fp32": [("test_graph_decode_equals_hf_generate", "None-4096",
+    "overlapped graph engine (p3_10) = HF generate fp32": [("test_graph_decode_equals_hf_generate", "None-4096",
                                                            "OverlappedDecodeEngine")],
-    "fused overlapped graph engine (p3_9) = HF generate fp32": [("test_fused_graph_decode", "FusedOverlapped")],
+    "fused overlapped graph engine (p3_11) = HF generate fp32": [("test_fused_graph_decode", "FusedOverlapped")],
 }
 
 

@@ -55,7 +55,7 @@ def median_ms(fn: Callable[[], object], device: str | torch.device, warmup: int 
     A launch returns before the kernel runs, so the CUDA events time the stream, but the start event runs at
     once on an idle GPU while the host is still in Python launching the kernel: the figure includes that
     launch latency (tens of microseconds on a slow host, as much as a small kernel's whole run). It is what an
-    eager engine pays for each call (phases 3.4-3.6)."""
+    eager engine pays for each call (phases 3.4-3.8)."""
     for _ in range(warmup):
         fn()
     sync(device)
@@ -106,8 +106,8 @@ def timing_cell(t: Timing | None) -> float | str:
 def capture_calls(fn: Callable[[], object], calls: int = CALLS_PER_GRAPH) -> Callable[[], None]:
     """`calls` back-to-back calls of `fn` recorded as one CUDA graph; returns its replay. Raises RuntimeError
     where `fn` cannot be captured (a host read of a device tensor, a synchronize)."""
-    # imported on use: measure/ loads no phase, and only a capture on a GPU needs phase 3.8's rules
-    from phases.p3_8_cuda_graphs.graph_capture import record, refuse_a_sync, warm_up_for_capture
+    # imported on use: measure/ loads no phase, and only a capture on a GPU needs phase 3.10's rules
+    from phases.p3_10_cuda_graphs.graph_capture import record, refuse_a_sync, warm_up_for_capture
     warm_up_for_capture(fn)
     refuse_a_sync(fn)           # a synchronising call is refused here, not found by a failed capture
     graph = torch.cuda.CUDAGraph()
@@ -137,7 +137,7 @@ def gpu_time(fn: Callable[[], object], device: str | torch.device, warmup: int =
     `fn` is captured `calls_per_graph` times back to back into one CUDA graph; replays are queued back to back
     with an event between each two, so the GPU does not wait on the host (while a replay's calls outlast the
     host's queueing of the next one), and each interval / `calls_per_graph` is one call's GPU time. It is
-    what a replayed decode step pays (phase 3.8, whose graph_capture.py records it here too)."""
+    what a replayed decode step pays (phase 3.10, whose graph_capture.py records it here too)."""
     if not str(device).startswith("cuda"):
         return Timing(median_ms(fn, device, warmup, iters), PER_CALL)
     try:

@@ -198,5 +198,5 @@ plt.show()
 # Each running sequence still gets its **own** forward pass per step, and every layer of every pass copies the
 # sequence's K/V out of the pool block by block in Python (`gather_python`). The `tput` demo shows the cost:
 # PagedCache holds about the same KV memory as DynamicCache but runs a little slower. Phase 3.4 replaces the
-# gather with one kernel launch for the whole batch, and phase 3.5 lets attention read the pool in place, which
-# brings back one batched decode pass per step.
+# gather with one kernel launch for the whole batch, phase 3.5 lets attention read the pool in place, and phase 3.6
+# builds one batched decode pass per step on that.

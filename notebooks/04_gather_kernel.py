@@ -294,7 +294,7 @@ print("same greedy tokens:", outputs["PagedScheduler"] == outputs["PadStackSched
 # 2-core CPU, prompts of 16-256 tokens; `results/stack-bench_cpu_smollm2-135m.json`). The blog's claim holds here
 # only at batch 1, where the stack is pure overhead (1.48x slower). From two sequences on the single padded pass
 # wins, by about 2.2x at 8 and 16, despite 0.5-0.8 wasted cache slots per real token: a CPU decode pass is mostly
-# weight matmuls, which N passes run N times. Phase 3.5 keeps the one pass and drops the padded copy.
+# weight matmuls, which N passes run N times. Phases 3.5 and 3.6 keep the one pass and drop the padded copy.
 
 # %%
 res = json.loads(Path("results/stack-bench_cpu_smollm2-135m.json").read_text())
@@ -317,5 +317,5 @@ plt.show()
 #
 # The gather is now one launch per layer for the whole batch, but what it produces is still a **copy**: a contiguous,
 # padded K/V per sequence, written out only to be read once by attention. Phase 3.5 drops the copy altogether: its
-# attention kernel walks the same block tables and reads K/V tiles straight from the pool, which also brings back
-# one batched decode pass per step with no padded stack.
+# attention kernel walks the same block tables and reads K/V tiles straight from the pool, and phase 3.6 builds one
+# batched decode pass per step on it, with no padded stack.

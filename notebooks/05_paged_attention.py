@@ -13,7 +13,7 @@
 # ---
 
 # %% [markdown]
-# # Phase 3.5: paged decode attention, and one batched decode pass for everyone
+# # Phases 3.5 and 3.6: paged decode attention, and one batched decode pass for everyone
 #
 # Phase 3.3 gave every sequence its own forward pass and gathered its K/V block by block in Python.
 # Here attention reads K/V **in place** from the pool, through each sequence's block table, for a whole
@@ -115,7 +115,7 @@ print("kernel    vs reference max |diff|:", (kern - ref).abs().max().item())
 # ## 4. One batched decode pass per step: engines side by side
 #
 # A few requests on the tiny random model (2 layers), EOS ignored so every engine does the same work.
-# The numbers here are only a sanity check on a laptop-sized run; the phase README quotes the measured
+# The numbers here are only a sanity check on a laptop-sized run; phase 3.6's README quotes the measured
 # `workload_bench` on SmolLM2-135M.
 
 # %%
@@ -125,7 +125,7 @@ from measure.workload import mixed_work
 from measure.harness import measure
 from measure.hf_peers import HF_STATIC
 from phases.p3_3_paged_cache.demo import TPUT_ENGINES
-from phases.p3_5_paged_attention.demo import BATCHED
+from phases.p3_6_batched_engine.demo import BATCHED
 
 lm = load_model("tiny", dtype=torch.float32)
 requests = mixed_work(lm.vocab_size, n=8, prompt_len=(8, 24), output_len=(4, 16))

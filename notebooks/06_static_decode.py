@@ -13,16 +13,16 @@
 # ---
 
 # %% [markdown]
-# # 06 · One pass per step, then a step the GPU can replay (phases 3.6 to 3.9)
+# # 06 · One pass per step, then a step the GPU can replay (phases 3.8 to 3.11)
 #
-# On an H100 the engine of phase 3.5 spent ~33 ms on a decode step of 256 sequences, while the GPU worked ~11 ms of
+# On an H100 the engine of phase 3.6 spent ~33 ms on a decode step of 256 sequences, while the GPU worked ~11 ms of
 # it. The rest was the host: Python turning lists into tensors, and some 1,500 kernels launched one at a time. Two phases
 # take that apart:
 #
-# * **phase 3.6** runs every step as **one forward pass**: the decode tokens and the prefill work share one packed
+# * **phase 3.8** runs every step as **one forward pass**: the decode tokens and the prefill work share one packed
 #   row. A long prompt is prefilled **a chunk at a time** under a per-step token budget (vLLM's
 #   `max_num_batched_tokens`), so it no longer stalls everyone else for its whole prefill;
-# * **phase 3.8** gives the decode step a fixed shape: its inputs live in **static buffers** allocated once, the batch
+# * **phase 3.10** gives the decode step a fixed shape: its inputs live in **static buffers** allocated once, the batch
 #   is padded to a **bucket**, the host sends the device **only what changed**, and tokens are **sampled on the
 #   device**. A step of fixed shape and fixed addresses can be captured once as a **CUDA graph** and replayed: one
 #   call instead of hundreds of launches.
@@ -45,12 +45,12 @@ from common.model import load_model
 from common.sampling import SamplingParams
 from measure.step_bench import decode_step_ms, random_prompts
 from phases.p3_1_block_allocator.allocator import blocks_for
-from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine, WholePromptEngine
-from phases.p3_8_cuda_graphs.demo import stub_decode_forward
-from phases.p3_8_cuda_graphs.engine import StaticDecodeEngine
-from phases.p3_8_cuda_graphs.runner import StaticRunner
-from phases.p3_8_cuda_graphs.overlap import OverlappedDecodeEngine
-from phases.p3_7_tuned_decode_kernel.split_rule import MAX_SPLITS, MIN_BLOCKS_PER_SPLIT, choose_splits
+from phases.p3_8_chunked_prefill.engine import ChunkedPrefillEngine, WholePromptEngine
+from phases.p3_10_cuda_graphs.demo import stub_decode_forward
+from phases.p3_10_cuda_graphs.engine import StaticDecodeEngine
+from phases.p3_10_cuda_graphs.runner import StaticRunner
+from phases.p3_10_cuda_graphs.overlap import OverlappedDecodeEngine
+from phases.p3_9_tuned_decode_kernel.split_rule import MAX_SPLITS, MIN_BLOCKS_PER_SPLIT, choose_splits
 
 torch.set_num_threads(1)    # many small passes: on this shared 2-core machine one intra-op thread is faster
 lm = load_model("tiny", device="cpu", dtype=torch.float32)
@@ -67,7 +67,7 @@ def hf_greedy(prompt_ids: list[int], n: int) -> list[int]:
 
 
 # %% [markdown]
-# ## Phase 3.6: a long prompt arrives while three requests decode
+# ## Phase 3.8: a long prompt arrives while three requests decode
 #
 # Three short requests are decoding when a request with a 96-token prompt arrives. The budget is 16 tokens per pass.
 # Decode tokens go first (one per decoding sequence, always all of them) and the prompt gets what is left, a chunk per
@@ -76,7 +76,7 @@ def hf_greedy(prompt_ids: list[int], n: int) -> list[int]:
 
 # %%
 class PassLog(ChunkedPrefillEngine):
-    """Phase 3.6's engine, recording each forward pass: (decode tokens, prefill tokens)."""
+    """Phase 3.8's engine, recording each forward pass: (decode tokens, prefill tokens)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -136,9 +136,9 @@ axes[0].legend(loc="upper right")
 fig.tight_layout()
 
 # %% [markdown]
-# ## Phase 3.8: the static decode step
+# ## Phase 3.10: the static decode step
 #
-# `StaticDecodeEngine` keeps phase 3.6's schedule and changes how a decode-only step runs. Its inputs (token ids,
+# `StaticDecodeEngine` keeps phase 3.8's schedule and changes how a decode-only step runs. Its inputs (token ids,
 # positions, lengths, block tables, slot mapping) are rows of tensors allocated once (`DecodeBuffers`). The host keeps
 # a mirror of what each row holds and sends only the difference: a new table entry when a sequence enters a new
 # block, a whole row when a sequence joins or moves. Positions and lengths advance on the device, the sampled ids
@@ -146,7 +146,7 @@ fig.tight_layout()
 #
 # The batch is padded to a bucket (here 1, 2, 4, 8). A padding row has length 0, so it reads nothing and writes
 # nothing, and its logits are dropped. Eight requests with different output lengths make the batch shrink step by
-# step, across every bucket. A subclass logs each step: rows, bucket, values sent, and what phase 3.6's decode pass
+# step, across every bucket. A subclass logs each step: rows, bucket, values sent, and what phase 3.8's decode pass
 # builds from Python lists every step (ids, positions, slots and lengths per row, plus a table row padded to the
 # longest).
 
@@ -186,7 +186,7 @@ plain.run()
 log = static.runner.steps
 print(f"{len(log)} static decode steps, {static.runner.n_padded_rows} padding rows run, buckets used "
       f"{sorted({s['bucket'] for s in log})}")
-print("outputs equal to phase 3.6's engine:", static_out == [s.output_ids for s in plain_seqs])
+print("outputs equal to phase 3.8's engine:", static_out == [s.output_ids for s in plain_seqs])
 print("outputs equal to HF generate:       ", static_out == [hf_greedy(p, n) for p, n in zip(prompts, new_tokens)])
 print(f"values sent to the device: {sum(s['sent'] for s in log)} in all; rebuilt from lists every step: "
       f"{sum(s['rebuilt'] for s in log)}")
@@ -206,8 +206,8 @@ a.set_xlabel("static decode step")
 a.set_ylabel("rows")
 a.set_yticks(BUCKETS)
 a.legend()
-b.plot(x, [s["rebuilt"] for s in log], "o-", color="tab:red", ms=3, label="phase 3.6: rebuilt from lists")
-b.bar(x, [s["sent"] for s in log], color="tab:blue", label="phase 3.8: what changed")
+b.plot(x, [s["rebuilt"] for s in log], "o-", color="tab:red", ms=3, label="phase 3.8: rebuilt from lists")
+b.bar(x, [s["sent"] for s in log], color="tab:blue", label="phase 3.10: what changed")
 b.set_xlabel("static decode step")
 b.set_ylabel("values sent host -> device")
 b.legend()
@@ -252,7 +252,7 @@ print("equal:", alone == crowd[0], "| greedy would give:", hf_greedy(prompts[0],
 # appending tokens, checking for the end. `graph_bench --sections host` measures that floor by stubbing out the
 # forward pass (zero logits at once: no model, no kernel). What is left is the host's time per step, which on a GPU
 # either adds to the step (`StaticDecodeEngine`) or has to fit under the GPU's time (`OverlappedDecodeEngine`, below).
-# The same here, for phase 3.6's decode pass from lists and the static step (wall clock of this machine, one run:
+# The same here, for phase 3.8's decode pass from lists and the static step (wall clock of this machine, one run:
 # it varies by tens of percent between runs).
 
 # %%
@@ -260,8 +260,8 @@ HOST_BATCHES = [1, 8, 32, 128]
 HOST_STEPS = 20
 blocks = blocks_for(16 + HOST_STEPS + 16, 16)       # per sequence: prompt, warm-up and timed steps, slack
 host_engines = {
-    "3.6 (decode pass from lists)": lambda lm_, n: ChunkedPrefillEngine(lm_, max_running=n, n_blocks=n * blocks),
-    "3.8 static step": lambda lm_, n: StaticDecodeEngine(lm_, max_running=n, n_blocks=n * blocks),
+    "3.8 (decode pass from lists)": lambda lm_, n: ChunkedPrefillEngine(lm_, max_running=n, n_blocks=n * blocks),
+    "3.10 static step": lambda lm_, n: StaticDecodeEngine(lm_, max_running=n, n_blocks=n * blocks),
 }
 host_us = {name: [] for name in host_engines}
 for batch in HOST_BATCHES:
@@ -308,7 +308,7 @@ meta = runs[0]["meta"]
 print(f"{meta['device_name']}, {meta['model']}, {meta['dtype']}, torch {meta['torch']}, commit {meta['commit']}, "
       f"{meta['date']}")
 fig, ax = plt.subplots(figsize=(7, 3.6))
-# the engines as the reports name them: they were recorded when this phase was numbered 3.7
+# the engines as the reports name them, recorded when CUDA graphs were phase 3.7 and chunked prefill 3.6
 styles = {"p3_6 (decode pass from lists)": "o-", "p3_7 static, eager": "s--", "p3_7 static, CUDA graph": "D-"}
 for engine, style in styles.items():
     pts = sorted({r["batch"]: r["ms"] for run in runs[:1] for r in run["data"]["step"] if r["engine"] == engine}.items())
@@ -368,7 +368,7 @@ for q, ids in zip(questions, answers["OverlappedDecodeEngine"]):
     print(f"  {q!r} -> {smol.tokenizer.decode(ids, skip_special_tokens=True)!r}")
 
 # %% [markdown]
-# ## How many programs per sequence: phase 3.7's split-KV rule
+# ## How many programs per sequence: phase 3.9's split-KV rule
 #
 # The decode kernel's grid is batch x KV heads x splits. Each program streams its share of the K/V from HBM, and HBM
 # stays busy only when every SM has a program. With few sequences, each sequence's context is split over several
@@ -389,13 +389,13 @@ print(f"from batch {next(b for b in range(1, 257) if b * KV_HEADS >= H100_SMS)} 
       "SMs: one split at any context")
 
 # %% [markdown]
-# ## Phase 3.9: what a graph cannot remove, the kernels themselves
+# ## Phase 3.11: what a graph cannot remove, the kernels themselves
 #
 # In the H100 figure above, the graph's GPU time hardly moves from batch 1 to 256, though batch 256 does 256 times
 # the arithmetic. A step that takes the same time whatever its size is counted in kernels: each one starts, reads,
 # writes and drains before the next, even when it touches one row per sequence. `count_launches`
 # (`measure/kernel_count.py`) counts what a step launches on any device: every aten op that computes (views launch
-# nothing) and every Triton launch. Phase 3.9's `FusedDecodeEngine` runs the same step with each RMSNorm, the rotary
+# nothing) and every Triton launch. Phase 3.11's `FusedDecodeEngine` runs the same step with each RMSNorm, the rotary
 # embedding of q and k, and SwiGLU's `silu(gate) * up` as one Triton kernel each. Here on the tiny Qwen3 (2 layers),
 # with the Triton kernels in the interpreter so the count follows a GPU's code path:
 
@@ -403,8 +403,8 @@ print(f"from batch {next(b for b in range(1, 257) if b * KV_HEADS >= H100_SMS)} 
 import os
 
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
-from phases.p3_9_fused_ops.demo import count_decode_step
-from phases.p3_9_fused_ops.engine import FusedDecodeEngine
+from phases.p3_11_fused_ops.demo import count_decode_step
+from phases.p3_11_fused_ops.engine import FusedDecodeEngine
 
 os.environ[FORCE_KERNELS_ENV] = "1"          # the Triton paths on this CPU (the interpreter)
 qwen = load_model("tiny-qwen3", device="cpu", dtype=torch.float32)
@@ -430,13 +430,14 @@ print("Qwen3-0.6B (28 layers), committed count:",
 #
 # ## Where to read on
 #
-# * `phases/p3_6_varlen_prefill/README.md`: the varlen prefill kernel (one launch per layer for every prompt in the
-#   pass) and the token budget's rules.
-# * `phases/p3_7_tuned_decode_kernel/README.md`: the tuned decode kernel and its split rule; its measurements page
-#   `docs/measurements/p3_7_tuned_decode_kernel.md` holds the kernel tables.
-# * `phases/p3_8_cuda_graphs/README.md`: the static step; its measurements page
-#   `docs/measurements/p3_8_cuda_graphs.md` holds the step and workload tables.
-# * `phases/p3_9_fused_ops/README.md`: the three fused kernels, how they are routed without touching the HF peers
+# * `phases/p3_7_varlen_prefill/README.md`: the varlen prefill kernel (one launch per layer for every prompt in the
+#   pass).
+# * `phases/p3_8_chunked_prefill/README.md`: the token budget's rules, decode tokens first, then prompt chunks.
+# * `phases/p3_9_tuned_decode_kernel/README.md`: the tuned decode kernel and its split rule; its measurements page
+#   `docs/measurements/p3_9_tuned_decode_kernel.md` holds the kernel tables.
+# * `phases/p3_10_cuda_graphs/README.md`: the static step; its measurements page
+#   `docs/measurements/p3_10_cuda_graphs.md` holds the step and workload tables.
+# * `phases/p3_11_fused_ops/README.md`: the three fused kernels, how they are routed without touching the HF peers
 #   that share the model, and the kernel counts.
 # * `python -m common graph_bench`, `graph_workload` and `fused_bench` rerun every table here, on a GPU with
 #   `--device cuda`.

@@ -185,7 +185,7 @@ for i, (start, end, d, p, tokens) in enumerate(steps[:4]):
 # Had the server run the requests one after another, the four would have taken about four times as long as one.
 # The engine's step log shows why they did not. Whichever requests have reached the engine thread when a step starts
 # are prefilled in that step's pass; one that arrives while a step runs joins the next, whose single pass (phase
-# 3.6's mixed pass) prefills it **and** decodes the requests already running. From then on each step is one forward
+# 3.8's mixed pass) prefills it **and** decodes the requests already running. From then on each step is one forward
 # pass over every running sequence, so the answers grow together, a token each per step, and a request that reaches
 # EOS leaves the batch without holding up the others. The prefills are short because every request starts with the
 # same chat template and system prompt: its full blocks were already in the prefix cache (phase 4.3) from the first

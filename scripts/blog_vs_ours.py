@@ -110,8 +110,9 @@ def render(comparison: Comparison) -> str:
 
 
 # --- the comparisons, phase by phase ---------------------------------------------------------
-# A Cell's row names an engine as the report printed it: reports recorded before the phases were renumbered
-# name the static graph engine p3_7 and the fused one p3_8 (phases 3.8 and 3.9 today); p3_7's kernel is still 3.7.
+# A Cell's row or column names an engine or kernel as the report printed it. Reports recorded before the
+# phases were renumbered say p3_5 for the batched engine (3.6 today), p3_6 for the chunked one (3.8), p3_7 for the
+# tuned kernel (3.9) or, earlier still, the static graph engine (3.10), and p3_8 for the fused one (3.11).
 CPU, H100 = "cpu_smollm2-135m", "nvidia-h100-80gb-hbm3_dummy-qwen3-0.6b"
 BASE = "gpu-baseline/"      # the H100 run of the demos on an earlier tree (see results/gpu-baseline/README.md)
 P3_3_TPUT = f"p3_3/tput_{CPU}"   # `tput` with phase 3.3's two engines only, the run its README discusses
@@ -267,6 +268,21 @@ COMPARISONS: dict[str, Comparison] = {
        "on, one batched pass beats N passes, padding included. The blog's claim is about a GPU; this table "
        "has no GPU run of `stack_bench`."),
     "p3_5_paged_attention": Comparison([
+        Figure("decode attention, batch 8 x 512 tokens: the CPU path (gather + bmm), ms", "beyond the blog",
+               cpu("attn-bench", "decode attention, one layer", ("8", "512"), "CPU path ms"),
+               gpu("attn-bench", "decode attention, one layer", ("8", "512"), "CPU path ms")),
+        Figure("... SDPA over contiguous K/V, ms", "beyond the blog",
+               cpu("attn-bench", "decode attention, one layer", ("8", "512"), "SDPA ms"),
+               gpu("attn-bench", "decode attention, one layer", ("8", "512"), "SDPA ms")),
+        Figure("decode attention, batch 32 x 2,048 tokens: kernel / SDPA", "beyond the blog",
+               "the interpreter: checked, not timed",
+               gpu("attn-bench", "decode attention, one layer", ("32", "2048"), "kernel/SDPA")),
+        Figure("decode attention, batch 1 x 512 tokens: kernel / SDPA", "beyond the blog",
+               "the interpreter: checked, not timed",
+               gpu("attn-bench", "decode attention, one layer", ("1", "512"), "kernel/SDPA")),
+    ], "The blog sketches a gather kernel and stops; this phase's kernel reads the pool in place instead. On a CPU "
+       "the kernel runs only in Triton's interpreter, so it is checked there and timed on the GPU."),
+    "p3_6_batched_engine": Comparison([
         Figure("equal work: batched engine tok/s", "beyond the blog",
                cpu("workload-bench", "equal work", ("batched",), "total tok/s"),
                gpu("workload-bench", "equal work", ("batched",), "total tok/s")),
@@ -277,24 +293,27 @@ COMPARISONS: dict[str, Comparison] = {
                cpu("workload-bench", "mixed work", ("batched",), "total tok/s"),
                gpu("workload-bench", "mixed work", ("batched",), "total tok/s")),
     ], "The blog stops at a sketch of the gather kernel; this phase is the batched forward pass it points to. "
-       "The GPU figures are the baseline before phases 3.6-3.8 (prefill looped over sequences, decode host-bound); "
+       "The GPU figures are the baseline before phases 3.7-3.10 (prefill looped over sequences, decode host-bound); "
        "that run timed HF's padded generate cold, before engines were warmed up (6,885 tok/s warm)."),
-    "p3_6_varlen_prefill": Comparison([
-        Figure("whole prefill pass, 16 prompts of 8-64 tokens: p3_6 / p3_5", "beyond the blog",
-               cpu("prefill-bench", "whole prefill pass", ("16x8-64", "0"), "p3_6 / p3_5"), None),
-        Figure("... after a 256-token cached prefix", "beyond the blog",
-               cpu("prefill-bench", "whole prefill pass", ("16x8-64", "256"), "p3_6 / p3_5"), None),
+    "p3_7_varlen_prefill": Comparison([
         Figure("one layer's attention, 32 prompts: varlen / loop", "beyond the blog",
                cpu("prefill-bench", "prefill attention", ("32x16-128", "0"), "varlen / loop"), None),
         Figure("one layer's attention, 16 prompts of 256 tokens: varlen / loop", "beyond the blog",
                "not run at this shape on the CPU",
                Cell(H200_PREFILL, "prefill attention", ("16x256", "0"), "varlen / loop")),
+    ], "On the CPU one call for the pack saves little over a loop of SDPA calls; on the H200, where each call's "
+       "launch is the cost, 16 prompts in one call beat the loop."),
+    "p3_8_chunked_prefill": Comparison([
+        Figure("whole prefill pass, 16 prompts of 8-64 tokens: chunked (3.8) / batched (3.6)", "beyond the blog",
+               cpu("prefill-bench", "whole prefill pass", ("16x8-64", "0"), "p3_6 / p3_5"), None),
+        Figure("... after a 256-token cached prefix", "beyond the blog",
+               cpu("prefill-bench", "whole prefill pass", ("16x8-64", "256"), "p3_6 / p3_5"), None),
         Figure("streams' p99 gap between tokens as a long prompt arrives: whole prompt / chunks", "beyond the blog",
                Note(f"prefill-bench_{CPU}", PREFILL_ITL), Note(H200_PREFILL, PREFILL_ITL), unit="x"),
-    ], "On the CPU one call for the pack saves little over a loop of SDPA calls; on the H200, where each call's "
-       "launch is the cost, 16 prompts in one call beat the loop. The streams' rows: 4 streams and a 512-token "
-       "prompt on the CPU, 32 streams and 8,192 tokens on the GPU."),
-    "p3_7_tuned_decode_kernel": Comparison([
+    ], "The whole pass compares the batched engine's prefill (SDPA per segment per layer) with one varlen call "
+       "per layer; the report names them p3_5 and p3_6, as numbered then. The streams' rows: 4 streams and a "
+       "512-token prompt on the CPU, 32 streams and 8,192 tokens on the GPU."),
+    "p3_9_tuned_decode_kernel": Comparison([
         Figure("decode attention, batch 256 x 2,048 tokens: K/V read (GB/s)", "beyond the blog",
                "the interpreter: checked, not timed",
                Cell(f"graph-bench_{H100}", "decode attention, one layer", ("256", "2048"), "p3_7 GB/s")),
@@ -307,7 +326,7 @@ COMPARISONS: dict[str, Comparison] = {
     ], "The blog's kernel stops at a gather; these are one layer's decode attention on the H100, per call with "
        "the launch included, before the merge became one Triton launch (the measurements page says how kernels "
        "are timed)."),
-    "p3_8_cuda_graphs": Comparison([
+    "p3_10_cuda_graphs": Comparison([
         Figure("equal work: CUDA-graph engine tok/s", "beyond the blog",
                Cell(f"graph-workload_{CPU}", "equal work", ("graphs",), "total tok/s"),
                Cell(f"graph-workload_{H100}", "equal work", ("graphs",), "total tok/s")),
@@ -324,8 +343,8 @@ COMPARISONS: dict[str, Comparison] = {
                     "ms/step")),
     ], "On the CPU graphs do not exist, and the static step runs eagerly at the old speed; on the H100 the step "
        "stays at 5.6-7.8 ms from batch 1 to 128, the blog's flat ms/tok, until the host's per-sequence work shows at 256."),
-    "p3_9_fused_ops": Comparison([
-        Figure("kernels per decode step, phase 3.8's static step", "beyond the blog",
+    "p3_11_fused_ops": Comparison([
+        Figure("kernels per decode step, phase 3.10's static step", "beyond the blog",
                Cell("fused-bench_cpu_dummy-qwen3-0.6b", "kernels launched by one decode step",
                     ("1", "p3_7 static step"), "kernels"), None),
         Figure("kernels per decode step, fused", "beyond the blog",
@@ -375,7 +394,7 @@ COMPARISONS: dict[str, Comparison] = {
                cpu("prefix-demo", "Speedup from prefix caching", ("5",), "throughput speedup"),
                Cell(H200_PREFIX, "Speedup from prefix caching", ("5",), "throughput speedup")),
     ], "On the CPU skipping prefill always pays; in the H100 baseline a 5-shot hit cost more than it saved, "
-       "because a cached prefix then went through a gather and a masked SDPA per sequence, the loop phase 3.6 replaced. "
+       "because a cached prefix then went through a gather and a masked SDPA per sequence, the loop phase 3.7 replaced. "
        "On the later tree of the H200 headline check, where prefill reads a cached prefix in place, the hit pays."),
     "p4_4_preemption": Comparison([
         Figure("unlimited pool: total tok/s", "beyond the blog",

@@ -2,9 +2,9 @@
 # The CPU suite under the GPU machine's library versions, so that a GPU run is not the first to meet them.
 #
 #   bash scripts/device_versions_check.sh                        # the whole suite (about 6 minutes here)
-#   bash scripts/device_versions_check.sh tests/test_p3_7_merge_kernel.py   # pytest's arguments, if any
+#   bash scripts/device_versions_check.sh tests/test_p3_9_merge_kernel.py   # pytest's arguments, if any
 #
-# The repo pins torch 2.13.0 and triton 3.7.1 (requirements.txt). The H100 of phase 3.7's figures has torch 2.11
+# The repo pins torch 2.13.0 and triton 3.7.1 (requirements.txt). The H100 of phase 3.9's figures has torch 2.11
 # and triton 3.6.0, and runs the gpu tier with them (scripts/gpu_headline.sh carries only the wheels in .whl/). This builds
 # a venv with those two versions and everything else as pinned, compiles the Triton kernels for sm_90 with
 # triton 3.6.0's compiler (registers and spills, as the GPU will build them), then runs the tests on the CPU.
@@ -28,9 +28,9 @@ sed -e "s/^torch==.*/torch==$DEVICE_TORCH/" -e "s/^triton==.*/triton==$DEVICE_TR
 print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__,
       'numpy', numpy.__version__)"
 
-echo "=== phase 3.6's prefill tiles, compiled with triton $DEVICE_TRITON"
-"$VENV/bin/python" -m phases.p3_6_varlen_prefill.aot_check
-for check in phases.p3_7_tuned_decode_kernel.aot_check phases.p3_9_fused_ops.aot_check; do
+echo "=== phase 3.7's prefill tiles, compiled with triton $DEVICE_TRITON"
+"$VENV/bin/python" -m phases.p3_7_varlen_prefill.aot_check
+for check in phases.p3_9_tuned_decode_kernel.aot_check phases.p3_11_fused_ops.aot_check; do
     echo "=== $check, compiled with triton $DEVICE_TRITON (report in $VENV/aot)"
     COLUMNS=$REPORT_COLUMNS "$VENV/bin/python" -m "$check" --results-dir "$VENV/aot"
 done

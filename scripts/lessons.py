@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 BRANCH = "lessons"
 TAG_PREFIX = "lesson-"
 SUBJECT_MAX = 80                                      # the repo's own subjects run to about this
-PHASE_FOLDER = re.compile(r"^phases/(p(\d)(?:_(\d))?)_[^/]+/")   # phases/p3_5_paged_attention/... -> p3_5
-SHORT = re.compile(r"p\d(?:_\d)?(?![\d])")           # p3_5 in test_p3_5_engine, p0 and p1 in test_p0_p1
+PHASE_FOLDER = re.compile(r"^phases/(p(\d)(?:_(\d+))?)_[^/]+/")   # phases/p3_5_paged_attention/... -> p3_5
+SHORT = re.compile(r"p\d(?:_\d+)?(?![\d])")           # p3_6 in test_p3_6_engine, p0 and p1 in test_p0_p1
 PATH_MENTION = re.compile(r"(?<![\w.])(?:\.\./)*((?:phases|tests|measure|common|scripts|notebooks|docs|results)"
                           r"(?:/[\w.-]+)+)")
 NOTEBOOK = re.compile(r"(?<![\w/])(\d\d_\w+)\.ipynb\b")            # pytest.mark.notebook("05_x.ipynb")
@@ -178,7 +178,7 @@ def place(tree: Tree) -> Plan:
     - every other file that first has what it needs at lesson k:
       - a .py file: every module it imports (`phases.*`, `common.*`, `measure.*`, `tests.*`, imports
         inside functions included) is in lesson k or before. A test (tests/**/test_*.py) also waits
-        for the phase its name carries (test_p3_5_engine.py: p3_5) and for the phase modules and
+        for the phase its name carries (test_p3_6_engine.py: p3_6) and for the phase modules and
         non-Python files its text names (`phases.p5_serving.demo`, `docs/architecture.md`, the
         notebook `05_paged_attention.ipynb`); a test that names no phase at all checks the whole
         course (the demo registry, every README, every notebook) and goes in the last lesson;
@@ -473,24 +473,24 @@ QUICK: dict[str, list[str]] = {
     "p3_4": ["tests/test_p3_4_gather_kernel.py::test_gather_reads_the_right_layer_and_k_v",
              "tests/test_p3_4_gather_kernel.py::test_padding_in_tables_is_never_read",
              "tests/test_p3_4_gather_kernel.py::test_gather_kv_dispatch"],
-    "p3_5": ["tests/test_p3_5_engine.py::test_greedy_equals_hf_generate_tiny_model_block_boundaries",
-             "tests/test_p3_5_engine.py::test_one_forward_pass_per_phase_of_a_step",
-             "tests/test_p3_5_kernels.py::test_kernel_equals_reference_equals_sdpa"],
-    "p3_6": ["tests/test_p3_6_engine.py::test_chunked_prompts_with_decodes_alongside_equal_hf_generate",
-             "tests/test_p3_6_prefill_kernel.py::"
+    "p3_5": ["tests/test_p3_5_kernels.py::test_kernel_equals_reference_equals_sdpa"],
+    "p3_6": ["tests/test_p3_6_engine.py::test_greedy_equals_hf_generate_tiny_model_block_boundaries",
+             "tests/test_p3_6_engine.py::test_one_forward_pass_per_phase_of_a_step"],
+    "p3_7": ["tests/test_p3_7_prefill_kernel.py::"
              "test_kernel_and_cpu_path_take_empty_segments_a_strided_query_and_an_empty_pack"],
-    "p3_7": ["tests/test_p3_7_decode_kernel.py::test_padding_rows_of_length_zero_read_nothing_and_give_zeros",
-             "tests/test_p3_7_merge_kernel.py::test_merge_kernel_equals_merge_splits",
-             "tests/test_p3_7_decode_kernel.py::test_split_rule"],
-    "p3_8": ["tests/test_p3_8_engine.py::test_rows_left_behind_are_inert_padding",
-             "tests/test_p3_8_engine.py::test_seeded_samples_do_not_depend_on_the_batch_or_its_padding"],
-    "p3_9": ["tests/test_p3_9_fused_ops.py::test_rms_norm_equals_the_models_norm",
-             "tests/test_p3_9_fused_ops.py::test_silu_and_mul_equals_the_swiglu_gate",
-             "tests/test_p3_9_fused_ops.py::test_outside_the_step_the_model_is_its_own"],
+    "p3_8": ["tests/test_p3_8_engine.py::test_chunked_prompts_with_decodes_alongside_equal_hf_generate"],
+    "p3_9": ["tests/test_p3_9_decode_kernel.py::test_padding_rows_of_length_zero_read_nothing_and_give_zeros",
+             "tests/test_p3_9_merge_kernel.py::test_merge_kernel_equals_merge_splits",
+             "tests/test_p3_9_decode_kernel.py::test_split_rule"],
+    "p3_10": ["tests/test_p3_10_engine.py::test_rows_left_behind_are_inert_padding",
+              "tests/test_p3_10_engine.py::test_seeded_samples_do_not_depend_on_the_batch_or_its_padding"],
+    "p3_11": ["tests/test_p3_11_fused_ops.py::test_rms_norm_equals_the_models_norm",
+              "tests/test_p3_11_fused_ops.py::test_silu_and_mul_equals_the_swiglu_gate",
+              "tests/test_p3_11_fused_ops.py::test_outside_the_step_the_model_is_its_own"],
     "p4_1": ["tests/test_p4_1_copy_on_write.py::test_fork_shares_every_block_and_copy_happens_once_per_writer",
              "tests/test_p4_1_copy_on_write.py::"
              "test_n_samples_hold_one_copy_of_the_prompt_then_copy_the_partial_block_on_first_write",
-             "tests/test_p4_1_copy_on_write.py::test_plain_requests_run_exactly_as_on_phase_3_7"],
+             "tests/test_p4_1_copy_on_write.py::test_plain_requests_run_exactly_as_on_phase_3_10"],
     "p4_2": ["tests/test_p4_2_beam_search.py::test_best_beam_equals_hf_tiny_model_small_blocks",
              "tests/test_p4_2_beam_search.py::test_beams_share_history_and_free_pruned_blocks_every_step"],
     "p4_3": ["tests/test_p4_3_prefix_caching.py::test_a_block_hash_covers_every_token_before_it",

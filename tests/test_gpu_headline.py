@@ -27,7 +27,7 @@ def test_the_boxes_fit_one_gpu_window():
 
 
 def test_the_names_it_runs_exist_in_the_phases():
-    from phases.p3_9_fused_ops.demo import ENGINES, STEP_ENGINES
+    from phases.p3_11_fused_ops.demo import ENGINES, STEP_ENGINES
     assert hp.HEADLINE_ENGINE in {e.name for e in ENGINES}
     assert hp.DECODE_ENGINE in STEP_ENGINES
     assert set(hp.GPU_DEMOS) <= set(demo_names())

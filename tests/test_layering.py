@@ -27,12 +27,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 Phase = tuple[int, int]   # (3, 5) is phase 3.5; (5, 0) is phase 5
 
-NUMBER = r"\d(?:\.\d)?(?!\d|\.\d)"                  # 4, 4.4; not 4.45 or 44
+NUMBER = r"\d(?:\.\d{1,2})?(?!\d|\.\d)"              # 4, 4.4, 3.10; not 4.456 or 44
 JOIN = r"\s*(?:,\s*(?:and|or)\b|,|/|-|–|\bto\b|\band\b|\bor\b)\s*"   # between two numbers of one list
 PHASE_WORDS = re.compile(rf"\bphases?(?:\s+|-)({NUMBER}(?:{JOIN}{NUMBER})*)", re.IGNORECASE)
 LIST_PART = re.compile(rf"({NUMBER})(\s*(?:-|–|\bto\b)\s*)?", re.IGNORECASE)
-MODULE_NAMES = re.compile(r"\bp(\d)(?:_(\d))?(?=_[a-z]|\b)", re.IGNORECASE)
-FOLDER = re.compile(r"^p(\d)(?:_(\d))?_")
+MODULE_NAMES = re.compile(r"\bp(\d)(?:_(\d+))?(?=_[a-z]|\b)", re.IGNORECASE)
+FOLDER = re.compile(r"^p(\d)(?:_(\d+))?_")
 
 
 def phase_of(number: str) -> Phase:
@@ -113,7 +113,7 @@ def test_the_scan_catches_later_phases_and_passes_earlier_ones():
                      (2, (4, 0)), (2, (5, 0)), (4, (3, 6)), (4, (4, 1)), (4, (4, 3)), (4, (4, 4)),
                      (3, (4, 3)), (3, (4, 3)), (3, (5, 0)), (4, (3, 7))]
     earlier = ('"""Phase 3.5 adds this to phase 3.1\'s pool (phases 2.3 and 3.3; phases 2.1-3.5).\n'
-               'Phase 3 as a whole; p3_1, p2_2_scheduler, p0; phase 44, phase 4.45; a p50 latency."""\n')
+               'Phase 3 as a whole; p3_1, p2_2_scheduler, p0; phase 44, phase 4.456; a p50 latency."""\n')
     assert later_mentions(earlier, (3, 5), known) == []
     assert folder_phase("p2_2_scheduler") == (2, 2) and folder_phase("p5_serving") == (5, 0)
     assert folder_phase("__pycache__") is None

@@ -1,4 +1,4 @@
-"""The phase-3.5 notebook runs headless."""
+"""The phases 3.5-3.6 notebook runs headless."""
 
 import pytest
 

@@ -7,7 +7,7 @@ from common.model import load_model
 from phases.p3_3_paged_cache.scheduler import PagedScheduler
 from phases.p3_4_gather_kernel.pad_stack import PadStackScheduler
 from tests.oracles import hf_greedy
-from tests.test_p3_6_engine import random_prompts
+from tests.test_p3_8_engine import random_prompts
 
 
 def test_pad_and_stack_equals_hf_and_phase_3_3():

@@ -1,303 +1,352 @@
-"""Phase 3.6's engine: one mixed forward pass per step, chunked prefill under a token budget, varlen prefill attention.
+"""BatchedPagedEngine: one batched forward pass per step, outputs equal HF generate token for token."""
 
-Oracle: HF `generate` (greedy, fp32), token for token, on packed prompts, on prompts
-prefilled in chunks that split blocks and split prompts mid-block while other
-sequences decode in the same pass, on prompts that start with blocks another
-sequence computed, and on models whose layers have a sliding window or a softcap.
-Plus the scheduler's rules: one pass per step within the budget, no token before the
-last chunk, admission that counts a partly prefilled sequence, no leaked block.
-On CPU the attention runs the PyTorch paths (the Triton kernels' own tests are
-tests/test_p3_6_prefill_kernel.py and tests/test_p3_5_kernels.py; one test here runs
-the engine with the kernels under Triton's interpreter).
-"""
+import json
 
 import pytest
 import torch
 
-from common.model import TINY_WINDOW, load_model
+from common.sampling import SamplingParams
 from phases.p2_2_scheduler.sequence import Status
-from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
-from phases.p3_5_paged_attention.kv import BlockKV
-from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine, WholePromptEngine
+from phases.p3_6_batched_engine.engine import BatchedPagedEngine
 from tests.oracles import hf_greedy
 
-BLOCK_SIZE = 4
-# Budgets (tokens per pass) that cut prompts into chunks of 1-13 tokens: below, at and across the block
-# size, so chunks end mid-block and the next chunk starts mid-block.
-BUDGETS = [3, 5, 7, 13]
-PROMPT_LENGTHS = (1, 3, 9, 14, 22, 30)
-NEW_TOKENS = 9
-MAX_RUNNING = 3           # fewer slots than prompts: prompts are admitted (and chunked) next to decoding ones
+PROMPTS = [
+    "What is the capital of France?",
+    "Name one fruit.",
+    "Explain in detail how the attention mechanism works in a transformer.",
+    "What is 2 + 2?",
+    "Write a short story about a robot who learns to paint.",
+]
 
 
-def random_prompts(lengths, seed=0) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(100, 40000, (n,), generator=gen).tolist() for n in lengths]
-
-
-class Recording(ChunkedPrefillEngine):
-    """Records every forward pass: (tokens in it, decode rows, prefill rows)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.passes: list[tuple[int, int, int]] = []
-        forward = self.runner.forward
-
-        def recorded(input_ids, position_ids, batch, logits_to_keep=1):
-            n_decode = getattr(batch, "n_decode", input_ids.numel() if batch.is_decode else 0)
-            self.passes.append((input_ids.numel(), n_decode, input_ids.numel() - n_decode))
-            return forward(input_ids, position_ids, batch, logits_to_keep)
-        self.runner.forward = recorded
-
-
-class RecordingWhole(Recording, WholePromptEngine):
-    """The same records, prompts never cut."""
-
-
-def run_engine(lm, prompts, max_new_tokens=NEW_TOKENS, whole_prompts=False, **kwargs):
-    kwargs = dict(dict(max_running=MAX_RUNNING, block_size=BLOCK_SIZE, n_blocks=128), **kwargs)
-    engine = (RecordingWhole if whole_prompts else Recording)(lm, **kwargs)
-    seqs = [engine.add(p, max_new_tokens, ignore_eos=True) for p in prompts]
+def _run(lm, prompts, max_new_tokens, **engine_kwargs):
+    engine = BatchedPagedEngine(lm, **engine_kwargs)
+    seqs = [engine.add(p, max_new_tokens=max_new_tokens) for p in prompts]
     engine.run()
-    assert engine.allocator.n_free == engine.allocator.n_blocks, "blocks leaked"
-    engine.allocator.check_invariants()
-    return engine, [s.output_ids for s in seqs]
+    return engine, seqs
 
 
-def expected(lm, prompts, max_new_tokens=NEW_TOKENS):
-    return [hf_greedy(lm, p, max_new_tokens, ignore_eos=True) for p in prompts]
-
-
-# --- greedy tokens equal HF generate ---------------------------------------------------------------
-
-@pytest.mark.parametrize("block_size", [BLOCK_SIZE, 16])
-def test_packed_prompts_equal_hf_generate(tiny32, block_size):
-    """The default budget packs every admitted prompt into one pass (phase 3.5's packing)."""
-    prompts = random_prompts(PROMPT_LENGTHS, seed=1)
-    engine, outputs = run_engine(tiny32, prompts, block_size=block_size)
-    assert outputs == expected(tiny32, prompts)
-    assert engine.n_chunks == len(prompts)                         # no prompt was cut
-
-
-@pytest.mark.parametrize("budget", BUDGETS)
-def test_chunked_prompts_with_decodes_alongside_equal_hf_generate(tiny32, budget):
-    prompts = random_prompts(PROMPT_LENGTHS)
-    engine, outputs = run_engine(tiny32, prompts, max_num_batched_tokens=budget)
-    assert outputs == expected(tiny32, prompts)
-    assert engine.n_chunks > len(prompts)                          # prompts were cut
-    assert engine.n_mixed_passes > 0                               # and chunks shared passes with decode tokens
-    assert engine.n_forward_passes == engine.n_steps == len(engine.passes)   # one pass per step
-    assert max(n for n, _, _ in engine.passes) <= budget
-
-
-@pytest.mark.parametrize("budget", [21, 4096])
-def test_packaged_model_packed_and_chunked(smol32, budget):
-    """SmolLM2 (30 layers, GQA 9:3, its chat template, EOS honoured), blocks of 16: whole prompts packed,
-    and chunks of up to 21 tokens (chunks end mid-block, decode tokens share their passes)."""
-    prompts = ["What is the capital of France?",
-               "Explain in detail how the attention mechanism works in a transformer.",
-               "Write a short story about a robot who learns to paint."]
-    engine = ChunkedPrefillEngine(smol32, max_running=2, block_size=16, n_blocks=64, max_num_batched_tokens=budget)
-    seqs = [engine.add(p, 12) for p in prompts]
-    engine.run()
-    assert (engine.n_chunks > len(prompts)) == (budget < max(len(s.prompt_ids) for s in seqs))
+def test_greedy_equals_hf_generate_packaged_model(smol32):
+    # max_running=3 < 5 prompts: two requests are admitted mid-run, next to running ones.
+    # Block size 16 here; the tiny-model test below covers small blocks and many boundaries.
+    engine, seqs = _run(smol32, PROMPTS, 16, max_running=3, block_size=16, n_blocks=256)
     for seq in seqs:
-        assert seq.output_ids == hf_greedy(smol32, seq.prompt_ids, 12), seq.prompt
-    assert engine.allocator.n_free == engine.allocator.n_blocks
+        assert seq.output_ids == hf_greedy(smol32, seq.prompt_ids, 16), seq.prompt
+    assert engine.allocator.n_free == engine.allocator.n_blocks  # every block came back
 
 
-def test_whole_prompts_without_chunking_equal_hf_generate(tiny32):
-    """WholePromptEngine: a prompt is never cut, one longer than the budget runs alone, whole."""
-    prompts = random_prompts(PROMPT_LENGTHS, seed=2)
-    engine, outputs = run_engine(tiny32, prompts, max_num_batched_tokens=8, whole_prompts=True)
-    assert outputs == expected(tiny32, prompts)
-    assert engine.n_chunks == len(prompts)
-    assert any(prefill > 8 for _, _, prefill in engine.passes)     # the 14-, 22- and 30-token prompts
-
-
-class SharedPrefix(BlockKV):
-    """A stand-in for prefix caching: a new prompt that starts with the donor's full blocks maps them into
-    its table (one more reference each), so its first chunk starts past them."""
-    donor = None
-
-    def new(self, seq):
-        table = super().new(seq)
-        donor, bs = self.donor, self.block_size
-        if donor is None or donor.kv is None:
-            return table
-        n = (min(len(donor.prompt_ids), len(seq.prompt_ids)) - 1) // bs    # keep >= 1 token to compute
-        while n and seq.prompt_ids[:n * bs] != donor.prompt_ids[:n * bs]:
-            n -= 1
-        for block in donor.kv.block_ids[:n]:
-            self.allocator.incref(block)
-            table.block_ids.append(block)
-        table.n_filled = n * bs
-        return table
-
-
-@pytest.mark.parametrize("budget", [5, 4096])
-def test_prompts_that_start_in_another_sequences_blocks_equal_hf_generate(tiny32, budget):
-    shared = random_prompts([5 * BLOCK_SIZE + 1], seed=3)[0]
-    prompts = [shared + tail for tail in random_prompts((2, 9, 13), seed=4)]
-    engine = ChunkedPrefillEngine(tiny32, max_running=4, block_size=BLOCK_SIZE, n_blocks=128,
-                                  max_num_batched_tokens=budget)
-    engine.kv = SharedPrefix(engine.allocator)
-    donor = engine.kv.donor = engine.add(shared, 30, ignore_eos=True)
-    while donor.status is not Status.DECODING:
-        engine.step()
-    seqs = [engine.add(p, NEW_TOKENS, ignore_eos=True) for p in prompts]
-    starts, claim = {}, engine.claim
-    engine.claim = lambda chunk: starts.setdefault(chunk.seq, chunk.start) is None or claim(chunk)
+def test_greedy_equals_hf_generate_tiny_model_block_boundaries(tiny32):
+    engine = BatchedPagedEngine(tiny32, max_running=4, block_size=4, n_blocks=128)
+    # random-token prompts of many lengths, none a multiple of the block size by design or by luck
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(100, 40000, (n,), generator=gen).tolist() for n in (1, 3, 5, 9, 14, 22)]
+    seqs = [engine.add(p, 11, ignore_eos=True) for p in prompts]
     engine.run()
-    starts = [starts[s] for s in seqs]
-    assert starts == [5 * BLOCK_SIZE] * len(prompts)               # every first chunk started past the mapped blocks
-    assert [s.output_ids for s in seqs] == expected(tiny32, prompts)
-    assert donor.output_ids == hf_greedy(tiny32, shared, 30, ignore_eos=True)
+    for seq in seqs:
+        assert seq.output_ids == hf_greedy(tiny32, seq.prompt_ids, 11, ignore_eos=True)
     assert engine.allocator.n_free == engine.allocator.n_blocks
 
 
-# --- the scheduler's rules -----------------------------------------------------------------------------
+def test_one_forward_pass_per_phase_of_a_step(tiny32):
+    engine = BatchedPagedEngine(tiny32, max_running=8, block_size=4, n_blocks=64)
+    for n in (3, 6, 9):
+        engine.add(list(range(200, 200 + n)), 5, ignore_eos=True)
+    engine.run()
+    # step 1 prefills all three in one pass; steps 2..5 decode all three in one pass each
+    assert engine.n_steps == 5 and engine.n_forward_passes == 5
 
-def test_a_sequence_mid_prefill_holds_its_blocks_and_emits_nothing_until_its_last_chunk(tiny32):
-    engine = ChunkedPrefillEngine(tiny32, max_running=2, block_size=BLOCK_SIZE, n_blocks=32, max_num_batched_tokens=7)
-    seq = engine.add(random_prompts([20])[0], 3, ignore_eos=True)
-    filled = []
+
+def test_attention_switch_walks_the_model_once_per_name_then_only_sets_the_config(tiny32, monkeypatch):
+    # transformers' set_attn_implementation walks every submodule (~1 ms a call on a 28-layer model) and the
+    # engine switches twice per step: after a model has met a name once, only the config's setter runs.
+    from transformers import PreTrainedModel
+    from phases.p3_6_batched_engine.attention import ATTN_NAME, use_paged_attention
+    model = tiny32.model
+    with use_paged_attention(model):
+        pass                                            # each name checked by transformers once
+    before = model.config._attn_implementation
+    calls = []
+    full_switch = PreTrainedModel.set_attn_implementation
+    monkeypatch.setattr(PreTrainedModel, "set_attn_implementation",
+                        lambda self, *a, **k: (calls.append(a), full_switch(self, *a, **k)))
+    seen = []
+    engine = BatchedPagedEngine(tiny32, max_running=2, block_size=4, n_blocks=64)
+    seq = engine.add(list(range(200, 209)), 6, ignore_eos=True)
+    for _ in range(3):
+        engine.step()
+        seen.append(model.config._attn_implementation)
+    engine.run()
+    assert calls == []                                  # no walk: the name was checked before
+    assert seen == [before] * 3                         # and switched back after every step
+    assert seq.output_ids == hf_greedy(tiny32, seq.prompt_ids, 6, ignore_eos=True)
+    with use_paged_attention(model):
+        assert model.config._attn_implementation == ATTN_NAME
+        assert all(m.config._attn_implementation == ATTN_NAME for m in model.modules()
+                   if isinstance(m, PreTrainedModel))
+
+
+def test_attention_switch_takes_the_full_walk_when_a_submodel_has_its_own_config(tiny32, monkeypatch):
+    import copy
+    from transformers import PreTrainedModel
+    from phases.p3_6_batched_engine.attention import ATTN_NAME, use_paged_attention
+    model = copy.deepcopy(tiny32.model)
+    model.model.config = copy.deepcopy(model.config)    # the inner model no longer shares the top config
+    calls = []
+    full_switch = PreTrainedModel.set_attn_implementation
+    monkeypatch.setattr(PreTrainedModel, "set_attn_implementation",
+                        lambda self, *a, **k: (calls.append(a), full_switch(self, *a, **k)))
     for _ in range(2):
-        assert engine.step() == []
-        assert seq.status is Status.PREFILLING and not seq.output_ids and seq.timing.first_token is None
-        filled.append((seq.kv.n_filled, seq.kv.n_blocks, engine.allocator.n_used))
-    assert filled == [(7, 2, 2), (14, 4, 4)]                      # chunks end mid-block; blocks claimed as they go
-    outputs = engine.step()                                        # the last 6 tokens: the first token comes out
-    assert [o.seq for o in outputs] == [seq] and seq.status is Status.DECODING
+        with use_paged_attention(model):
+            assert model.model.config._attn_implementation == ATTN_NAME   # reached through the walk
+    assert len(calls) == 4                              # in and back, every time
+
+
+def test_index_plans_are_made_once_per_forward_pass_not_per_layer(tiny32, monkeypatch):
+    from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
+    from phases.p3_5_paged_attention import plans
+    monkeypatch.setenv(FORCE_KERNELS_ENV, "0")  # plans belong to the CPU path
+    made = {"write": 0, "decode": 0}
+    for kind, fn in (("write", plans.plan_write), ("decode", plans.plan_decode)):
+        def counted(*args, _fn=fn, _kind=kind, **kwargs):
+            made[_kind] += 1
+            return _fn(*args, **kwargs)
+        monkeypatch.setattr(plans, f"plan_{kind}", counted)
+    assert tiny32.model.config.num_hidden_layers > 1
+    engine = BatchedPagedEngine(tiny32, max_running=8, block_size=4, n_blocks=64)
+    for n in (3, 6, 9):
+        engine.add(list(range(200, 200 + n)), 5, ignore_eos=True)
     engine.run()
-    assert seq.history == [Status.WAITING, Status.PREFILLING, Status.DECODING, Status.DONE]
-    assert seq.output_ids == hf_greedy(tiny32, seq.prompt_ids, 3, ignore_eos=True)
+    # 5 passes write K/V (1 prefill + 4 decode); the 4 decode passes read the pool by block table
+    assert made == {"write": 5, "decode": 4}
 
 
-def test_decode_tokens_come_first_and_the_rest_of_the_budget_goes_to_the_oldest_prefill(tiny32):
-    engine = Recording(tiny32, max_running=4, block_size=BLOCK_SIZE, n_blocks=64, max_num_batched_tokens=6)
-    a, b = (engine.add(p, 20, ignore_eos=True) for p in random_prompts((2, 3), seed=5))
-    engine.step()                                                  # both prefill whole (5 tokens)
-    c, d = (engine.add(p, 2, ignore_eos=True) for p in random_prompts((9, 9), seed=6))
-    engine.step()
-    # a and b decode (2 tokens), c takes the other 4; d waits: 6 - 2 - 9 (the rest of c) leaves no token for it
-    assert engine.passes[-1] == (6, 2, 4)
-    assert c.kv.n_filled == 4 and d.status is Status.WAITING
-    engine.step()
-    assert engine.passes[-1] == (6, 2, 4) and c.kv.n_filled == 8 and d.status is Status.WAITING
-    engine.step()                                                  # c's last token, then 3 of d's: d was admitted
-    assert engine.passes[-1] == (6, 2, 4) and c.status is Status.DECODING and d.kv.n_filled == 3
-    engine.run()
-    assert [s.output_ids for s in (a, b, c, d)] == [hf_greedy(tiny32, s.prompt_ids, s.max_new_tokens,
-                                                              ignore_eos=True) for s in (a, b, c, d)]
-
-
-def test_admission_counts_the_worst_case_of_a_partly_prefilled_sequence(tiny32):
-    """A holds few blocks while its prefill is under way, but its worst case is promised: B, which fits
-    beside what A holds but not beside what A may claim, waits for A to finish."""
-    # A: 30 + 4 new tokens -> up to 33 positions = 9 blocks. B: 6 + 4 -> 9 positions = 3 blocks. Pool: 10.
-    engine = ChunkedPrefillEngine(tiny32, max_running=2, block_size=BLOCK_SIZE, n_blocks=10,
-                                  max_num_batched_tokens=20)
-    a = engine.add(random_prompts([30], seed=7)[0], 4, ignore_eos=True)
-    b = engine.add(random_prompts([6], seed=8)[0], 4, ignore_eos=True)
-    engine.step()                 # A's first 20 tokens; B is not considered: the rest of A takes the budget
-    assert a.kv.n_blocks == 5 and b.status is Status.WAITING and b.seq_id not in engine.waited_for_blocks
-    engine.step()                 # B fits what A's last 10 tokens leave of the budget, and 5 blocks are free...
-    assert b.status is Status.WAITING and b.seq_id in engine.waited_for_blocks   # ...but A may claim 4 of them
-    while a.status is not Status.DONE:
-        assert b.status is Status.WAITING
+def test_every_state_visited_once_and_blocks_freed_as_sequences_finish(tiny32):
+    engine = BatchedPagedEngine(tiny32, max_running=2, block_size=4, n_blocks=32)
+    seqs = [engine.add([300 + i] * (2 + i), 2 + 3 * i, ignore_eos=True) for i in range(4)]
+    while engine.has_work:
         engine.step()
-    engine.run()
-    assert b.output_ids == hf_greedy(tiny32, b.prompt_ids, 4, ignore_eos=True)
-    assert engine.allocator.n_free == engine.allocator.n_blocks
+        held = sum(s.kv.n_blocks for s in engine.running)
+        assert engine.allocator.n_used == held
+    for s in seqs:
+        assert s.history == [Status.WAITING, Status.PREFILLING, Status.DECODING, Status.DONE]
+        assert len(s.output_ids) == s.max_new_tokens
 
 
-def test_the_prefill_kernel_runs_once_per_layer_per_pass_and_the_plan_once_per_pass(tiny32, monkeypatch):
-    from phases.p3_6_varlen_prefill import attention, runner as engine_module
-    calls = {"attention": 0, "plan": 0}
-
-    def counting(name, fn):
-        def counted(*args, **kwargs):
-            calls[name] += 1
-            return fn(*args, **kwargs)
-        return counted
-    monkeypatch.setattr(attention, "paged_prefill_attention", counting("attention", attention.paged_prefill_attention))
-    monkeypatch.setattr(engine_module, "plan_prefill", counting("plan", engine_module.plan_prefill))
-    prompts = random_prompts((3, 6, 9, 12))
-    engine, outputs = run_engine(tiny32, prompts, max_num_batched_tokens=13)
-    assert outputs == expected(tiny32, prompts)
-    prefill_passes = sum(1 for _, _, prefill in engine.passes if prefill)
-    assert calls == {"attention": prefill_passes * tiny32.n_layers, "plan": prefill_passes}
-    assert any(prefill > 4 for _, _, prefill in engine.passes)     # passes held several segments
+def test_steps_stream_each_token_once_and_run_reports_progress(tiny32):
+    """The engine keeps phase 2.2's shape: step() -> one StepOutput per token, run(progress(n_finished, n_added))."""
+    engine = BatchedPagedEngine(tiny32, max_running=2, block_size=4, n_blocks=32)
+    seqs = [engine.add([400 + i] * (3 + i), 2 + i, ignore_eos=True) for i in range(3)]
+    streamed = {s.seq_id: [] for s in seqs}
+    while engine.has_work:
+        for out in engine.step():
+            streamed[out.seq.seq_id].append(out.token_id)
+            assert out.finished == (out.seq.status is Status.DONE)
+    assert all(streamed[s.seq_id] == s.output_ids for s in seqs)
+    calls, steps_before = [], engine.n_steps
+    engine.add([500, 501], 3, ignore_eos=True)
+    assert [s.seq_id for s in engine.run(progress=lambda done, added: calls.append((done, added)))] == [0, 1, 2, 3]
+    assert calls == [(3, 4), (3, 4), (4, 4)] and engine.n_steps - steps_before == 3
 
 
-def test_abort_mid_prefill_gives_the_blocks_back(tiny32):
-    engine = ChunkedPrefillEngine(tiny32, block_size=BLOCK_SIZE, n_blocks=32, max_num_batched_tokens=5)
-    a = engine.add(random_prompts([25])[0], 5, ignore_eos=True)
-    b = engine.add([300, 301, 302], 4, ignore_eos=True)
+def test_seeded_sampling_is_reproducible(tiny32):
+    params = SamplingParams(temperature=0.9, top_k=50, top_p=0.9, seed=1234)
+    runs = []
+    for _ in range(2):
+        engine = BatchedPagedEngine(tiny32, block_size=4, n_blocks=64)
+        seq = engine.add("Name one fruit.", max_new_tokens=8, sampling=params, ignore_eos=True)
+        engine.run()
+        runs.append(seq.output_ids)
+    assert runs[0] == runs[1]
+
+
+def test_abort_frees_blocks_at_once(tiny32):
+    engine = BatchedPagedEngine(tiny32, block_size=4, n_blocks=32)
+    a = engine.add(list(range(300, 310)), 20, ignore_eos=True)
+    engine.add(list(range(400, 405)), 3, ignore_eos=True)
     engine.step()
-    assert a.status is Status.PREFILLING and a.kv.n_blocks > 0
+    engine.step()
     engine.abort(a)
-    assert a.finish_reason == "abort"
+    assert a.finish_reason == "abort" and a.status is Status.DONE
     engine.run()
-    assert b.output_ids == hf_greedy(tiny32, b.prompt_ids, 4, ignore_eos=True)
     assert engine.allocator.n_free == engine.allocator.n_blocks
 
 
-def test_bad_budget_is_refused(tiny32):
-    for bad in (0, -3, 2.5, True):
-        with pytest.raises(ValueError, match="max_num_batched_tokens"):
-            ChunkedPrefillEngine(tiny32, n_blocks=8, max_num_batched_tokens=bad)
+def test_bad_input_is_refused_up_front(tiny32):
+    engine = BatchedPagedEngine(tiny32, block_size=4, n_blocks=8)
+    with pytest.raises(ValueError, match="empty prompt"):
+        engine.add("", 4)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.add([5, 6], 0)
+    with pytest.raises(ValueError, match="context"):
+        engine.add([5] * tiny32.max_context, 1)
+    with pytest.raises(ValueError, match="whole pool"):
+        engine.add([5] * 30, 10)   # 40 tokens > 8 blocks x 4
+    with pytest.raises(ValueError, match="max_running"):
+        BatchedPagedEngine(tiny32, max_running=0, n_blocks=8)
+    assert not engine.has_work  # nothing half-queued
+    assert engine.add([5, 6], 2).seq_id == 0  # a refused request took no id
 
 
-# --- attention as the model defines it -----------------------------------------------------------------
+def test_runners_agree_with_each_other(tiny32):
+    from measure.workload import mixed_work
+    from measure.hf_peers import run_hf_cb, run_hf_compiled, run_hf_static
+    from phases.p2_1_naive_batching.demo import run_static
+    from phases.p3_6_batched_engine.demo import run_batched
+
+    requests = mixed_work(tiny32.vocab_size, n=5, prompt_len=(3, 9), output_len=(2, 7))
+    expected = [hf_greedy(tiny32, r.prompt_ids, r.max_new_tokens, ignore_eos=True) for r in requests]
+    for run in (run_batched, run_static, run_hf_static, run_hf_compiled, run_hf_cb):
+        result = run(tiny32, requests, 3)
+        assert result.outputs == expected, run.__name__
+        assert [t.n_generated for t in result.timings] == [r.max_new_tokens for r in requests]
+        assert result.kv_peak_bytes > 0
+        assert result.settings, f"{run.__name__} does not say what it ran with"
+
+
+def test_hf_compiled_peer_runs_a_static_cache_and_equals_hf_greedy(tiny32):
+    # On CPU transformers does not compile (only on accelerators), so both calls run the eager
+    # static-cache path; the compiled path is for the gpu tier. EOS honoured here, unlike above.
+    from measure.workload import Request
+    from measure.hf_peers import run_hf_compiled
+
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(100, 40000, (n,), generator=gen).tolist() for n in (2, 7, 12)]
+    requests = [Request(prompt_ids=p, max_new_tokens=n) for p, n in zip(prompts, (9, 4, 6))]
+    for compile in (False, True):
+        result = run_hf_compiled(tiny32, requests, 2, compile=compile)
+        assert result.outputs == [hf_greedy(tiny32, r.prompt_ids, r.max_new_tokens) for r in requests]
+        s = result.settings
+        assert s["cache_implementation"] == "static" and s["compiled"] is False and s["disable_compile"] is True
+        assert s["rows"] == 3 and s["padded_prompt_len"] == 12 and s["max_new_tokens"] == 9
+        assert s["static_cache_len"] == f">= {12 + 9 - 1}"
+        for t in result.timings:   # CPU: one clock reading per step, in order, after the arrival
+            assert t.arrival <= t.first_token <= t.finish and t.token_times == sorted(t.token_times)
+
+
+def test_peers_run_on_cuda_by_default_and_anywhere_by_name():
+    from measure.demos import get
+    from measure.harness import pick_engines
+    from measure.hf_peers import HF_COMPILED
+    from phases.p3_6_batched_engine.demo import ALL_ENGINES, ON_REQUEST, default_engines
+
+    assert HF_COMPILED not in default_engines(on_gpu=False)
+    assert default_engines(on_gpu=True) == ALL_ENGINES + [HF_COMPILED]
+    assert pick_engines(default_engines(on_gpu=False), ["hf_compiled", "batched"], ON_REQUEST) == [
+        next(e for e in ALL_ENGINES if e.name == "batched"), HF_COMPILED]
+    bench = get("workload_bench")
+    assert "hf_compiled" in bench.resolve(on_gpu=True)["engines"]
+    assert "hf_compiled" not in bench.resolve(on_gpu=False)["engines"]
+
+
+def test_workload_bench_and_tput_demos_run_quick():
+    from measure.cli import run_demo
+
+    report = run_demo("workload_bench", model="tiny", device="cpu", dtype="fp32", quick=True)
+    titles = [t.title for t in report.tables]
+    assert any(t.startswith("equal work") for t in titles) and any(t.startswith("mixed work") for t in titles)
+    assert any("roofline" in t for t in titles)
+    ratios = next(t for t in report.tables if t.title.startswith("Ratios"))
+    assert len(ratios.rows) == 4
+    # Every row says how it ran and how it was warmed up, in the data and in the table notes.
+    json.dumps(report.data)
+    equal = next(t for t in report.tables if t.title.startswith("equal work"))
+    for name, row in report.data["results"]["equal"].items():
+        assert row["settings"] and row["warmup"].startswith("warmed up by one untimed run")
+        assert any(n.startswith(f"{name} settings: ") for n in equal.notes)
+    rows = report.data["results"]["equal"]
+    assert rows["batched"]["settings"]["block_size"] == 16 and rows["batched"]["settings"]["max_running"] == 4
+    assert rows["hf_static"]["settings"]["cache_implementation"].startswith("dynamic")
+    assert rows["hf_cb"]["settings"]["page_size"] == 16
+    report = run_demo("tput", model="tiny", device="cpu", dtype="fp32", quick=True)
+    engines = report.data["engines"]
+    assert {"static", "dyn", "paged", "batched", "hf_cb"} <= set(engines)
+    assert all("DIFFER" not in n for t in report.tables for n in t.notes)
+
+
+# --- attention as the model defines it: a sliding window, a softcap, or a clear refusal ---------------------
+WINDOW_MODELS = ["tiny-sliding", "tiny-softcap"]   # Mistral (every layer windowed); Gemma 2 (softcap, mixed layers)
+
 
 @pytest.fixture(scope="module")
 def window_models():
-    return {name: load_model(name, device="cpu", dtype=torch.float32) for name in ("tiny-sliding", "tiny-softcap")}
+    from common.model import load_model
+    return {name: load_model(name, device="cpu", dtype=torch.float32) for name in WINDOW_MODELS}
 
 
-@pytest.mark.parametrize("budget, chunked", [(5, True), (4096, True), (6, False)])
-@pytest.mark.parametrize("name", ["tiny-sliding", "tiny-softcap"])
-def test_window_and_softcap_models_equal_hf_generate_past_the_window(window_models, name, budget, chunked):
+def window_prompts(lm) -> list[list[int]]:
+    """Prompts longer than the window (and one shorter), none a multiple of the block size (4)."""
+    from common.model import TINY_WINDOW
+    gen = torch.Generator().manual_seed(7)
+    lengths = (3, TINY_WINDOW + 2, 14, 23)
+    assert max(lengths) > TINY_WINDOW and min(lengths) < TINY_WINDOW
+    return [torch.randint(100, 40000, (n,), generator=gen).tolist() for n in lengths]
+
+
+def _run_ids(engine, prompts, max_new_tokens):
+    seqs = [engine.add(p, max_new_tokens, ignore_eos=True) for p in prompts]
+    engine.run()
+    assert engine.allocator.n_free == engine.allocator.n_blocks
+    return [s.output_ids for s in seqs]
+
+
+@pytest.mark.parametrize("name", WINDOW_MODELS)
+def test_window_and_softcap_models_equal_hf_generate_past_the_window(window_models, name):
     lm = window_models[name]
-    prompts = random_prompts((3, TINY_WINDOW + 2, 14, 23), seed=9)
-    _, outputs = run_engine(lm, prompts, max_new_tokens=10, max_running=2, max_num_batched_tokens=budget,
-                            whole_prompts=not chunked)
-    assert outputs == expected(lm, prompts, 10)
+    prompts = window_prompts(lm)
+    expected = [hf_greedy(lm, p, 10, ignore_eos=True) for p in prompts]
+    engine = BatchedPagedEngine(lm, max_running=2, block_size=4, n_blocks=64)
+    assert _run_ids(engine, prompts, 10) == expected
 
 
-@pytest.mark.parametrize("name", ["tiny", "tiny-softcap"])
-def test_engine_on_the_triton_kernels_under_the_interpreter(window_models, tiny32, monkeypatch, name):
-    """The GPU code path (paged decode kernel + varlen prefill kernel, a mixed pass) on CPU: few tokens,
-    the interpreter runs every program in Python."""
-    monkeypatch.setenv(FORCE_KERNELS_ENV, "1")
-    lm = tiny32 if name == "tiny" else window_models[name]
-    prompts = random_prompts((2, 11, 17), seed=10)
-    engine, outputs = run_engine(lm, prompts, max_new_tokens=4, max_running=2, max_num_batched_tokens=6)
-    assert engine.n_mixed_passes > 0
-    assert outputs == expected(lm, prompts, 4)
+@pytest.mark.parametrize("name", WINDOW_MODELS)
+def test_an_attention_that_drops_the_window_and_softcap_gives_other_tokens(window_models, name, monkeypatch):
+    """The control: the same engine with the layer's window and softcap ignored is wrong on these models,
+    so the test above can fail."""
+    from transformers import AttentionInterface
+    from phases.p3_6_batched_engine import attention
+
+    def ignoring(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, paged=None,
+                 sliding_window=None, softcap=None, **kwargs):
+        return attention.paged_attention_forward(module, query, key, value, attention_mask, scaling, dropout,
+                                                 paged=paged, **kwargs)
+
+    lm = window_models[name]
+    prompts = window_prompts(lm)
+    expected = [hf_greedy(lm, p, 10, ignore_eos=True) for p in prompts]
+    monkeypatch.setattr(attention, "check_call", lambda *args: None)
+    AttentionInterface.register(attention.ATTN_NAME, ignoring)
+    try:
+        got = _run_ids(BatchedPagedEngine(lm, max_running=2, block_size=4, n_blocks=64), prompts, 10)
+    finally:
+        AttentionInterface.register(attention.ATTN_NAME, attention.paged_attention_forward)
+    assert got != expected
 
 
-# --- the demo --------------------------------------------------------------------------------------------
+def test_attention_the_pool_cannot_compute_is_refused_by_name():
+    from common.model import load_model
+    from phases.p3_6_batched_engine.attention import UnsupportedAttention
 
-def test_prefill_bench_quick_runs_every_section_and_draws(tmp_path):
-    from measure.cli import run_demo
-    from phases.p3_6_varlen_prefill.demo import pack_lengths, plot_prefill
-
-    report = run_demo("prefill_bench", model="tiny", device="cpu", dtype="fp32", quick=True)
-    data = report.data
-    assert {r["pack"] for r in data["attention"]} == {"1x24", "3x4-12"}
-    assert all(r["max_err"] < 1e-5 for r in data["attention"])        # the loop and the varlen path agree
-    assert all(r["tokens"] > 0 for r in data["engine"])
-    assert {r["prefix"] for r in data["engine"]} == {0, 8}
-    assert len(data["latency"]) == 3 and all(r["n_gaps"] > 0 for r in data["latency"].values())
-    for work in data["workload"].values():
-        assert set(work) == {"batched", "chunked"}
-    notes = " ".join(n for t in report.tables for n in t.notes)
-    assert "3/3 outputs identical" in notes
-    plot_prefill(report, tmp_path / "p.png")
-    assert (tmp_path / "p.png").stat().st_size > 0
-    assert pack_lengths("16x256") == [256] * 16 and len(pack_lengths("5x1-3")) == 5
-    with pytest.raises(ValueError, match="NxL"):
-        pack_lengths("16by256")
+    lm = load_model("tiny", device="cpu", dtype=torch.float32)        # a private copy: mutated below
+    lm.model.config.attention_chunk_size = 8
+    with pytest.raises(UnsupportedAttention, match="chunked attention"):
+        BatchedPagedEngine(lm, n_blocks=8)
+    lm.model.config.attention_chunk_size = None
+    lm.model.config.layer_types = ["full_attention", "linear_attention"]
+    with pytest.raises(UnsupportedAttention, match="linear_attention"):
+        BatchedPagedEngine(lm, n_blocks=8)
+    lm.model.config.layer_types = None
+    attn = lm.model.model.layers[1].self_attn
+    attn.sinks = torch.nn.Parameter(torch.zeros(lm.n_heads))
+    with pytest.raises(UnsupportedAttention, match="attention sinks"):
+        BatchedPagedEngine(lm, n_blocks=8)
+    del attn.sinks
+    attn.is_causal = False
+    with pytest.raises(UnsupportedAttention, match="bidirectional"):
+        BatchedPagedEngine(lm, n_blocks=8)
+    attn.is_causal = True
+    # A window the config declares but the attention call does not pass would be silently ignored: refused.
+    lm.model.config.sliding_window = 4
+    engine = BatchedPagedEngine(lm, block_size=4, n_blocks=8)
+    engine.add([5, 6, 7], 2)
+    with pytest.raises(UnsupportedAttention, match="declares a sliding window of 4"):
+        engine.step()

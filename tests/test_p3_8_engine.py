@@ -1,279 +1,303 @@
-"""Phase 3.8's static decode step, eager on CPU: buckets and padding never change a token, the buffers
-send only what changed, sampling on the device keeps its promises, and what must be refused is.
+"""Phase 3.8's engine: one mixed forward pass per step, chunked prefill under a token budget, varlen prefill attention.
 
-Oracles: HF `generate` (greedy, fp32) token for token, and phase 3.6's engine (same scheduler, the
-decode pass built from Python lists each step) on the models with windows and softcaps. Runs where
-sequences finish and join mid-stream cross bucket boundaries in both directions. The same step
-replayed as CUDA graphs is checked in the gpu tier (tests/gpu/test_engine_p3_8_gpu.py).
+Oracle: HF `generate` (greedy, fp32), token for token, on packed prompts, on prompts
+prefilled in chunks that split blocks and split prompts mid-block while other
+sequences decode in the same pass, on prompts that start with blocks another
+sequence computed, and on models whose layers have a sliding window or a softcap.
+Plus the scheduler's rules: one pass per step within the budget, no token before the
+last chunk, admission that counts a partly prefilled sequence, no leaked block.
+On CPU the attention runs the PyTorch paths (the Triton kernels' own tests are
+tests/test_p3_7_prefill_kernel.py and tests/test_p3_5_kernels.py; one test here runs
+the engine with the kernels under Triton's interpreter).
 """
-
-import traceback
 
 import pytest
 import torch
 
-from common.model import load_model
-from common.sampling import SamplingParams, filter_logits
+from common.model import TINY_WINDOW, load_model
 from phases.p2_2_scheduler.sequence import Status
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
-from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
-from phases.p3_8_cuda_graphs.buffers import EMPTY_SLOT
-from phases.p3_8_cuda_graphs.engine import StaleGraphs, StaticDecodeEngine, decode_buckets
-from phases.p3_8_cuda_graphs.sampler import filter_rows, sample_rows, sampling_rows, uniform_noise
+from phases.p3_6_batched_engine.kv import BlockKV
+from phases.p3_8_chunked_prefill.engine import ChunkedPrefillEngine, WholePromptEngine
 from tests.oracles import hf_greedy
-from tests.test_p3_6_engine import random_prompts
 
 BLOCK_SIZE = 4
-PROMPT_LENGTHS = (1, 3, 9, 14, 22, 30, 5)
-# Different lengths, so sequences finish one by one and the batch shrinks through the buckets;
-# max_running below the number of prompts, so newcomers join while others decode.
-NEW_TOKENS = (9, 3, 12, 6, 1, 10, 7)
+# Budgets (tokens per pass) that cut prompts into chunks of 1-13 tokens: below, at and across the block
+# size, so chunks end mid-block and the next chunk starts mid-block.
+BUDGETS = [3, 5, 7, 13]
+PROMPT_LENGTHS = (1, 3, 9, 14, 22, 30)
+NEW_TOKENS = 9
+MAX_RUNNING = 3           # fewer slots than prompts: prompts are admitted (and chunked) next to decoding ones
 
 
-class SlotChecked(StaticDecodeEngine):
-    """Checks, every static step, that the slots computed on the device are the ones the host claimed
-    and that padding rows store nothing."""
+def random_prompts(lengths, seed=0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(100, 40000, (n,), generator=gen).tolist() for n in lengths]
+
+
+class Recording(ChunkedPrefillEngine):
+    """Records every forward pass: (tokens in it, decode rows, prefill rows)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        static_forward = self.runner.static_forward
+        self.passes: list[tuple[int, int, int]] = []
+        forward = self.runner.forward
 
-        def checked(batch):
-            logits = static_forward(batch)
-            self.check_slots(batch)
-            return logits
-        self.runner.static_forward = checked
-
-    def check_slots(self, batch):
-        rows = self.runner.buffers.rows
-        host = [s.kv.block_ids[(s.kv.n_filled - 1) // self.block_size] * self.block_size
-                + (s.kv.n_filled - 1) % self.block_size for s in (r.seq for r in rows)]
-        device = self.runner.buffers.slot_mapping[:batch.block_tables.shape[0]].tolist()
-        assert device[:len(rows)] == host
-        assert all(slot == EMPTY_SLOT for slot in device[len(rows):])
+        def recorded(input_ids, position_ids, batch, logits_to_keep=1):
+            n_decode = getattr(batch, "n_decode", input_ids.numel() if batch.is_decode else 0)
+            self.passes.append((input_ids.numel(), n_decode, input_ids.numel() - n_decode))
+            return forward(input_ids, position_ids, batch, logits_to_keep)
+        self.runner.forward = recorded
 
 
-def run(lm, prompts, new_tokens=NEW_TOKENS, engine_cls=SlotChecked, sampling=None, **kwargs):
-    kwargs = dict(dict(max_running=4, block_size=BLOCK_SIZE, n_blocks=128), **kwargs)
-    engine = engine_cls(lm, **kwargs)
-    seqs = [engine.add(p, n, sampling or SamplingParams(), ignore_eos=True) for p, n in zip(prompts, new_tokens)]
+class RecordingWhole(Recording, WholePromptEngine):
+    """The same records, prompts never cut."""
+
+
+def run_engine(lm, prompts, max_new_tokens=NEW_TOKENS, whole_prompts=False, **kwargs):
+    kwargs = dict(dict(max_running=MAX_RUNNING, block_size=BLOCK_SIZE, n_blocks=128), **kwargs)
+    engine = (RecordingWhole if whole_prompts else Recording)(lm, **kwargs)
+    seqs = [engine.add(p, max_new_tokens, ignore_eos=True) for p in prompts]
     engine.run()
     assert engine.allocator.n_free == engine.allocator.n_blocks, "blocks leaked"
+    engine.allocator.check_invariants()
     return engine, [s.output_ids for s in seqs]
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return load_model("tiny", dtype=torch.float32)
+def expected(lm, prompts, max_new_tokens=NEW_TOKENS):
+    return [hf_greedy(lm, p, max_new_tokens, ignore_eos=True) for p in prompts]
 
 
-@pytest.mark.parametrize("buckets,budget", [(None, 4096), ([8], 4096), ([1, 3, 4], 5), ([2, 16], 7)])
-def test_greedy_equals_hf_whatever_the_buckets(tiny, buckets, budget):
+# --- greedy tokens equal HF generate ---------------------------------------------------------------
+
+@pytest.mark.parametrize("block_size", [BLOCK_SIZE, 16])
+def test_packed_prompts_equal_hf_generate(tiny32, block_size):
+    """The default budget packs every admitted prompt into one pass (phase 3.6's packing)."""
     prompts = random_prompts(PROMPT_LENGTHS, seed=1)
-    engine, outputs = run(tiny, prompts, buckets=buckets, max_num_batched_tokens=budget)
-    for p, n, out in zip(prompts, NEW_TOKENS, outputs):
-        assert out == hf_greedy(tiny, p, n, ignore_eos=True)
-    assert engine.runner.n_static_steps > 0
-    if buckets == [8]:
-        assert engine.runner.n_padded_rows > 0      # every step ran padding rows, and no token changed
+    engine, outputs = run_engine(tiny32, prompts, block_size=block_size)
+    assert outputs == expected(tiny32, prompts)
+    assert engine.n_chunks == len(prompts)                         # no prompt was cut
 
 
-@pytest.mark.parametrize("model", ["tiny-sliding", "tiny-softcap"])
-def test_windows_and_softcaps_equal_phase_3_6(model):
-    lm = load_model(model, dtype=torch.float32)
-    prompts = random_prompts((3, 17, 26), seed=2)
-    new = (12, 12, 12)
-    _, static = run(lm, prompts, new, buckets=[4], max_num_batched_tokens=5)
-    _, eager = run(lm, prompts, new, engine_cls=ChunkedPrefillEngine, max_num_batched_tokens=5)
-    assert static == eager
-    for p, n, out in zip(prompts, new, static):
-        assert out == hf_greedy(lm, p, n, ignore_eos=True)
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_chunked_prompts_with_decodes_alongside_equal_hf_generate(tiny32, budget):
+    prompts = random_prompts(PROMPT_LENGTHS)
+    engine, outputs = run_engine(tiny32, prompts, max_num_batched_tokens=budget)
+    assert outputs == expected(tiny32, prompts)
+    assert engine.n_chunks > len(prompts)                          # prompts were cut
+    assert engine.n_mixed_passes > 0                               # and chunks shared passes with decode tokens
+    assert engine.n_forward_passes == engine.n_steps == len(engine.passes)   # one pass per step
+    assert max(n for n, _, _ in engine.passes) <= budget
 
 
-def test_seeded_samples_do_not_depend_on_the_batch_or_its_padding(tiny):
-    """A sequence's draws are a function of its seed and position: the same whatever it shares a step with."""
-    prompts = random_prompts(PROMPT_LENGTHS, seed=3)
-    sampling = SamplingParams(temperature=0.9, top_k=50, top_p=0.9, seed=1234)
-    _, a = run(tiny, prompts, sampling=sampling, max_running=4)
-    _, b = run(tiny, prompts, sampling=sampling, max_running=2, buckets=[2])
-    _, c = run(tiny, prompts, sampling=sampling, max_running=4, buckets=[16], max_num_batched_tokens=5)
-    alone = [run(tiny, [p], (n,), sampling=sampling, max_running=1)[1][0] for p, n in zip(prompts, NEW_TOKENS)]
-    assert a == b == c == alone
-    greedy = run(tiny, prompts, max_running=4)[1]
-    assert a != greedy                          # it did sample
-
-
-def test_steady_decoding_sends_only_new_table_entries(tiny):
-    engine = StaticDecodeEngine(tiny, max_running=3, block_size=BLOCK_SIZE, n_blocks=64)
-    for p in random_prompts((5, 6, 7), seed=4):
-        engine.add(p, 20, ignore_eos=True)
-    engine.step()                                 # the prefill pass
-    engine.step()                                 # first decode step: every row is new
-    assert engine.runner.n_static_steps == 1
-    sent, syncs = engine.runner.buffers.n_values_sent, engine.runner.buffers.n_syncs
-    rows = engine.runner.buffers.rows
-    for _ in range(BLOCK_SIZE * 2):
-        engine.step()
-    steps = engine.runner.buffers.n_syncs - syncs
-    assert engine.runner.buffers.rows is rows, "the same sequences every step: no row was placed again"
-    assert engine.runner.buffers.longest_blocks == max(s.kv.n_blocks for s in engine.running)
-    # No row's token, position or length was sent again (they advance on the device); only each sequence's
-    # new blocks (one entry = 3 values, two per sequence over 2 * block_size steps).
-    assert engine.runner.buffers.n_values_sent - sent == 3 * 3 * 2
-    assert steps == BLOCK_SIZE * 2
-
-
-def test_rows_left_behind_are_inert_padding(tiny):
-    """A row a sequence left (finished) keeps no length and no position: as a bucket's padding it reads and
-    writes nothing, and its slot lookup stays inside the table whatever length the sequence had reached."""
-    engine = StaticDecodeEngine(tiny, max_running=3, block_size=BLOCK_SIZE, n_blocks=64, buckets=[4])
-    prompts = random_prompts((5, 6, 7), seed=9)
-    seqs = [engine.add(p, n, ignore_eos=True) for p, n in zip(prompts, (12, 3, 9))]
-    while seqs[1].status is not Status.DONE:
-        engine.step()
-    engine.step()                                    # the first static step without it: 2 rows of 3 live
-    assert engine.runner.buffers.n_rows == 2
-    assert engine.runner.buffers.seq_lens[2:].tolist() == [0, 0] and engine.runner.buffers.positions[2:].tolist() == [0, 0]
+@pytest.mark.parametrize("budget", [21, 4096])
+def test_packaged_model_packed_and_chunked(smol32, budget):
+    """SmolLM2 (30 layers, GQA 9:3, its chat template, EOS honoured), blocks of 16: whole prompts packed,
+    and chunks of up to 21 tokens (chunks end mid-block, decode tokens share their passes)."""
+    prompts = ["What is the capital of France?",
+               "Explain in detail how the attention mechanism works in a transformer.",
+               "Write a short story about a robot who learns to paint."]
+    engine = ChunkedPrefillEngine(smol32, max_running=2, block_size=16, n_blocks=64, max_num_batched_tokens=budget)
+    seqs = [engine.add(p, 12) for p in prompts]
     engine.run()
-    for p, n, s in zip(prompts, (12, 3, 9), seqs):
-        assert s.output_ids == hf_greedy(tiny, p, n, ignore_eos=True)
+    assert (engine.n_chunks > len(prompts)) == (budget < max(len(s.prompt_ids) for s in seqs))
+    for seq in seqs:
+        assert seq.output_ids == hf_greedy(smol32, seq.prompt_ids, 12), seq.prompt
+    assert engine.allocator.n_free == engine.allocator.n_blocks
 
 
-def test_decode_buckets_and_their_refusals(tiny):
-    assert decode_buckets(6) == [1, 2, 4, 6]
-    assert decode_buckets(1) == [1]
-    assert decode_buckets(8, [8, 2, 2]) == [2, 8]
-    with pytest.raises(ValueError, match="over the largest decode bucket"):
-        StaticDecodeEngine(tiny, max_running=8, buckets=[1, 2, 4])
-    with pytest.raises(ValueError, match="ints >= 1"):
-        decode_buckets(4, [0, 4])
-    with pytest.raises(ValueError, match="CUDA"):
-        StaticDecodeEngine(tiny, max_running=2, cuda_graphs=True)
+def test_whole_prompts_without_chunking_equal_hf_generate(tiny32):
+    """WholePromptEngine: a prompt is never cut, one longer than the budget runs alone, whole."""
+    prompts = random_prompts(PROMPT_LENGTHS, seed=2)
+    engine, outputs = run_engine(tiny32, prompts, max_num_batched_tokens=8, whole_prompts=True)
+    assert outputs == expected(tiny32, prompts)
+    assert engine.n_chunks == len(prompts)
+    assert any(prefill > 8 for _, _, prefill in engine.passes)     # the 14-, 22- and 30-token prompts
 
 
-def test_a_model_changed_after_the_first_static_step_is_refused_and_loses_nothing():
-    lm = load_model("tiny", dtype=torch.float32)
-    engine = StaticDecodeEngine(lm, max_running=2, block_size=BLOCK_SIZE, n_blocks=64)
-    seq = engine.add(random_prompts((6,), seed=5)[0], 8, ignore_eos=True)
-    engine.step()
-    engine.step()
-    assert engine.runner.n_static_steps == 1
-    made = list(seq.output_ids)
-    lm.model.to(torch.float64)
-    with pytest.raises(StaleGraphs, match="build a new engine"):
+class SharedPrefix(BlockKV):
+    """A stand-in for prefix caching: a new prompt that starts with the donor's full blocks maps them into
+    its table (one more reference each), so its first chunk starts past them."""
+    donor = None
+
+    def new(self, seq):
+        table = super().new(seq)
+        donor, bs = self.donor, self.block_size
+        if donor is None or donor.kv is None:
+            return table
+        n = (min(len(donor.prompt_ids), len(seq.prompt_ids)) - 1) // bs    # keep >= 1 token to compute
+        while n and seq.prompt_ids[:n * bs] != donor.prompt_ids[:n * bs]:
+            n -= 1
+        for block in donor.kv.block_ids[:n]:
+            self.allocator.incref(block)
+            table.block_ids.append(block)
+        table.n_filled = n * bs
+        return table
+
+
+@pytest.mark.parametrize("budget", [5, 4096])
+def test_prompts_that_start_in_another_sequences_blocks_equal_hf_generate(tiny32, budget):
+    shared = random_prompts([5 * BLOCK_SIZE + 1], seed=3)[0]
+    prompts = [shared + tail for tail in random_prompts((2, 9, 13), seed=4)]
+    engine = ChunkedPrefillEngine(tiny32, max_running=4, block_size=BLOCK_SIZE, n_blocks=128,
+                                  max_num_batched_tokens=budget)
+    engine.kv = SharedPrefix(engine.allocator)
+    donor = engine.kv.donor = engine.add(shared, 30, ignore_eos=True)
+    while donor.status is not Status.DECODING:
         engine.step()
-    assert seq.output_ids == made                 # nothing was emitted from a stale replay
+    seqs = [engine.add(p, NEW_TOKENS, ignore_eos=True) for p in prompts]
+    starts, claim = {}, engine.claim
+    engine.claim = lambda chunk: starts.setdefault(chunk.seq, chunk.start) is None or claim(chunk)
+    engine.run()
+    starts = [starts[s] for s in seqs]
+    assert starts == [5 * BLOCK_SIZE] * len(prompts)               # every first chunk started past the mapped blocks
+    assert [s.output_ids for s in seqs] == expected(tiny32, prompts)
+    assert donor.output_ids == hf_greedy(tiny32, shared, 30, ignore_eos=True)
+    assert engine.allocator.n_free == engine.allocator.n_blocks
 
 
-def test_device_filters_equal_common_sampling():
-    gen = torch.Generator().manual_seed(0)
-    logits = torch.randn(4, 200, generator=gen)
-    top_k = torch.tensor([5, 200, 17, 200])
-    top_p = torch.tensor([1.0, 0.7, 0.5, 1.0])
-    ours = filter_rows(logits, top_k, top_p)
-    for i in range(4):
-        k = int(top_k[i]) if int(top_k[i]) < 200 else 0
-        assert torch.equal(ours[i:i + 1], filter_logits(logits[i:i + 1], k, float(top_p[i])))
+# --- the scheduler's rules -----------------------------------------------------------------------------
+
+def test_a_sequence_mid_prefill_holds_its_blocks_and_emits_nothing_until_its_last_chunk(tiny32):
+    engine = ChunkedPrefillEngine(tiny32, max_running=2, block_size=BLOCK_SIZE, n_blocks=32, max_num_batched_tokens=7)
+    seq = engine.add(random_prompts([20])[0], 3, ignore_eos=True)
+    filled = []
+    for _ in range(2):
+        assert engine.step() == []
+        assert seq.status is Status.PREFILLING and not seq.output_ids and seq.timing.first_token is None
+        filled.append((seq.kv.n_filled, seq.kv.n_blocks, engine.allocator.n_used))
+    assert filled == [(7, 2, 2), (14, 4, 4)]                      # chunks end mid-block; blocks claimed as they go
+    outputs = engine.step()                                        # the last 6 tokens: the first token comes out
+    assert [o.seq for o in outputs] == [seq] and seq.status is Status.DECODING
+    engine.run()
+    assert seq.history == [Status.WAITING, Status.PREFILLING, Status.DECODING, Status.DONE]
+    assert seq.output_ids == hf_greedy(tiny32, seq.prompt_ids, 3, ignore_eos=True)
 
 
-def test_device_draws_follow_the_distribution_and_the_seed():
-    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
-    logits = probs.log()[None].repeat(4000, 1)
-    params = [SamplingParams(temperature=1.0)] * 4000
-    rows = sampling_rows(params, seeds=[7] * 4000, counters=list(range(4000)), vocab=4, device="cpu")
-    ids = sample_rows(logits, rows)
-    freq = torch.bincount(ids, minlength=4).float() / 4000
-    assert torch.allclose(freq, probs, atol=0.03)
-    again = sample_rows(logits, rows)
-    assert torch.equal(ids, again)                                         # a function of (seed, counter, token)
-    u = uniform_noise(torch.tensor([1, 2]), torch.tensor([0, 0]), 1000)
-    assert 0 < float(u.min()) and float(u.max()) < 1 and not torch.equal(u[0], u[1])
+def test_decode_tokens_come_first_and_the_rest_of_the_budget_goes_to_the_oldest_prefill(tiny32):
+    engine = Recording(tiny32, max_running=4, block_size=BLOCK_SIZE, n_blocks=64, max_num_batched_tokens=6)
+    a, b = (engine.add(p, 20, ignore_eos=True) for p in random_prompts((2, 3), seed=5))
+    engine.step()                                                  # both prefill whole (5 tokens)
+    c, d = (engine.add(p, 2, ignore_eos=True) for p in random_prompts((9, 9), seed=6))
+    engine.step()
+    # a and b decode (2 tokens), c takes the other 4; d waits: 6 - 2 - 9 (the rest of c) leaves no token for it
+    assert engine.passes[-1] == (6, 2, 4)
+    assert c.kv.n_filled == 4 and d.status is Status.WAITING
+    engine.step()
+    assert engine.passes[-1] == (6, 2, 4) and c.kv.n_filled == 8 and d.status is Status.WAITING
+    engine.step()                                                  # c's last token, then 3 of d's: d was admitted
+    assert engine.passes[-1] == (6, 2, 4) and c.status is Status.DECODING and d.kv.n_filled == 3
+    engine.run()
+    assert [s.output_ids for s in (a, b, c, d)] == [hf_greedy(tiny32, s.prompt_ids, s.max_new_tokens,
+                                                              ignore_eos=True) for s in (a, b, c, d)]
 
 
-def test_the_engine_with_the_tuned_kernel_under_the_interpreter(tiny, monkeypatch):
-    """The CPU runs above use phase 3.5's CPU attention; here the step runs phase 3.7's Triton kernel."""
-    monkeypatch.setenv(FORCE_KERNELS_ENV, "1")
-    prompts = random_prompts((3, 9), seed=6)
-    _, outputs = run(tiny, prompts, (4, 4), engine_cls=StaticDecodeEngine, buckets=[4])
-    for p, out in zip(prompts, outputs):
-        assert out == hf_greedy(tiny, p, 4, ignore_eos=True)
-
-
-HOST_READS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy")
-CPU_ONLY_CHECKS = "kernel_checks.py"    # the kernels' slot range checks read values only when the pool is on a CPU
-CALLER_FRAMES = 8          # how far up from a read to look for those checks (they read one or two frames up)
-STEPS_WATCHED = 6
-
-
-def host_read(name: str, reads: list[str]):
-    """A torch.Tensor method that appends `name` to `reads` on each call, except from the CPU-only checks."""
-    original = getattr(torch.Tensor, name)
-
-    def counted(self, *args, **kwargs):
-        if not any(frame.filename.endswith(CPU_ONLY_CHECKS) for frame in traceback.extract_stack(limit=CALLER_FRAMES)):
-            reads.append(name)
-        return original(self, *args, **kwargs)
-    return counted
-
-
-SAMPLINGS = [SamplingParams(), SamplingParams(temperature=0.7, top_k=20, top_p=0.9, seed=1)]
-
-
-def static_step_reads(engine_cls, lm, sampling, monkeypatch) -> tuple[int, list[str]]:
-    """The static steps an engine of `engine_cls` ran after its first, and the host reads they made, with the
-    Triton kernel path on. (The kernels' slot range checks read the slots on a CPU only, so they are not counted.)"""
-    monkeypatch.setenv(FORCE_KERNELS_ENV, "1")
-    engine = engine_cls(lm, max_running=4, block_size=BLOCK_SIZE, n_blocks=64, buckets=[4])
-    for n in (5, 6, 7):
-        engine.add(list(range(100, 100 + n)), 12, sampling, ignore_eos=True)
-    engine.step()                   # prefill
-    engine.step()                   # the first static step sends whole rows
-    reads = []
-    for name in HOST_READS:
-        monkeypatch.setattr(torch.Tensor, name, host_read(name, reads))
-    steps_before = engine.runner.n_static_steps
-    for _ in range(STEPS_WATCHED):
+def test_admission_counts_the_worst_case_of_a_partly_prefilled_sequence(tiny32):
+    """A holds few blocks while its prefill is under way, but its worst case is promised: B, which fits
+    beside what A holds but not beside what A may claim, waits for A to finish."""
+    # A: 30 + 4 new tokens -> up to 33 positions = 9 blocks. B: 6 + 4 -> 9 positions = 3 blocks. Pool: 10.
+    engine = ChunkedPrefillEngine(tiny32, max_running=2, block_size=BLOCK_SIZE, n_blocks=10,
+                                  max_num_batched_tokens=20)
+    a = engine.add(random_prompts([30], seed=7)[0], 4, ignore_eos=True)
+    b = engine.add(random_prompts([6], seed=8)[0], 4, ignore_eos=True)
+    engine.step()                 # A's first 20 tokens; B is not considered: the rest of A takes the budget
+    assert a.kv.n_blocks == 5 and b.status is Status.WAITING and b.seq_id not in engine.waited_for_blocks
+    engine.step()                 # B fits what A's last 10 tokens leave of the budget, and 5 blocks are free...
+    assert b.status is Status.WAITING and b.seq_id in engine.waited_for_blocks   # ...but A may claim 4 of them
+    while a.status is not Status.DONE:
+        assert b.status is Status.WAITING
         engine.step()
-    steps = engine.runner.n_static_steps - steps_before
-    monkeypatch.undo()
-    return steps, reads
+    engine.run()
+    assert b.output_ids == hf_greedy(tiny32, b.prompt_ids, 4, ignore_eos=True)
+    assert engine.allocator.n_free == engine.allocator.n_blocks
 
 
-@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "filtered-sample"])
-def test_a_static_step_reads_the_device_once(tiny, sampling, monkeypatch):
-    """The step's one host transfer is the sampled ids (`tolist`): no `.item()`, no tensor truthiness, no
-    `.cpu()` anywhere else in a decode step, greedy or filtered sampling."""
-    steps, reads = static_step_reads(StaticDecodeEngine, tiny, sampling, monkeypatch)
-    assert steps == STEPS_WATCHED and reads == ["tolist"] * steps
+def test_the_prefill_kernel_runs_once_per_layer_per_pass_and_the_plan_once_per_pass(tiny32, monkeypatch):
+    from phases.p3_8_chunked_prefill import attention, runner as engine_module
+    calls = {"attention": 0, "plan": 0}
+
+    def counting(name, fn):
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return fn(*args, **kwargs)
+        return counted
+    monkeypatch.setattr(attention, "paged_prefill_attention", counting("attention", attention.paged_prefill_attention))
+    monkeypatch.setattr(engine_module, "plan_prefill", counting("plan", engine_module.plan_prefill))
+    prompts = random_prompts((3, 6, 9, 12))
+    engine, outputs = run_engine(tiny32, prompts, max_num_batched_tokens=13)
+    assert outputs == expected(tiny32, prompts)
+    prefill_passes = sum(1 for _, _, prefill in engine.passes if prefill)
+    assert calls == {"attention": prefill_passes * tiny32.n_layers, "plan": prefill_passes}
+    assert any(prefill > 4 for _, _, prefill in engine.passes)     # passes held several segments
 
 
-# --- the demos ----------------------------------------------------------------------------------------
-def test_graph_bench_and_graph_workload_quick():
+def test_abort_mid_prefill_gives_the_blocks_back(tiny32):
+    engine = ChunkedPrefillEngine(tiny32, block_size=BLOCK_SIZE, n_blocks=32, max_num_batched_tokens=5)
+    a = engine.add(random_prompts([25])[0], 5, ignore_eos=True)
+    b = engine.add([300, 301, 302], 4, ignore_eos=True)
+    engine.step()
+    assert a.status is Status.PREFILLING and a.kv.n_blocks > 0
+    engine.abort(a)
+    assert a.finish_reason == "abort"
+    engine.run()
+    assert b.output_ids == hf_greedy(tiny32, b.prompt_ids, 4, ignore_eos=True)
+    assert engine.allocator.n_free == engine.allocator.n_blocks
+
+
+def test_bad_budget_is_refused(tiny32):
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="max_num_batched_tokens"):
+            ChunkedPrefillEngine(tiny32, n_blocks=8, max_num_batched_tokens=bad)
+
+
+# --- attention as the model defines it -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def window_models():
+    return {name: load_model(name, device="cpu", dtype=torch.float32) for name in ("tiny-sliding", "tiny-softcap")}
+
+
+@pytest.mark.parametrize("budget, chunked", [(5, True), (4096, True), (6, False)])
+@pytest.mark.parametrize("name", ["tiny-sliding", "tiny-softcap"])
+def test_window_and_softcap_models_equal_hf_generate_past_the_window(window_models, name, budget, chunked):
+    lm = window_models[name]
+    prompts = random_prompts((3, TINY_WINDOW + 2, 14, 23), seed=9)
+    _, outputs = run_engine(lm, prompts, max_new_tokens=10, max_running=2, max_num_batched_tokens=budget,
+                            whole_prompts=not chunked)
+    assert outputs == expected(lm, prompts, 10)
+
+
+@pytest.mark.parametrize("name", ["tiny", "tiny-softcap"])
+def test_engine_on_the_triton_kernels_under_the_interpreter(window_models, tiny32, monkeypatch, name):
+    """The GPU code path (paged decode kernel + varlen prefill kernel, a mixed pass) on CPU: few tokens,
+    the interpreter runs every program in Python."""
+    monkeypatch.setenv(FORCE_KERNELS_ENV, "1")
+    lm = tiny32 if name == "tiny" else window_models[name]
+    prompts = random_prompts((2, 11, 17), seed=10)
+    engine, outputs = run_engine(lm, prompts, max_new_tokens=4, max_running=2, max_num_batched_tokens=6)
+    assert engine.n_mixed_passes > 0
+    assert outputs == expected(lm, prompts, 4)
+
+
+# --- the demo --------------------------------------------------------------------------------------------
+
+def test_prefill_bench_quick_runs_every_section_and_draws(tmp_path):
     from measure.cli import run_demo
-    bench = run_demo("graph_bench", model="tiny", device="cpu", dtype="fp32", quick=True)
-    engines = {r["engine"] for r in bench.data["step"]}
-    assert engines == {"p3_6 (decode pass from lists)", "p3_8 static, eager"}        # no graph on a CPU
-    assert all(r["ms"] > 0 for r in bench.data["step"])
-    host = bench.data["host"]                       # the same engines with the model stubbed out
-    assert {r["engine"] for r in host} == {"p3_6 (decode pass from lists)", "p3_8 static, eager",
-                                           "p3_8 static, overlapped"}
-    assert {r["batch"] for r in host} == {1, 3} and all(r["host_ms"] > 0 for r in host)
-    work = run_demo("graph_workload", model="tiny", device="cpu", dtype="fp32", quick=True,
-                    options={"engines": ["chunked", "graphs"]})
-    notes = " ".join(n for t in work.tables for n in t.notes)
-    assert "graphs: 4/4 outputs identical to chunked's" in notes
+    from phases.p3_8_chunked_prefill.demo import pack_lengths, plot_prefill
 
-
-def test_the_host_sections_stub_returns_what_each_decode_pass_returns_and_leaves_prefill_alone(tiny):
-    # The stub must give each engine's decode pass the logits shape its caller slices, or the host section
-    # would time an error path; prefill passes still run the model (their K/V and first tokens are real).
-    from phases.p3_8_cuda_graphs.demo import stub_decode_forward
-    for engine in (ChunkedPrefillEngine(tiny, max_running=3, n_blocks=32),
-                   StaticDecodeEngine(tiny, max_running=3, n_blocks=32, buckets=[4])):
-        stub_decode_forward(engine)
-        seqs = [engine.add(list(range(100, 100 + n)), 4, ignore_eos=True) for n in (3, 5, 7)]
-        engine.run()
-        for s in seqs:
-            assert s.output_ids[0] == hf_greedy(tiny, s.prompt_ids, 1, ignore_eos=True)[0]   # from the prefill
-            assert s.output_ids[1:] == [0, 0, 0]                                           # from the stub
-        assert engine.allocator.n_free == engine.allocator.n_blocks
+    report = run_demo("prefill_bench", model="tiny", device="cpu", dtype="fp32", quick=True)
+    data = report.data
+    assert {r["pack"] for r in data["attention"]} == {"1x24", "3x4-12"}
+    assert all(r["max_err"] < 1e-5 for r in data["attention"])        # the loop and the varlen path agree
+    assert all(r["tokens"] > 0 for r in data["engine"])
+    assert {r["prefix"] for r in data["engine"]} == {0, 8}
+    assert len(data["latency"]) == 3 and all(r["n_gaps"] > 0 for r in data["latency"].values())
+    for work in data["workload"].values():
+        assert set(work) == {"batched", "chunked"}
+    notes = " ".join(n for t in report.tables for n in t.notes)
+    assert "3/3 outputs identical" in notes
+    plot_prefill(report, tmp_path / "p.png")
+    assert (tmp_path / "p.png").stat().st_size > 0
+    assert pack_lengths("16x256") == [256] * 16 and len(pack_lengths("5x1-3")) == 5
+    with pytest.raises(ValueError, match="NxL"):
+        pack_lengths("16by256")

@@ -10,7 +10,7 @@ from common.sampling import SamplingParams
 from measure.workload import Request
 from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks
 from phases.p3_2_block_table.block_table import BlockTable
-from phases.p3_8_cuda_graphs.engine import StaticDecodeEngine
+from phases.p3_10_cuda_graphs.engine import StaticDecodeEngine
 from phases.p4_1_copy_on_write.block_ops import (CopyQueue, append_slots_cow, blocks_held, check_refcounts, fork,
                                                  needs_copy)
 from phases.p4_1_copy_on_write.engine import SharingEngine, worst_case_blocks
@@ -147,8 +147,8 @@ def test_seeded_samples_reproduce_differ_and_sample_0_is_the_plain_request(tiny3
     assert first[0] == seq.output_ids                      # sample i is seeded seed + i
 
 
-def test_plain_requests_run_exactly_as_on_phase_3_7(tiny32):
-    """add() is a group of one and returns its Sequence; with no samples the engine is phase 3.8's."""
+def test_plain_requests_run_exactly_as_on_phase_3_10(tiny32):
+    """add() is a group of one and returns its Sequence; with no samples the engine is phase 3.10's."""
     prompts = [list(range(300 + 9 * i, 305 + 11 * i)) for i in range(5)]
     runs = []
     for cls in (StaticDecodeEngine, SharingEngine):

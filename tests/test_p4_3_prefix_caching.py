@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from phases.p3_1_block_allocator.allocator import AllocatorError, OutOfBlocks
-from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
+from phases.p3_8_chunked_prefill.engine import ChunkedPrefillEngine
 from phases.p4_3_prefix_caching import block_hash
 from phases.p4_3_prefix_caching.block_hash import ROOT_HASH, chain_hashes
 from phases.p4_3_prefix_caching.engine import PrefixCachingEngine

@@ -47,7 +47,7 @@ def _unlimited(lm, trace, block_size, prefix_caching=False):
 
 
 def chunked(budget: int | None) -> dict:
-    """Engine kwargs for a per-step token budget (phase 3.6's chunked prefill); None: the default budget."""
+    """Engine kwargs for a per-step token budget (phase 3.8's chunked prefill); None: the default budget."""
     return {} if budget is None else dict(max_num_batched_tokens=budget)
 
 

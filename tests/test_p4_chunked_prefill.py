@@ -1,4 +1,4 @@
-"""Phases 4.1-4.4 on phase 3.6's chunked prefill: samples, beams, prefix caching and preemption stay correct when a
+"""Phases 4.1-4.4 on phase 3.8's chunked prefill: samples, beams, prefix caching and preemption stay correct when a
 prompt (or a recomputed sequence) is prefilled a chunk at a time, beside decode tokens, under a small token budget.
 
 Budgets 3, 5 and 7 with blocks of 4 split prompts mid-block and chunks across block boundaries.

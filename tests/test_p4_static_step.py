@@ -1,4 +1,4 @@
-"""The later engines on phase 3.8's static decode step, padded to buckets: forked samples and beams rewrite
+"""The later engines on phase 3.10's static decode step, padded to buckets: forked samples and beams rewrite
 block tables every step, prefix-cache hits map shared blocks into rows, preempted groups come back into new
 rows; the buffers must catch each, and no token changes (HF `generate` greedy, fp32, is the oracle).
 """
@@ -14,8 +14,8 @@ from phases.p4_3_prefix_caching.engine import PrefixCachingEngine
 from phases.p4_4_preemption.engine import PreemptingEngine
 from phases.p5_serving.samples import ServingEngine
 from tests.oracles import hf_greedy
-from tests.test_p3_6_engine import random_prompts
-from tests.test_p3_8_engine import BLOCK_SIZE, SAMPLINGS, STEPS_WATCHED, static_step_reads
+from tests.test_p3_8_engine import random_prompts
+from tests.test_p3_10_engine import BLOCK_SIZE, SAMPLINGS, STEPS_WATCHED, static_step_reads
 from tests.test_p4_2_beam_search import hf_beam
 
 

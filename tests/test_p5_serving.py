@@ -400,7 +400,7 @@ def test_the_server_serves_the_last_engine_with_its_flags(tiny32):
     assert (args.no_prefix_caching, args.preemption_mode) == (True, "swap")
     assert build_parser().parse_args([]).no_prefix_caching is False
     engine = create_app(tiny32, n_blocks=8, prefix_caching=False, preemption_mode="swap").state.engine.engine
-    assert not engine.prefix_caching and engine.swap_space is not None
+    assert not engine.prefix_caching and engine.swap_space.cpu is not None
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--preemption-mode", "drop"])
 

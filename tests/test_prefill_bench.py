@@ -32,8 +32,8 @@ def test_pack_lengths_refuses_bad_specs(spec):
 @pytest.mark.parametrize("prefix", [0, 5])
 def test_contiguous_bound_on_cpu_equals_the_sdpa_oracle(prefix):
     """SDPA per segment, causal kernel when fresh and a shifted-triangle mask after a prefix, is the attention."""
-    from phases.p3_6_varlen_prefill.pack import random_prefill_pack
-    from phases.p3_6_varlen_prefill.reference import sdpa_prefill_contiguous
+    from phases.p3_7_varlen_prefill.pack import random_prefill_pack
+    from phases.p3_7_varlen_prefill.reference import sdpa_prefill_contiguous
 
     seg_lens = [3, 7, 1]
     p = random_prefill_pack(seg_lens, [prefix] * 3, 4, n_kv_heads=2, group=3, head_dim=16, seed=prefix)
@@ -45,7 +45,7 @@ def test_contiguous_bound_on_cpu_equals_the_sdpa_oracle(prefix):
 
 
 def test_stream_latency_counts_the_gaps_after_the_arrival(tiny32):
-    from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
+    from phases.p3_8_chunked_prefill.engine import ChunkedPrefillEngine
 
     engine = ChunkedPrefillEngine(tiny32, max_running=3, block_size=4, n_blocks=32, max_num_batched_tokens=8)
     r = stream_latency(tiny32, engine, n_streams=2, stream_prompt=4, long_prompt=24, steps_before=2,

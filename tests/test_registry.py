@@ -49,7 +49,7 @@ def test_the_table_names_every_demo_and_each_module_defines_its_demos():
     assert list(loaded) == registry.names() == list(registry.DEMO_MODULES)
     for name, demo in loaded.items():
         assert demo.run.__module__ == registry.DEMO_MODULES[name]
-    # p3_3's `tput` was taken over by p3_5 and is kept as an earlier version
+    # p3_3's `tput` was taken over by p3_6 and is kept as an earlier version
     assert [d.phase for d in registry.EARLIER["tput"]] == ["p3_3"]
 
 

@@ -1,19 +1,12 @@
-"""Phase 3.5 adds paged attention to phase 3.3's scheduler: a fused Triton decode-attention kernel reads K/V in place from the pool (no gather), so one forward pass serves every running sequence.
+"""Phase 3.5 adds paged decode attention to phase 3.4's gather: a fused Triton kernel reads every sequence's K/V in place from the pool through its block table (no gather, no padded copy), a whole batch at different lengths in one launch, plus a kernel that writes new K/V into the pool by slot.
 
-Two groups of modules, then the demo. The kernels (each with a PyTorch
-reference that is the CPU path and the test oracle):
-- kernel_checks.py  input checks for attention and the K/V store
-- reference.py      PyTorch references: paged attention via gather, SDPA on contiguous K/V, the K/V store
+Each kernel has a PyTorch reference that is the CPU path and the test oracle:
 - kernels.py        Triton: paged decode attention (plus a split-KV variant) and the K/V store
+- reference.py      PyTorch references: paged attention via gather, SDPA on contiguous K/V, the K/V store,
+                    and the CPU path (gather per KV head + grouped batched matmuls)
+- ops.py            what an engine imports: kernels on CUDA, references on CPU
 - plans.py          the CPU paths' per-pass index arithmetic (`WritePlan`, `DecodePlan`), made once per pass
-- ops.py            what the engine imports: kernels on CUDA, references on CPU
-The engine built on them:
-- attention.py      transformers' attention rerouted through the pool (`AttentionInterface`, `PagedBatch`)
-- engine.py         `BatchedPagedEngine(PagedScheduler)`: one packed prefill pass and one decode pass per
-                    step; a sequence's KV state is its bare block table
-And:
-- demo.py           `attn_bench` (the kernel vs SDPA vs the references), `tput` and `workload_bench` (every
-                    engine side by side, through measure/tput.py and measure/workload_bench.py), and this
-                    phase's engine runner `BATCHED`
+- kernel_checks.py  input checks for attention and the K/V store
+- demo.py           `attn_bench`: one layer's decode attention, the kernel vs SDPA vs the references
 - README.md         the idea, its files, how to run it; its tables: docs/measurements/p3_5_paged_attention.md
 """

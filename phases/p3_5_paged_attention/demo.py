@@ -1,24 +1,15 @@
-"""Phase 3.5's demos: `attn_bench` (the kernel), `tput` and `workload_bench` (the batched engine among all others).
+"""`attn_bench`: this phase's decode-attention kernel beside SDPA and the PyTorch references, one layer.
 
-attn_bench      decode attention for a batch at mixed lengths, three ways, one layer:
-                1. SDPA over K/V already contiguous and padded to the longest sequence,
-                   with a length mask: what a non-paged engine runs (the copy that builds
-                   that layout is not timed);
-                2. the references: gather from the pool then attend in fp32
-                   (`paged_decode_attention_reference`); gather + SDPA; gather per KV head +
-                   batched matmuls (`paged_decode_attention_gather_bmm`, the CPU path);
-                3. the kernel, `paged_decode_attention_triton`, reading K/V in place through
-                   the block tables (and its split-KV variant); timed on a GPU only.
-                Head counts come from the loaded model (SmolLM2-135M: 9 query heads over 3 KV
-                heads, head_dim 64), so `--model dummy:qwen3-0.6b` benchmarks Qwen3's shapes.
-                The sweep over batch sizes and context lengths is measure/kernel_bench.py.
-tput            takes over phase 3.3's demo of that name (`extends="p3_3"`): the same batch-size
-                sweep (measure/tput.py) with static batching (p2_1), per-sequence continuous batching
-                (p2_3), per-sequence paged (p3_3), this phase's batched engine and transformers'
-                `generate_batch`; on CUDA also transformers' compiled static-cache `generate`.
-workload_bench  the same engines on vLLM-style equal and mixed work, ratios against this phase's
-                targets, the compute roofline and a profile of one batched decode step
-                (measure/workload_bench.py).
+Decode attention for a batch at mixed lengths, three ways:
+1. SDPA over K/V already contiguous and padded to the longest sequence, with a length mask: what a non-paged
+   engine runs (the copy that builds that layout is not timed);
+2. the references: gather from the pool then attend in fp32 (`paged_decode_attention_reference`); gather +
+   SDPA; gather per KV head + batched matmuls (`paged_decode_attention_gather_bmm`, the CPU path);
+3. the kernel, `paged_decode_attention_triton`, reading K/V in place through the block tables (and its
+   split-KV variant); timed on a GPU only.
+Head counts come from the loaded model (SmolLM2-135M: 9 query heads over 3 KV heads, head_dim 64), so
+`--model dummy:qwen3-0.6b` benchmarks Qwen3's shapes. The sweep over batch sizes and context lengths is
+measure/kernel_bench.py.
 """
 
 from __future__ import annotations
@@ -26,34 +17,16 @@ from __future__ import annotations
 import torch
 
 from measure.demos import Option, RunConfig, demo
-from measure.harness import EngineRun, EngineRunner, pool_problems, submit, workload_pool_blocks
-from measure.hf_peers import HF_CB, HF_COMPILED, HF_STATIC
 from measure.kernel_bench import (LAYER, NOT_TIMED_CPU, POOL_LAYERS, KernelCase, kernel_options, kernel_sweep,
                                  timing_cell)
 from measure.report import Report
-from measure.tput import plot_tput, run_tput, tput_options
-from measure.workload import Request
-from measure.workload_bench import run_workload_bench, workload_options
-from phases.p2_1_naive_batching.demo import STATIC
-from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
-from phases.p3_3_paged_cache.demo import KV_ACCOUNTING, TPUT_ENGINES
 from phases.p3_4_gather_kernel.batch import random_paged_batch
-from phases.p3_4_gather_kernel.dispatch import use_kernels
 from phases.p3_4_gather_kernel.reference import gather_reference
-from phases.p3_5_paged_attention.engine import BatchedPagedEngine
 from phases.p3_5_paged_attention.reference import (paged_decode_attention_gather_bmm,
                                                    paged_decode_attention_gather_sdpa,
                                                    paged_decode_attention_reference, sdpa_decode_contiguous)
 
 QUERY_SEED = 0
-WORKLOAD_ENGINES = ["hf_static", "hf_cb", "paged", "batched"]
-WORKLOAD_ENGINES_GPU = ["hf_static", "hf_compiled", "hf_cb", "paged", "batched"]
-TARGETS = {  # (workload, faster engine, slower engine) -> the ratio this phase aims for
-    ("equal", "batched", "hf_cb"): 3.0,
-    ("equal", "batched", "hf_static"): 1.0,
-    ("mixed", "batched", "hf_static"): 1.5,
-    ("mixed", "batched", "paged"): 3.0,
-}
 
 
 # --- attn_bench: the kernel --------------------------------------------------------------------
@@ -138,59 +111,3 @@ def attn_bench(cfg: RunConfig) -> Report:
         table.notes.append("CPU: the kernel only runs in Triton's interpreter (each program in Python), so it is not "
                            "timed; its error is checked on the first row. GPU timings: modal run modal_run.py::attn_bench")
     return report
-
-
-# --- the batched engine, as the harness runs it --------------------------------------------------
-def run_batched(lm, requests: list[Request], max_running: int, block_size: int = DEFAULT_BLOCK_SIZE) -> EngineRun:
-    """One batched forward pass per step over the paged pool, for every running sequence."""
-    n_blocks = workload_pool_blocks(lm, requests, block_size)
-    engine = BatchedPagedEngine(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks)
-    submit(engine, lm, requests)
-    finished = engine.run()
-    assert not pool_problems(engine.allocator), "blocks leaked"
-    settings = dict(max_running=max_running, block_size=block_size, pool_blocks=n_blocks,
-                    max_prefill_tokens=engine.max_prefill_tokens,
-                    attention="Triton kernels" if use_kernels(lm.device) else "PyTorch reference (no GPU)")
-    return EngineRun.from_sequences(finished, engine.peak_blocks_used * engine.allocator.bytes_per_block,
-                                    note=f"{engine.n_forward_passes} forward passes in {engine.n_steps} steps",
-                                    settings=settings)
-
-
-BATCHED = EngineRunner("batched", "BatchedPagedEngine (p3_5): one forward pass per step for all sequences",
-                       run_batched)
-ALL_ENGINES: list[EngineRunner] = [STATIC, *TPUT_ENGINES, BATCHED, HF_CB]
-# Run by default only on CUDA: compiling is what a GPU user of transformers gets, not a CPU user
-# (transformers does not compile on a CPU). Elsewhere they run when named (`--engines hf_compiled`).
-CUDA_ENGINES: list[EngineRunner] = [HF_COMPILED]
-ON_REQUEST: list[EngineRunner] = [HF_STATIC, HF_COMPILED]   # namable in `tput`, not in its default list
-
-
-def default_engines(on_gpu: bool) -> list[EngineRunner]:
-    """What `tput` runs when no engine is named: every engine, plus the CUDA-only peers on a GPU."""
-    return ALL_ENGINES + (CUDA_ENGINES if on_gpu else [])
-
-
-def prefilled_engine(lm, requests: list[Request]) -> BatchedPagedEngine:
-    """Every request admitted and prefilled, so the next step is one decode step of the whole batch."""
-    engine = BatchedPagedEngine(lm, max_running=len(requests), block_size=DEFAULT_BLOCK_SIZE,
-                                n_blocks=workload_pool_blocks(lm, requests, DEFAULT_BLOCK_SIZE))
-    for r in requests:
-        engine.add(r.prompt_ids, r.max_new_tokens, ignore_eos=True)
-    while engine.waiting:
-        engine.step()
-    return engine
-
-
-# --- tput and workload_bench: every engine side by side -----------------------------------------
-@demo("tput", phase="p3_5", extends="p3_3", options=tput_options(), plot=plot_tput,
-      help="KV memory and tok/s per batch size for every engine, ours and transformers'")
-def tput(cfg: RunConfig) -> Report:
-    return run_tput(cfg, default_engines(cfg.on_gpu), on_request=ON_REQUEST, kv_note=KV_ACCOUNTING)
-
-
-@demo("workload_bench", phase="p3_5",
-      help="engines on equal and mixed work (vLLM-style trace), ratios vs targets, roofline, step profile",
-      options=workload_options(WORKLOAD_ENGINES, WORKLOAD_ENGINES_GPU, [e.name for e in ALL_ENGINES + ON_REQUEST]))
-def workload_bench(cfg: RunConfig) -> Report:
-    return run_workload_bench(cfg, ALL_ENGINES + ON_REQUEST, focus="batched", targets=TARGETS,
-                              profile_engine=prefilled_engine)

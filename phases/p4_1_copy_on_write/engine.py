@@ -1,11 +1,11 @@
 """`SharingEngine`: parallel sampling, n samples of one prompt decoding over ONE copy of its KV blocks.
 
 A request may now ask for `n` samples of the same prompt (`add_group(..., n=k)`;
-`add()` is a request of one, and still returns its one Sequence). Phase 3.8's
+`add()` is a request of one, and still returns its one Sequence). Phase 3.10's
 engine would prefill the prompt n times and store its K/V n times. Here:
 
   1. the prompt is prefilled ONCE, as one sequence (the group's sample 0),
-     in one pass or in chunks over several (phase 3.6);
+     in one pass or in chunks over several (phase 3.8);
   2. right after the pass of its last chunk, the group forks: samples 1..n-1 get block
      tables that list the parent's blocks (refcount n each, nothing copied) and
      every sample draws its first token from the same prefill logits, each
@@ -34,9 +34,9 @@ import torch
 from common.clock import SeqTiming
 from common.sampling import GREEDY, SamplingParams
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
-from phases.p3_6_varlen_prefill.engine import ChunkedPrefillEngine
-from phases.p3_8_cuda_graphs.runner import StaticRunner
-from phases.p3_8_cuda_graphs.sampler import DeviceSampler
+from phases.p3_8_chunked_prefill.engine import ChunkedPrefillEngine
+from phases.p3_10_cuda_graphs.runner import StaticRunner
+from phases.p3_10_cuda_graphs.sampler import DeviceSampler
 from phases.p4_1_copy_on_write.block_ops import blocks_held
 from phases.p4_1_copy_on_write.kv import CowKV, worst_case_blocks
 
@@ -76,7 +76,7 @@ class SequenceGroup:
 
 
 class SharingEngine(ChunkedPrefillEngine):
-    """Phase 3.6's scheduling on phase 3.8's parts (the static decode runner, the device sampler), with
+    """Phase 3.8's scheduling on phase 3.10's parts (the static decode runner, the device sampler), with
     requests of n sequences over shared blocks (`CowKV`)."""
 
     def __init__(self, lm, *, cuda_graphs: bool | None = None, buckets: list[int] | None = None, **engine_kwargs):
@@ -139,7 +139,7 @@ class SharingEngine(ChunkedPrefillEngine):
 
     # --- admission: a group needs n slots, its shared blocks count once -----------------
     def can_admit(self, seq: Sequence) -> bool:
-        """A slot for every sequence the group will run as, then phase 3.6's rule."""
+        """A slot for every sequence the group will run as, then phase 3.8's rule."""
         return self.group_of(seq).n <= self.n_free_slots - self.slots_promised and super().can_admit(seq)
 
     def blocks_to_admit(self, seq: Sequence) -> int:

@@ -1,6 +1,6 @@
 """The KV manager of phase 4.1: block tables that share blocks, and copy a shared block before writing it.
 
-`CowKV` claims slots as phase 3.5's `BlockKV` does, except that a write into a
+`CowKV` claims slots as phase 3.6's `BlockKV` does, except that a write into a
 block another table also holds first gives this table its own copy
 (copy-on-write, block_ops.py). The copies a step decides are queued and run
 together (`before_pass`), before the step's forward pass writes anything.
@@ -16,7 +16,7 @@ from phases.p2_2_scheduler.sequence import Sequence
 from phases.p3_1_block_allocator.allocator import BlockAllocator, blocks_for
 from phases.p3_2_block_table.block_table import BlockTable
 from phases.p3_3_paged_cache.scheduler import worst_case_tokens
-from phases.p3_5_paged_attention.kv import BlockKV
+from phases.p3_6_batched_engine.kv import BlockKV
 from phases.p4_1_copy_on_write.block_ops import CopyQueue, append_slots_cow, fork
 
 

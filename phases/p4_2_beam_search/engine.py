@@ -70,7 +70,7 @@ class BeamSearchEngine(SharingEngine):
         """Beam rows go to their group's search; every other row is sampled as before.
 
         A search step needs every live beam's logits at once. The prompt is prefilled once, as beam 0 (in
-        chunks, perhaps: phase 3.6), and its last chunk's row opens the search; from then on the beams only
+        chunks, perhaps: phase 3.8), and its last chunk's row opens the search; from then on the beams only
         decode, and every step's pass carries one decode row for each of them."""
         beam_rows: dict[BeamGroup, list[int]] = {}
         other_rows = []

@@ -1,7 +1,8 @@
 """Phase 4.4 adds preemption to phase 4.1's engine with phase 4.3's prefix cache: requests are admitted optimistically, first come first served; when the pool runs dry the latest request is preempted (all of its sequences) and later recomputed or swapped back in, so no request is lost.
 
 Files:
-- swap.py    `SwapSpace`: a CPU block pool of the same block shape, and one indexed copy per direction
+- swap.py    `SwapSpace`: a CPU block pool of the same block shape, and one indexed copy per direction;
+             `NoSwapSpace`, the part recompute mode picks instead (no pool)
 - engine.py  `PreemptingEngine(SharingEngine)` with phase 4.3's `PrefixKV`, the engine line so far
              (samples, prefix caching, preemption): FCFS admission of whole groups with a watermark,
              preemption of the latest group (a group part-way through its prefill too), recovery by

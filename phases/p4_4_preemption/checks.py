@@ -80,6 +80,6 @@ def check_finished(engine, groups: list[SequenceGroup]) -> list[str]:
                 problems.append(f"sequence {s.seq_id} finished {s.history.count(Status.DONE)} times "
                                 f"(listed {listed[s.seq_id]} times)")
     problems += pool_problems(engine.allocator, "GPU pool")
-    if engine.swap_space is not None:
+    if engine.swap_space.cpu is not None:
         problems += pool_problems(engine.swap_space.cpu, "CPU pool")
     return problems + list(getattr(engine, "violations", []))

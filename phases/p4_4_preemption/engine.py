@@ -17,7 +17,7 @@ recovery    "recompute": blocks dropped, back to the FRONT of the queue; admitte
             blocks copied to a CPU pool and back when they fit; a full CPU pool falls back to
             recomputation. A group part-way through its prefill is always recomputed.
 
-Draws are keyed on (seed, token index) (phase 3.8), so preemption changes no token; `add()` refuses a
+Draws are keyed on (seed, token index) (phase 3.10), so preemption changes no token; `add()` refuses a
 request that could outgrow the pool alone, so preempting every later group always makes room and nothing
 is lost.
 """
@@ -35,7 +35,7 @@ from phases.p2_2_scheduler.sequence import ALLOWED_MOVES, Sequence, Status, Step
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, OutOfBlocks, blocks_for
 from phases.p4_1_copy_on_write.engine import SequenceGroup, SharingEngine
 from phases.p4_3_prefix_caching.engine import prefix_cache_pool, use_prefix_cache
-from phases.p4_4_preemption.swap import SwapSpace
+from phases.p4_4_preemption.swap import NoSwapSpace, SwapSpace
 
 
 class Preemption(Enum):
@@ -62,7 +62,6 @@ class PreemptionStats:
     n_recomputed: int = 0        # groups re-prefilled after a preemption
     tokens_recomputed: int = 0   # tokens whose K/V were computed again
     recompute_s: float = 0.0     # prefill time spent on them (each pass's time x their share of its tokens)
-    n_swap_fallbacks: int = 0    # swap-mode preemptions recomputed because the CPU pool was full
 
 
 class PreemptingEngine(SharingEngine):
@@ -83,8 +82,9 @@ class PreemptingEngine(SharingEngine):
             else watermark_blocks
         if not 0 <= self.watermark_blocks < n:
             raise ValueError(f"watermark_blocks must be in [0, {n}), got {self.watermark_blocks}")
-        # The paper bounds swap space by the GPU pool's size; the default follows it.
-        self.swap_space = SwapSpace(self.allocator, cpu_blocks or n) if preemption_mode == "swap" else None
+        # The recovery part: a CPU pool to swap into ("swap"; the paper bounds it by the GPU pool's size, and the
+        # default follows it), or none ("recompute").
+        self.swap_space = SwapSpace(self.allocator, cpu_blocks or n) if preemption_mode == "swap" else NoSwapSpace()
         self.swapped: deque[SequenceGroup] = deque()  # swapped-out groups, in arrival order
         self.stats = PreemptionStats()
         # request_id of every preemption / every admission and swap-in, in order (the latest ones)
@@ -119,7 +119,7 @@ class PreemptingEngine(SharingEngine):
 
     # --- one step ---------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
-        """Phase 3.5's step; the tokens its pass computed again (`claim` counts them) are booked, with the time
+        """Phase 3.6's step; the tokens its pass computed again (`claim` counts them) are booked, with the time
         from their first claim to the step's end (pass, sampling, update) by their share of its prefill tokens."""
         self._step_prefill, self._step_recomputed, self._prefilled = 0, 0, []
         outputs = super().step()
@@ -191,16 +191,12 @@ class PreemptingEngine(SharingEngine):
         decoding = all(s.status is Status.DECODING for s in members)
         for s in members:
             s.move(PREEMPTED)
-        tables = [s.kv for s in members]
-        if self.swap_space is not None and decoding and self.swap_space.can_swap_out(tables):
+        if decoding and self.swap_space.try_swap_out([s.kv for s in members]):
             for s in members:
                 self.running.remove(s)
-            self.swap_space.swap_out(tables)
             i = bisect_left([g.request_id for g in self.swapped], group.request_id)
             self.swapped.insert(i, group)
             return
-        if self.swap_space is not None and decoding:
-            self.stats.n_swap_fallbacks += 1
         for s in members:
             self._computed[s.seq_id] = max(self._computed.get(s.seq_id, 0), s.kv.n_filled)
             self.retire(s)   # the blocks go (cached ones stay findable); its random stream stays for the resume
@@ -332,20 +328,18 @@ class PreemptingEngine(SharingEngine):
     @property
     def recovery_s(self) -> float:
         """Time spent getting preempted groups back: swap copies (both ways) and recomputation."""
-        swap = self.swap_space.out.seconds + self.swap_space.into.seconds if self.swap_space else 0.0
-        return swap + self.stats.recompute_s
+        return self.swap_space.out.seconds + self.swap_space.into.seconds + self.stats.recompute_s
 
     def summary(self) -> dict:
         """Every counter, JSON-ready (for demos and a server's /metrics)."""
-        out = dict(self.stats.__dict__, preemption_mode=self.preemption_mode, recovery_s=self.recovery_s,
+        out = dict(self.stats.__dict__, n_swap_fallbacks=self.swap_space.n_fallbacks,
+                   preemption_mode=self.preemption_mode, recovery_s=self.recovery_s,
                    n_swapped_out=0, n_swapped_in=0, blocks_swapped_out=0, blocks_swapped_in=0,
-                   tokens_swapped_out=0, tokens_swapped_in=0, bytes_swapped_out=0, bytes_swapped_in=0,
-                   swap_s=0.0)
-        if self.swap_space is not None:
-            for name, traffic in (("out", self.swap_space.out), ("in", self.swap_space.into)):
-                out[f"n_swapped_{name}"] = traffic.n_swaps
-                out[f"blocks_swapped_{name}"] = traffic.n_blocks
-                out[f"tokens_swapped_{name}"] = traffic.n_tokens
-                out["swap_s"] += traffic.seconds
-                out[f"bytes_swapped_{name}"] = traffic.n_bytes
+                   tokens_swapped_out=0, tokens_swapped_in=0, bytes_swapped_out=0, bytes_swapped_in=0, swap_s=0.0)
+        for name, traffic in (("out", self.swap_space.out), ("in", self.swap_space.into)):
+            out[f"n_swapped_{name}"] = traffic.n_swaps
+            out[f"blocks_swapped_{name}"] = traffic.n_blocks
+            out[f"tokens_swapped_{name}"] = traffic.n_tokens
+            out["swap_s"] += traffic.seconds
+            out[f"bytes_swapped_{name}"] = traffic.n_bytes
         return out

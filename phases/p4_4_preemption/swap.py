@@ -71,6 +71,7 @@ class SwapSpace:
         self.batched = batched
         self.out = SwapTraffic()
         self.into = SwapTraffic()
+        self.n_fallbacks = 0     # swap-outs refused because the CPU pool was full (those groups are recomputed)
 
     @staticmethod
     def distinct_blocks(tables: list[BlockTable]) -> list[int]:
@@ -83,6 +84,15 @@ class SwapSpace:
     def can_swap_in(self, tables: list[BlockTable], reserve: int = 0) -> bool:
         """Would the group's blocks fit in the GPU pool, leaving `reserve` blocks free?"""
         return self.gpu.can_alloc(len(self.distinct_blocks(tables)) + reserve)
+
+    def try_swap_out(self, tables: list[BlockTable]) -> bool:
+        """Swap a preempted group's tables out if the CPU pool has room for them; if not, count a fallback and
+        say so (the engine recomputes the group instead)."""
+        if not self.can_swap_out(tables):
+            self.n_fallbacks += 1
+            return False
+        self.swap_out(tables)
+        return True
 
     def swap_out(self, tables: list[BlockTable]) -> int:
         """Move the tables' blocks to the CPU pool; returns how many distinct blocks were copied."""
@@ -163,3 +173,17 @@ class SwapSpace:
             # that later read the GPU blocks run on the same stream, after the copy. (Torch keeps
             # `moved` from being handed out again until the copy is done.)
             dst_store.index_copy_(0, dst_idx, moved.to(dst_store.device, non_blocking=self.pinned))
+
+
+class NoSwapSpace:
+    """The recovery part of "recompute" mode: no CPU pool, so every preempted group is recomputed. It counts
+    what `SwapSpace` counts (all zero), so the engine reads either part the same way."""
+    cpu = None
+
+    def __init__(self):
+        self.out = SwapTraffic()
+        self.into = SwapTraffic()
+        self.n_fallbacks = 0
+
+    def try_swap_out(self, tables: list[BlockTable]) -> bool:
+        return False

@@ -12,9 +12,9 @@ sampling  Leviathan et al. / Chen et al.: keep d_i with probability
           the bonus from p_{m+1}. Every emitted token is distributed as p_i.
 
 p_i is what a plain step samples from: temperature, top-k and top-p as in
-phase 3.8's device sampler, whose row filter this reuses.
+phase 3.10's device sampler, whose row filter this reuses.
 
-Seeded draws stay reproducible: phase 3.8 keys a sequence's j-th draw on
+Seeded draws stay reproducible: phase 3.10 keys a sequence's j-th draw on
 (seed, j); the residual and bonus draws use that same noise (Gumbel-max), the
 acceptance test a second stream keyed on (seed ^ ACCEPT_STREAM, j).
 """
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from phases.p3_8_cuda_graphs.sampler import _as_int64, filter_rows, sampling_rows, uniform_noise
+from phases.p3_10_cuda_graphs.sampler import _as_int64, filter_rows, sampling_rows, uniform_noise
 
 ACCEPT_STREAM = _as_int64(0xA5A5_5A5A_C3C3_3C3C)   # xor-ed into a seed: the acceptance test's own random stream
 

@@ -6,13 +6,13 @@ target scores the last sampled token and the guesses in ONE pass; acceptance
 step makes 1 to k + 1 tokens per sequence, all of them what the target alone
 would make. Phase 4.4's engine, with one change per part it touches:
 
-schedule  after the inherited schedule (3.6's, with 4.4's admit), a decoding sequence with m guesses becomes a
+schedule  after the inherited schedule (3.8's, with 4.4's admit), a decoding sequence with m guesses becomes a
           `Verify` chunk of m + 1 rows (its last token, then the guesses). Only
           spare capacity is used: the step's budget after decode tokens and
           chunks, and truly free blocks, so a guess never preempts, never evicts
           a cached block, never delays an admission, never runs past max_new_tokens.
-runner    unchanged: phase 3.6's mixed pass runs the chunk and keeps every row's
-          logits (`rows_kept`). Decode-only steps keep phase 3.8's static path; a
+runner    unchanged: phase 3.8's mixed pass runs the chunk and keeps every row's
+          logits (`rows_kept`). Decode-only steps keep phase 3.10's static path; a
           graph's decode kernel takes one query row per sequence, so a step with a
           verification is a mixed pass.
 kv        the rejected guesses' slots are cut from the table, emptied blocks back
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from common.clock import now
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
-from phases.p3_5_paged_attention.runner import Batch, Chunk
+from phases.p3_6_batched_engine.runner import Batch, Chunk
 from phases.p4_4_preemption.engine import PreemptingEngine
 from phases.p4_5_speculative_decoding.acceptance import Proposal, accept
 from phases.p4_5_speculative_decoding.proposers import DraftProposer, NgramProposer, self_draft, truncate
@@ -176,7 +176,7 @@ class SpeculativeEngine(PreemptingEngine):
 
     def take_tokens(self, seqs: list[Sequence], proposals: list[Proposal], new_tokens: list[list[int]]
                     ) -> list[StepOutput]:
-        """Each sequence takes its new tokens in order (phase 3.5's update, one round per position); one that
+        """Each sequence takes its new tokens in order (phase 3.6's update, one round per position); one that
         finishes part-way (EOS, max_new_tokens) drops the rest."""
         st = self.spec_stats
         st.n_verify_passes += 1

@@ -9,7 +9,7 @@ empty), and `release(seq)` when a sequence stops speculating.
     context (code edits, quoting summaries, repeated structure).
 `DraftProposer`: a smaller model with the same tokenizer, k passes ahead, on a
     paged pool of its own with a block table per sequence: the first pass feeds
-    what the draft has not seen (packed, phase 3.6's runner), each later one its
+    what the draft has not seen (packed, phase 3.8's runner), each later one its
     last guess. Where its tokens and the sequence's differ (rejected guesses),
     its table is cut back to the common prefix.
 
@@ -31,9 +31,9 @@ from torch import nn
 from common.sampling import SamplingParams
 from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks
 from phases.p3_2_block_table.block_table import BlockTable
-from phases.p3_5_paged_attention.runner import Batch, Chunk
-from phases.p3_6_varlen_prefill.runner import MixedRunner
-from phases.p3_8_cuda_graphs.sampler import _as_int64, sample_rows, sampling_rows
+from phases.p3_6_batched_engine.runner import Batch, Chunk
+from phases.p3_8_chunked_prefill.runner import MixedRunner
+from phases.p3_10_cuda_graphs.sampler import _as_int64, sample_rows, sampling_rows
 from phases.p4_5_speculative_decoding.acceptance import Proposal, target_logits
 
 DEFAULT_MAX_N = 3        # longest suffix the n-gram proposer looks for (vLLM's prompt_lookup_max default is 5)

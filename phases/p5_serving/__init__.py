@@ -17,5 +17,5 @@ Files, in reading order:
                    (prefix caching on vs off) and undersized (preemption); this phase's server handed to
                    the harness in measure/ (serve_bench.py; load_gen.py sends the load)
 - workload_demo.py `serve_workload`: the served engine on workload_bench's equal and mixed work, beside
-                   phases 3.5 and 3.8 (no HTTP stack)
+                   phases 3.6 and 3.10 (no HTTP stack)
 """

@@ -25,7 +25,7 @@ import math
 from bisect import bisect_left
 
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
-from phases.p3_5_paged_attention.runner import Batch
+from phases.p3_6_batched_engine.runner import Batch
 from phases.p4_1_copy_on_write.engine import SequenceGroup
 from phases.p4_4_preemption.engine import PREEMPTED
 from phases.p4_5_speculative_decoding.engine import SpeculativeEngine
@@ -145,7 +145,7 @@ class ServingEngine(SpeculativeEngine):
 
     # --- the passes of a step: one, or narrower ones while isolating ---------------------------
     def run_batch(self, batch: Batch) -> list[StepOutput]:
-        """Phase 3.5's pass; while isolating, one pass per `isolation_width` groups (in arrival order, a
+        """Phase 3.6's pass; while isolating, one pass per `isolation_width` groups (in arrival order, a
         group's members together), each a slice of the step's batch: the narrower passes share its one token
         budget. Should one fail, the groups of the passes not yet run (`_unrun`) are rolled back too: they
         claimed slots that hold nothing."""

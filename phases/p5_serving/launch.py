@@ -15,8 +15,8 @@ import time
 import uvicorn
 
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
-from phases.p3_5_paged_attention.engine import DEFAULT_MAX_RUNNING
-from phases.p3_6_varlen_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from phases.p3_6_batched_engine.engine import DEFAULT_MAX_RUNNING
+from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from phases.p4_4_preemption.engine import PREEMPTION_MODES
 from phases.p4_5_speculative_decoding.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, SPECULATIVE_METHODS
 from phases.p5_serving.async_engine import DEFAULT_MAX_WAITING

@@ -1,12 +1,12 @@
-"""`serve_workload`: the served engine on workload_bench's equal and mixed work, beside phase 3.5's and 3.8's.
+"""`serve_workload`: the served engine on workload_bench's equal and mixed work, beside phase 3.6's and 3.10's.
 
 `ServingEngine` carries every later layer (samples over shared blocks, prefix
-caching, preemption, failure isolation) on top of phase 3.8's static decode
+caching, preemption, failure isolation) on top of phase 3.10's static decode
 step. None of those layers does any work on these requests
 (one sample each, distinct random prompts, a pool large enough for all of
-them), so whatever the served engine costs beyond phase 3.8's is the price of
+them), so whatever the served engine costs beyond phase 3.10's is the price of
 carrying them: the bookkeeping each one adds to every step. The target says
-that price should be nothing: the served engine as fast as phase 3.5's
+that price should be nothing: the served engine as fast as phase 3.6's
 batched engine on the same requests.
 
 It needs no HTTP stack (no fastapi or uvicorn): the harness drives the
@@ -22,11 +22,11 @@ from measure.harness import EngineRunner
 from measure.hf_peers import HF_STATIC
 from measure.report import Report
 from measure.workload_bench import run_workload_bench, workload_options
-from phases.p3_5_paged_attention.demo import BATCHED
-from phases.p3_8_cuda_graphs.demo import GRAPHS, prefilled_graph_engine, run_graphs
+from phases.p3_6_batched_engine.demo import BATCHED
+from phases.p3_10_cuda_graphs.demo import GRAPHS, prefilled_graph_engine, run_graphs
 from phases.p5_serving.samples import ServingEngine
 
-SERVED = EngineRunner("served", "ServingEngine (p5): the served engine, every layer of phases 4.1-5 on 3.8's "
+SERVED = EngineRunner("served", "ServingEngine (p5): the served engine, every layer of phases 4.1-5 on 3.10's "
                       "static decode step", partial(run_graphs, engine_cls=ServingEngine))
 ENGINES = [BATCHED, GRAPHS, SERVED, HF_STATIC]
 TARGETS = {  # (workload, faster, slower) -> the ratio this phase aims for: the later layers cost nothing here
@@ -36,7 +36,7 @@ TARGETS = {  # (workload, faster, slower) -> the ratio this phase aims for: the 
 
 
 @demo("serve_workload", phase="p5",
-      help="workload_bench's equal and mixed work through the served engine, phase 3.5's and 3.8's engines",
+      help="workload_bench's equal and mixed work through the served engine, phase 3.6's and 3.10's engines",
       options=workload_options(["batched", "graphs", "served"], ["hf_static", "batched", "graphs", "served"],
                                [e.name for e in ENGINES] + ["hf_cb"]))
 def serve_workload(cfg: RunConfig) -> Report:

@@ -1,12 +1,19 @@
-"""Phase 3.8 on the tier's device: decode steps replayed as CUDA graphs equal HF `generate`, and phase 3.7's tuned
-decode kernel, compiled, equals its reference.
+"""Phase 3.8 on the tier's device: the chunked-prefill engine equals HF `generate`, and both paged engines honour
+sliding windows and softcaps, with the compiled kernels.
 
-fp32, TF32 off (`no_tf32`). On CUDA every decode-only step of the engine is a graph replay
-(one graph per bucket and split count, captured at first use); the runs below make the batch
-grow and shrink through the buckets (sequences finish one by one, newcomers join), and the
-later engines (copy-on-write samples, beams, prefix caching, preemption) run on the same path
-by inheritance (tests/gpu/test_engines_gpu.py). Off CUDA (ENGINE_TEST_DEVICE=cpu) the same
-tests check the eager static step.
+fp32, TF32 off (`no_tf32`). On CUDA the engine runs the compiled Triton kernels: the
+K/V store, phase 3.5's paged decode kernel on the decode rows of each pass and the
+varlen prefill kernel on its chunks. Cases:
+
+- `tiny` and `dummy:qwen3-0.6b` (28 layers, GQA 16:8, head_dim 128): prompts packed
+  whole, and cut into chunks that split 4-token blocks and end mid-block while other
+  sequences decode in the same pass; on CUDA also a long prompt arriving next to
+  running streams, prefilled 64 tokens at a time;
+- `tiny-sliding` (Mistral, a 7-token window on every layer) and `tiny-softcap`
+  (Gemma 2: softcap, a windowed layer and a full one), past the window, in phase
+  3.6's engine and this one;
+- phase 3.5's decode kernel with a window and a softcap, compiled, against its reference
+  (tests/gpu/test_kernels_gpu.py covers it without them).
 """
 
 from __future__ import annotations
@@ -14,74 +21,97 @@ from __future__ import annotations
 import pytest
 import torch
 
+from phases.p2_2_scheduler.sequence import Status
 from phases.p3_4_gather_kernel.batch import random_paged_batch
+from phases.p3_6_batched_engine.engine import BatchedPagedEngine
 from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
-from phases.p3_7_tuned_decode_kernel.decode_kernel import LaunchConfig, launch_config, tiled_decode_attention
-from phases.p3_8_cuda_graphs.engine import StaleGraphs, StaticDecodeEngine
-from phases.p3_8_cuda_graphs.overlap import OverlappedDecodeEngine
+from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillEngine
 from tests.gpu.conftest import tier_runs_on_cuda
-from tests.gpu.test_engine_p3_6_gpu import TOL, random_prompts
 from tests.oracles import hf_greedy, run_ignoring_eos
 
 pytestmark = pytest.mark.gpu
 
+BLOCK_SIZE = 4
+PROMPT_LENGTHS = (1, 6, 11, 19)
+NEW_TOKENS = 4
+MAX_RUNNING = 2
+POOL_BLOCKS = 128
+BUDGETS = [DEFAULT_MAX_NUM_BATCHED_TOKENS, 7]     # whole prompts packed; chunks of <= 7 tokens next to decodes
+LONG_PROMPT = 300          # CUDA only: minutes per pass of Qwen3's shapes on a CPU
+LONG_BUDGET = 64
+WINDOW_MODELS = ["tiny-sliding", "tiny-softcap"]
+WINDOW_NEW_TOKENS = 8
 ON_CUDA = tier_runs_on_cuda()
-PROMPT_LENGTHS = (1, 6, 11, 19, 4, 30)
-NEW_TOKENS = (6, 2, 9, 4, 7, 3)     # finish one by one: the batch crosses bucket boundaries downwards
+TOKEN_RANGE = (100, 40_000)
+TOL = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 
 
-@pytest.mark.parametrize("engine_cls", [StaticDecodeEngine, OverlappedDecodeEngine])
-@pytest.mark.parametrize("buckets,budget", [(None, 4096), (None, 7), ([8], 7)])
-def test_graph_decode_equals_hf_generate(tier_lm, no_tf32, buckets, budget, engine_cls):
-    """Budget 4096: four prompts in one pass, then decode-only steps as they finish (buckets 4, 2, 1);
-    budget 7: chunks beside decodes (mixed passes), decode-only steps between; [8]: every step padded.
-    OverlappedDecodeEngine: the same, with step N+1 launched before step N's ids are read (pinned copy, event)."""
-    engine = engine_cls(tier_lm, max_running=4, block_size=4, n_blocks=256, buckets=buckets,
-                        max_num_batched_tokens=budget)
-    prompts = random_prompts(PROMPT_LENGTHS, seed=11)
-    outputs = run_ignoring_eos(engine, prompts, NEW_TOKENS)
-    for p, n, out in zip(prompts, NEW_TOKENS, outputs):
-        assert out == hf_greedy(tier_lm, p, n, ignore_eos=True)
-    assert engine.runner.n_static_steps > 0
-    if engine_cls is OverlappedDecodeEngine:
-        assert engine.n_overlapped_steps > 0
-    if ON_CUDA:
-        assert engine.runner.cuda_graphs and engine.runner.graphs
-        if budget == 4096 and buckets is None:
-            assert len(engine.runner.graphs) >= 2      # the batch shrank through several buckets, each its own graph
+def random_prompts(lengths, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(*TOKEN_RANGE, (n,), generator=gen).tolist() for n in lengths]
 
 
-@pytest.mark.skipif(not ON_CUDA, reason="CUDA graphs need a CUDA device")
-def test_graphs_captured_up_front_and_a_changed_dtype_is_refused(tier_tiny, no_tf32):
-    from common.model import load_model
-    lm = load_model("tiny", device="cuda", dtype=torch.float32)
-    engine = StaticDecodeEngine(lm, max_running=4, block_size=4, n_blocks=64)
-    assert engine.runner.capture_all() == len(engine.runner.buckets)
-    prompt = random_prompts((7,), seed=12)[0]
-    seq = engine.add(prompt, 5, ignore_eos=True)
-    engine.run()
-    assert seq.output_ids == hf_greedy(lm, prompt, 5, ignore_eos=True)
-    engine.add(prompt, 5, ignore_eos=True)
+@pytest.mark.parametrize("budget", BUDGETS)
+def test_chunked_prefill_engine_equals_hf_generate(tier_lm, no_tf32, budget):
+    prompts = random_prompts(PROMPT_LENGTHS)
+    engine = ChunkedPrefillEngine(tier_lm, max_running=MAX_RUNNING, block_size=BLOCK_SIZE, n_blocks=POOL_BLOCKS,
+                                  max_num_batched_tokens=budget)
+    assert run_ignoring_eos(engine, prompts, NEW_TOKENS) == [hf_greedy(tier_lm, p, NEW_TOKENS, ignore_eos=True)
+                                                             for p in prompts]
+    assert engine.n_forward_passes == engine.n_steps
+    if budget < max(PROMPT_LENGTHS):
+        assert engine.n_chunks > len(prompts) and engine.n_mixed_passes > 0
+
+
+def test_a_long_prompt_arriving_mid_stream_is_chunked_next_to_running_streams(tier_lm, no_tf32):
+    if not ON_CUDA:
+        pytest.skip("a 300-token prompt through Qwen3-0.6B's shapes: minutes on a CPU")
+    streams = random_prompts((5, 9), seed=1)
+    long_prompt = random_prompts([LONG_PROMPT], seed=2)[0]
+    engine = ChunkedPrefillEngine(tier_lm, max_running=3, block_size=16, n_blocks=POOL_BLOCKS,
+                                  max_num_batched_tokens=LONG_BUDGET)
+    seqs = [engine.add(p, 12, ignore_eos=True) for p in streams]
     engine.step()
-    lm.model.to(torch.float16)
-    with pytest.raises(StaleGraphs):
-        engine.step()
+    seqs.append(engine.add(long_prompt, NEW_TOKENS, ignore_eos=True))
+    while seqs[-1].status in (Status.WAITING, Status.PREFILLING):
+        decoding = {s for s in seqs[:2] if s.status is Status.DECODING}
+        outputs = engine.step()
+        assert {o.seq for o in outputs} >= decoding        # running streams get a token every step
+    engine.run()
+    assert engine.n_chunks >= LONG_PROMPT // LONG_BUDGET
+    for seq, prompt, n in zip(seqs, streams + [long_prompt], (12, 12, NEW_TOKENS)):
+        assert seq.output_ids == hf_greedy(tier_lm, prompt, n, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def window_models(gpu_device):
+    from common.model import load_model
+    return {name: load_model(name, device=gpu_device, dtype=torch.float32) for name in WINDOW_MODELS}
+
+
+@pytest.mark.parametrize("engine_cls, budget", [(BatchedPagedEngine, None), (ChunkedPrefillEngine, 5),
+                                                (ChunkedPrefillEngine, DEFAULT_MAX_NUM_BATCHED_TOKENS)])
+@pytest.mark.parametrize("name", WINDOW_MODELS)
+def test_window_and_softcap_models_equal_hf_generate(window_models, no_tf32, name, engine_cls, budget):
+    from common.model import TINY_WINDOW
+    lm = window_models[name]
+    prompts = random_prompts((3, TINY_WINDOW + 2, 14, 23), seed=3)
+    kwargs = {} if budget is None else dict(max_num_batched_tokens=budget)
+    engine = engine_cls(lm, max_running=MAX_RUNNING, block_size=BLOCK_SIZE, n_blocks=POOL_BLOCKS, **kwargs)
+    assert run_ignoring_eos(engine, prompts, WINDOW_NEW_TOKENS) == [
+        hf_greedy(lm, p, WINDOW_NEW_TOKENS, ignore_eos=True) for p in prompts]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("n_splits", [1, 4])
-@pytest.mark.parametrize("tile_blocks", [1, 4])
-def test_tuned_kernel_compiled_equals_reference(gpu_device, dtype, n_splits, tile_blocks):
-    lens = [1, 15, 16, 17, 250, 0]
-    b = random_paged_batch(lens, 16, 8, 128, dtype=dtype, device=gpu_device, seed=n_splits)
-    q = torch.randn(len(lens), 16, 128, generator=torch.Generator().manual_seed(1)).to(gpu_device, dtype)
-    ref = paged_decode_attention_reference(q.float(), b.kv_store.float(), 1, b.block_tables, b.seq_lens)
-    out = tiled_decode_attention(q, b.kv_store, 1, b.block_tables, b.seq_lens, n_splits=n_splits,
-                                 config=LaunchConfig(tile_blocks, launch_config(128, dtype).num_warps),
-                                 sliding_window=None)   # its warps: 2 in fp32 spill ~15 KB per thread (aot_check)
-    torch.testing.assert_close(out.float(), ref, **TOL[dtype])
-    windowed = tiled_decode_attention(q, b.kv_store, 1, b.block_tables, b.seq_lens, n_splits=n_splits,
-                                      sliding_window=40, softcap=30.0)
-    ref_w = paged_decode_attention_reference(q.float(), b.kv_store.float(), 1, b.block_tables, b.seq_lens,
-                                             sliding_window=40, softcap=30.0)
-    torch.testing.assert_close(windowed.float(), ref_w, **TOL[dtype])
+@pytest.mark.parametrize("window, softcap", [(5, None), (None, 2.0), (37, 50.0)])
+def test_decode_kernel_window_and_softcap_compiled(gpu_device, no_tf32, dtype, window, softcap):
+    from phases.p3_5_paged_attention.kernels import paged_decode_attention_split, paged_decode_attention_triton
+    lens = [1, 7, 17, 70] + ([300, 1000] if ON_CUDA else [])
+    batch = random_paged_batch(lens, 16, 2, 64, dtype=dtype, device=gpu_device, seed=5)
+    q = (4 * torch.randn(len(lens), 8, 64, generator=torch.Generator().manual_seed(6))).to(gpu_device, dtype)
+    args = (q, batch.kv_store, 1, batch.block_tables, batch.seq_lens)
+    kw = dict(sliding_window=window, softcap=softcap)
+    exact = paged_decode_attention_reference(q.float(), batch.kv_store.float(), *args[2:], **kw)
+    for out in (paged_decode_attention_triton(*args, **kw),
+                paged_decode_attention_split(*args, blocks_per_split=2, **kw)):
+        torch.testing.assert_close(out.float(), exact, **TOL[dtype])

@@ -22,7 +22,7 @@ from phases.p2_1_naive_batching.generate import generate_batch
 from phases.p2_2_scheduler.scheduler import Scheduler
 from phases.p2_3_continuous_batching.scheduler import ContinuousScheduler
 from phases.p3_3_paged_cache.scheduler import PagedScheduler
-from phases.p3_5_paged_attention.engine import BatchedPagedEngine
+from phases.p3_6_batched_engine.engine import BatchedPagedEngine
 from phases.p4_1_copy_on_write.engine import SharingEngine
 from phases.p4_2_beam_search.engine import BeamSearchEngine
 from phases.p4_3_prefix_caching.engine import PrefixCachingEngine
@@ -94,7 +94,7 @@ def run_p3_3(lm, prompts):
     return outputs
 
 
-def run_p3_5(lm, prompts):
+def run_p3_6(lm, prompts):
     engine = BatchedPagedEngine(lm, max_running=MAX_RUNNING, block_size=BLOCK_SIZE, n_blocks=POOL_BLOCKS)
     seqs = [engine.add(p, NEW_TOKENS, ignore_eos=True) for p in prompts]
     engine.run()
@@ -128,7 +128,7 @@ def run_p5(lm, prompts):
 
 
 ENGINES = {"p0": run_p0, "p1": run_p1, "p2_1": run_p2_1, "p2_2": run_p2_2, "p2_3": run_p2_3, "p3_3": run_p3_3,
-           "p3_5": run_p3_5, "p4_1": run_p4_1, "p5": run_p5}
+           "p3_6": run_p3_6, "p4_1": run_p4_1, "p5": run_p5}
 
 
 @pytest.mark.parametrize("engine", list(ENGINES))

@@ -1,4 +1,4 @@
-"""Phase 3.7's fused split-KV merge on the tier's device: == phase 3.5's `merge_splits`, and captured in a CUDA graph.
+"""Phase 3.9's fused split-KV merge on the tier's device: == phase 3.5's `merge_splits`, and captured in a CUDA graph.
 
 On CUDA the kernel runs compiled (split counts that are and are not powers of two, the
 model's head_dim, every output dtype), and the decode kernel with splits, merge included, is
@@ -26,7 +26,7 @@ ULP = {torch.float32: 1e-6, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7
 @pytest.mark.parametrize("n_splits", SPLITS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_merge_kernel_equals_merge_splits(gpu_device, n_splits, dtype):
-    from phases.p3_7_tuned_decode_kernel.merge_kernel import merge_splits_triton   # on a CPU: turns on the interpreter
+    from phases.p3_9_tuned_decode_kernel.merge_kernel import merge_splits_triton   # on a CPU: turns on the interpreter
     gen = torch.Generator().manual_seed(n_splits)
     partial = torch.randn(5, 16, n_splits, 128, generator=gen)                 # [B, H, S, D] fp32
     lse = 4 * torch.randn(5, 16, n_splits, generator=gen)                      # [B, H, S]
@@ -44,7 +44,7 @@ def test_merge_kernel_equals_merge_splits(gpu_device, n_splits, dtype):
 @pytest.mark.skipif(not ON_CUDA, reason="CUDA graphs need a CUDA device")
 def test_decode_kernel_with_splits_is_captured_and_replayed(gpu_device):
     from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
-    from phases.p3_7_tuned_decode_kernel.decode_kernel import tiled_decode_attention
+    from phases.p3_9_tuned_decode_kernel.decode_kernel import tiled_decode_attention
     lens = [1, 40, 300, 0]
     b = random_paged_batch(lens, 16, 8, 128, dtype=torch.bfloat16, device=gpu_device, seed=3)
     q = torch.randn(len(lens), 16, 128, generator=torch.Generator().manual_seed(4)).to(gpu_device, torch.bfloat16)

@@ -1,4 +1,4 @@
-"""The compiled varlen prefill kernel (phase 3.6) against its PyTorch reference, over the shapes a real engine meets.
+"""The compiled varlen prefill kernel (phase 3.7) against its PyTorch reference, over the shapes a real engine meets.
 
 Grid: pool block sizes 8-64, GQA groups 1/2/4/8, head_dim 64 and 128,
 fp32/fp16/bf16, on a pack that mixes fresh segments and segments after a
@@ -25,10 +25,10 @@ import zlib
 import pytest
 import torch
 
-from phases.p3_6_varlen_prefill import ops
-from phases.p3_6_varlen_prefill.pack import random_prefill_pack
-from phases.p3_6_varlen_prefill.plan import plan_prefill
-from phases.p3_6_varlen_prefill.reference import paged_prefill_attention_reference, sdpa_prefill_contiguous
+from phases.p3_7_varlen_prefill import ops
+from phases.p3_7_varlen_prefill.pack import random_prefill_pack
+from phases.p3_7_varlen_prefill.plan import plan_prefill
+from phases.p3_7_varlen_prefill.reference import paged_prefill_attention_reference, sdpa_prefill_contiguous
 from tests.gpu.conftest import tier_runs_on_cuda
 from tests.gpu.grid import BLOCK_SIZES, DTYPES, GQA_GROUPS, HEAD_DIMS, N_KV_HEADS
 
@@ -75,7 +75,7 @@ WINDOW_GRID = ([(d, name, w, c) for d in (128, GEMMA2_HEAD_DIM) for name in DTYP
 def _kernel():
     # Imported inside the tests: on a machine without a GPU, importing the kernel module turns on
     # Triton's interpreter (phases/p3_4_gather_kernel/interpreter.py); a skipped tier should not.
-    from phases.p3_6_varlen_prefill.kernel import paged_prefill_attention_triton
+    from phases.p3_7_varlen_prefill.kernel import paged_prefill_attention_triton
     return paged_prefill_attention_triton
 
 

@@ -1,0 +1,61 @@
+"""`FusedDecodeEngine`: phase 3.10's static decode step with RMSNorm, rotary and SwiGLU each one kernel.
+
+Phase 3.10's CUDA graph took the host out of a decode step, and what was left on
+the H100 was a GPU time nearly flat from batch 1 to batch 256 (README),
+although batch 256 does 256 times the arithmetic. A step that long whatever its
+size is counted in kernels, not in bytes or FLOPs. Each of its ~1,570 kernels
+(56 per layer of Qwen3-0.6B) starts, reads, writes and drains; most of them
+are element-wise ops on one row per sequence. This engine runs the same step
+with the model's norms, rotary embedding and SwiGLU gate routed to one kernel
+each (kernels.py, layers.py), inside the step only: the graph captures the
+fused kernels, and prefill passes and the HF peers on the same model keep their
+own code.
+
+Off CUDA the fused kernels would run in Triton's interpreter, so by default they
+are on only where `use_kernels` says kernels run (CUDA; tests force the
+interpreter on CPU). `fused_ops=True` elsewhere is refused with a message.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV, use_kernels
+from phases.p3_10_cuda_graphs.attention import StaticDecodeBatch
+from phases.p3_10_cuda_graphs.engine import StaticDecodeEngine
+from phases.p3_10_cuda_graphs.overlap import OverlappedDecodeEngine
+from phases.p3_10_cuda_graphs.runner import StaticRunner
+from phases.p3_11_fused_ops.layers import fused_ops_on, install_fused_ops
+
+
+class FusedRunner(StaticRunner):
+    """Phase 3.10's runner; its static pass runs with the fused norm, rotary and SwiGLU kernels on."""
+
+    fused_ops = False   # set by the engine, once it has installed the fused modules
+
+    def static_forward(self, batch: StaticDecodeBatch) -> torch.Tensor:
+        if not self.fused_ops:
+            return super().static_forward(batch)
+        with fused_ops_on():
+            return super().static_forward(batch)
+
+
+class FusedDecodeEngine(StaticDecodeEngine):
+    """Phase 3.10's engine; its static decode step launches the fused norm, rotary and SwiGLU kernels."""
+
+    runner_class = FusedRunner
+
+    def __init__(self, lm, *args, fused_ops: bool | None = None, **kwargs):
+        kernels_run_here = use_kernels(lm.device)
+        if fused_ops and not kernels_run_here:
+            raise ValueError(f"fused_ops=True needs the model on a CUDA device; it is on {lm.device} (the fused "
+                             f"kernels would run in Triton's interpreter; tests set {FORCE_KERNELS_ENV}=1 for that)")
+        super().__init__(lm, *args, **kwargs)
+        self.fused_ops = kernels_run_here if fused_ops is None else bool(fused_ops)
+        self.fused_modules = install_fused_ops(lm.model) if self.fused_ops else None
+        self.runner.fused_ops = self.fused_ops
+
+
+class FusedOverlappedEngine(FusedDecodeEngine, OverlappedDecodeEngine):
+    """The fused step with phase 3.10's overlapped steps: the host builds step N+1 while the GPU runs step N,
+    which matters more once the GPU's share of a step has shrunk."""

@@ -1,0 +1,254 @@
+"""`BatchedPagedEngine`: continuous batching over the paged pool, as an engine made of four parts.
+
+Phases 2.3 and 3.3 ran one forward pass per running sequence, each behind its
+own cache object, so one class could queue requests, run the model and keep
+the cache. With attention reading the pool by block table (attention.py), ONE
+pass serves every running sequence, and the engine splits into parts that
+each do one job:
+
+  scheduler  this class: the waiting queue and the running set; each step it
+             admits, and decides which tokens run (`schedule` -> a `Batch`)
+  kv         `BlockKV` (kv.py): a block table per sequence; claims slots, frees
+  runner     `PagedRunner` (runner.py): a `Batch` -> forward passes -> logits
+  sampler    `Sampler` (common/sampling.py): logits -> one token per row
+
+and `step()` is the loop, top to bottom: schedule, run, sample, update.
+
+Scheduling is phase 3.3's policy (`admit`, `can_admit`): first come, first
+served, each admitted for its worst case so decode never runs out of blocks.
+The prompts admitted in one step are prefilled in one packed pass; every
+sequence already decoding feeds its last token in one decode pass. A sequence
+that finishes gives its blocks back in the same step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable
+
+import torch
+
+from common.clock import SeqTiming, now
+from common.sampling import GREEDY, Sampler, SamplingParams
+from phases.p2_1_naive_batching.validate import tokenize_prompt
+from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput, take_tokens
+from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
+from phases.p3_3_paged_cache.scheduler import check_fits_pool
+from phases.p3_6_batched_engine.attention import check_attention_supported
+from phases.p3_6_batched_engine.kv import BlockKV
+from phases.p3_6_batched_engine.runner import Batch, Chunk, PagedRunner
+
+DEFAULT_MAX_RUNNING = 64
+DEFAULT_MAX_PREFILL_TOKENS = 4096  # prompt tokens packed into one prefill pass at most
+
+Progress = Callable[[int, int], None]  # progress(n_finished, n_added), called after every step
+
+
+class BatchedPagedEngine:
+    """Continuous batching on the paged pool: schedule, run, sample, update; one packed prefill and one decode
+    pass per step.
+
+    A model whose attention the pool cannot compute as the model defines it (attention sinks, chunked or
+    bidirectional attention) is refused at construction, by name (attention.py)."""
+
+    def __init__(self, lm, max_running: int = DEFAULT_MAX_RUNNING, block_size: int = DEFAULT_BLOCK_SIZE,
+                 n_blocks: int | None = None, allocator: BlockAllocator | None = None,
+                 max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS):
+        if isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1:
+            raise ValueError(f"max_running must be an int >= 1, got {max_running!r}")
+        check_attention_supported(lm.model)   # before any memory is taken for the pool
+        self.lm = lm
+        self.max_running = max_running
+        self.max_prefill_tokens = max_prefill_tokens
+        # n_blocks=None sizes the pool from the memory left after model load (phase 3.1's budget).
+        self.allocator = allocator or BlockAllocator.for_model(lm, block_size=block_size, n_blocks=n_blocks)
+        self.block_size = self.allocator.block_size
+        self.kv = BlockKV(self.allocator)
+        self.runner = PagedRunner(lm, self.allocator)
+        self.sampler = Sampler(lm.device)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []          # in admission order
+        self.finished: list[Sequence] = []
+        self.sequences: list[Sequence] = []        # everything added, in seq_id order
+        self.waited_for_blocks: set[int] = set()   # seq_ids that found a free slot but not enough blocks
+        self.n_steps = 0
+        self._next_id = 0
+
+    # --- requests ----------------------------------------------------------------------------
+    def add(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,
+            ignore_eos: bool = False, arrival: float | None = None) -> Sequence:
+        """Queue a request: text (chat template applied) or token ids. Bad input raises ValueError (TypeError
+        for `sampling`) before anything is queued; `arrival` is a `common.clock.now` reading (default: now)."""
+        seq = self.new_sequence(prompt, max_new_tokens, sampling, ignore_eos, arrival)
+        self.queue(seq)
+        return seq
+
+    def new_sequence(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams,
+                     ignore_eos: bool, arrival: float | None) -> Sequence:
+        """A checked request, not queued yet (so a refused one leaves no trace): a prompt the model takes,
+        and a worst case the whole pool can hold (otherwise it would wait forever)."""
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams (it validates itself), got {type(sampling).__name__}")
+        ids = tokenize_prompt(self.lm, prompt, max_new_tokens, label=f"sequence {self._next_id}")
+        text = prompt if isinstance(prompt, str) else self.lm.decode(ids)
+        seq = Sequence(self._next_id, text, ids, max_new_tokens, sampling=sampling, ignore_eos=ignore_eos)
+        seq.timing = SeqTiming(arrival=now(self.lm.device) if arrival is None else arrival)
+        check_fits_pool(seq, self.allocator)
+        return seq
+
+    def queue(self, seq: Sequence) -> None:
+        """A checked sequence joins the back of the waiting queue, and takes its seq_id for good."""
+        self._next_id += 1
+        self.sequences.append(seq)
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def n_free_slots(self) -> int:
+        return self.max_running - len(self.running)
+
+    def run(self, progress: Progress | None = None) -> list[Sequence]:
+        """Step until every queued sequence is DONE; return them in seq_id order."""
+        while self.has_work:
+            self.step()
+            if progress:
+                progress(len(self.finished), len(self.sequences))
+        return sorted(self.finished, key=lambda s: s.seq_id)
+
+    # --- the loop --------------------------------------------------------------------------------
+    def step(self) -> list[StepOutput]:
+        """One step: schedule, run, sample, update. Returns one StepOutput per token made."""
+        batch = self.schedule()                                  # who runs which tokens; slots claimed
+        outputs = self.run_batch(batch) if batch else []
+        self.n_steps += 1
+        return outputs
+
+    def run_batch(self, batch: Batch) -> list[StepOutput]:
+        """Run the batch's pass, then sample and update."""
+        logits = self.runner.run(batch)                          # [len(batch.emitting), V]
+        self.kv.written(batch.seqs)                              # the pass ran: every claimed slot holds its K/V
+        return self.emit(batch.emitting, logits)                 # sample, then update
+
+    def emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
+        """Row i of logits [S, V] is seqs[i]'s: sample one token each, then update."""
+        tokens = self.sampler.sample(seqs, logits)
+        return self.update(seqs, tokens)
+
+    # --- schedule ----------------------------------------------------------------------------------
+    def schedule(self) -> Batch:
+        """Admission, then every decoding sequence's next token, then the step's prefill work."""
+        self.admit()
+        decode = [s for s in self.running if s.status is Status.DECODING]
+        batch = Batch(decode=decode, decode_slots=[self.kv.append_slots(s, 1)[0] for s in decode])
+        batch.chunks = self.chunks()
+        return batch
+
+    def chunks(self) -> list[Chunk]:
+        """The step's prefill work: every admitted prompt, whole, in admission order (admission kept them to
+        one prefill pass's worth); each chunk's slots are claimed as it is scheduled."""
+        return [self.claim(Chunk(s, s.kv.n_filled, len(s.all_ids) - s.kv.n_filled))
+                for s in self.running if s.status is Status.PREFILLING]
+
+    def claim(self, chunk: Chunk) -> Chunk:
+        """Claim the pool slots of `chunk`'s positions (before the pass; attention writes them)."""
+        chunk.slots = self.kv.append_slots(chunk.seq, chunk.length)
+        return chunk
+
+    def admit(self) -> None:
+        """Admit from the head of the queue while it fits. First come, first served: nobody overtakes the head
+        (a long request cannot be starved by a stream of short ones)."""
+        while self.waiting and self.can_admit(self.waiting[0]):
+            self.admit_head()
+        if self.waiting and not self.running:
+            # Cannot happen (add() refuses what the empty pool cannot hold); guard against a silent hang.
+            raise RuntimeError(f"sequence {self.waiting[0].seq_id} cannot be admitted into an idle pool "
+                               f"({self.allocator.n_free} of {self.allocator.n_blocks} blocks free)")
+
+    def admit_head(self) -> Sequence:
+        """The head of the queue joins the running set, with a new table."""
+        seq = self.waiting.popleft()
+        seq.move(Status.PREFILLING)
+        seq.kv = self.kv.new(seq)
+        self.running.append(seq)
+        return seq
+
+    def can_admit(self, seq: Sequence) -> bool:
+        """A free slot, room in this step's prefill pass, and the pool holds `seq`'s worst case beside what
+        the running sequences may still claim."""
+        if not self.n_free_slots or not self.fits_prefill_pass(len(seq.all_ids)):
+            return False
+        if self.blocks_to_admit(seq) <= self.allocator.n_free - self.blocks_promised():
+            return True
+        self.waited_for_blocks.add(seq.seq_id)   # a slot was free, the pool was not
+        return False
+
+    def fits_prefill_pass(self, n_tokens: int) -> bool:
+        """The prompts admitted this step share one pass of at most max_prefill_tokens (the first always goes)."""
+        pending = sum(len(s.all_ids) for s in self.running if s.status is Status.PREFILLING)
+        return not pending or pending + n_tokens <= self.max_prefill_tokens
+
+    def blocks_to_admit(self, seq: Sequence) -> int:
+        """Free blocks `seq` must find to be admitted: its worst case, so its decode never runs dry."""
+        return self.kv.blocks_for_worst_case(seq)
+
+    def blocks_promised(self) -> int:
+        """Blocks the running sequences may still claim before they finish."""
+        return sum(self.kv.blocks_still_needed(s) for s in self.running)
+
+    # --- update ------------------------------------------------------------------------------------
+    def update(self, seqs: list[Sequence], tokens: list[int], t: float | None = None) -> list[StepOutput]:
+        """Each sequence takes its token; a finished one leaves, and its blocks go back now. `t`: when the
+        tokens came out (default: now, on a synchronised clock)."""
+        t = now(self.lm.device) if t is None else t
+        return take_tokens(seqs, tokens, self.lm.eos_token_ids, t, self.finish)
+
+    def finish(self, seq: Sequence) -> None:
+        """`seq` made its last token: DONE, out of the running set, its blocks back."""
+        seq.move(Status.DONE)
+        self.retire(seq)
+        self.close(seq)
+
+    def abort(self, seq: Sequence) -> None:
+        """Drop a request wherever it is (a client went away); a running one gives its blocks back now."""
+        if not self.withdraw(seq):
+            return
+        seq.finish_reason = "abort"
+        seq.status = Status.DONE      # the one way out of any state, so not a `move`
+        seq.history.append(Status.DONE)
+        self.close(seq)
+
+    def withdraw(self, seq: Sequence) -> bool:
+        """Take `seq` out of the queue or the running set (its blocks back); False if it is in neither."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq in self.running:
+            self.retire(seq)
+        else:
+            return False
+        return True
+
+    def retire(self, seq: Sequence) -> None:
+        """A running sequence leaves the running set; its blocks go back now."""
+        self.running.remove(seq)
+        self.kv.free(seq)
+
+    def close(self, seq: Sequence) -> None:
+        """A DONE sequence's last records: its random stream goes, it joins `finished`."""
+        self.sampler.forget(seq)
+        self.finished.append(seq)
+
+    # --- what the parts counted -------------------------------------------------------------------
+    @property
+    def n_forward_passes(self) -> int:
+        return self.runner.n_forward_passes
+
+    @property
+    def n_prefill_tokens(self) -> int:
+        return self.runner.n_prefill_tokens
+
+    @property
+    def peak_blocks_used(self) -> int:
+        return self.kv.peak_blocks_used

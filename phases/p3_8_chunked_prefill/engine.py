@@ -1,0 +1,123 @@
+"""`ChunkedPrefillEngine`: phase 3.6's engine with ONE forward pass per step: decode tokens and prefill chunks together.
+
+Phase 3.6 ran up to two passes a step (the newly admitted prompts packed into
+one, every decoding sequence's next token in another) and attended each prompt
+with its own SDPA call per layer. A long prompt arriving mid-stream took one
+long prefill pass, and every running stream waited that long for its next token.
+This phase refines two parts (vLLM's scheduler with chunked prefill):
+
+the scheduler  every step runs at most `max_num_batched_tokens` tokens (vLLM's
+               name). Decode tokens come first: one per decoding sequence, always
+               all of them. What is left goes to prefill chunks: the sequences
+               already part-way through their prefill first, then the newly
+               admitted, in admission order. Each takes min(what it still needs,
+               what is left); a longer prompt is prefilled over several steps, a
+               chunk at a time. A partly prefilled sequence holds the blocks of the
+               tokens it has (`kv.n_filled` is how far it got), emits nothing, and
+               keeps its slot; its first token comes out in the step its last
+               chunk runs. Admission is phase 3.6's rule, with room in this step's
+               budget in place of room in the prefill pass: the budget less the
+               decode tokens and the rest of every prefill in flight must leave at
+               least one token.
+the runner     `MixedRunner` (runner.py): the step's one mixed pass.
+
+`WholePromptEngine`: the same step, prompts never cut; chunking's baseline in prefill_bench.
+"""
+
+from __future__ import annotations
+
+from phases.p2_2_scheduler.sequence import Status
+from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
+from phases.p3_6_batched_engine.engine import DEFAULT_MAX_PREFILL_TOKENS, DEFAULT_MAX_RUNNING, BatchedPagedEngine
+from phases.p3_6_batched_engine.runner import Chunk
+from phases.p3_8_chunked_prefill.runner import MixedRunner
+
+# Tokens in one forward pass. Phase 3.6's prefill cap, so on a burst of prompts both engines pack the same
+# prompts into a pass and a comparison sees the kernel, not the packing. Smaller budgets lower the latency
+# a long prompt adds to running streams (prefill_bench measures it); larger ones give long prompts bigger passes.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = DEFAULT_MAX_PREFILL_TOKENS
+
+
+def prefill_left(seq) -> int:
+    """Tokens of `seq` (prompt, and outputs when recomputed) still to prefill; 0 unless it is prefilling."""
+    return len(seq.all_ids) - seq.kv.n_filled if seq.status is Status.PREFILLING else 0
+
+
+class ChunkedPrefillEngine(BatchedPagedEngine):
+    """Phase 3.6's engine: one mixed pass per step, prefill in chunks under a token budget."""
+
+    def __init__(self, lm, max_running: int = DEFAULT_MAX_RUNNING, block_size: int = DEFAULT_BLOCK_SIZE,
+                 n_blocks: int | None = None, allocator: BlockAllocator | None = None,
+                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS):
+        if isinstance(max_num_batched_tokens, bool) or not isinstance(max_num_batched_tokens, int) \
+                or max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be an int >= 1, got {max_num_batched_tokens!r}")
+        super().__init__(lm, max_running, block_size, n_blocks, allocator, max_prefill_tokens=max_num_batched_tokens)
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.runner = MixedRunner(lm, self.allocator)
+
+    # --- the step's prefill work: chunks, within what decode tokens leave of the budget -------------
+    def chunks(self) -> list[Chunk]:
+        """The prefill chunks of one pass, at most the budget less one token per decoding sequence, in admission
+        order (a prefill in flight before a newcomer); each chunk's slots are claimed as it is scheduled."""
+        prefilling, budget = self.prefill_work()
+        chunks: list[Chunk] = []
+        for seq in prefilling:
+            rest = prefill_left(seq)
+            if not rest:
+                continue
+            if budget <= 0:
+                break
+            length = min(rest, budget)
+            chunks.append(self.claim(Chunk(seq, seq.kv.n_filled, length)))
+            budget -= length
+        return chunks
+
+    def prefill_work(self) -> tuple[list, int]:
+        """The running sequences still prefilling, in admission order, and the tokens this step's pass has for
+        them: the budget less one per decoding sequence (decode goes first)."""
+        prefilling = [s for s in self.running if s.status is Status.PREFILLING]
+        return prefilling, self.max_num_batched_tokens - (len(self.running) - len(prefilling))
+
+    # --- admission: room in this step's token budget ----------------------------------------------
+    def budget_left(self) -> int:
+        """Tokens this step's pass can still take: the budget, less one per decoding sequence and the rest
+        of every prefill in flight (admitted this step or part-way through)."""
+        used = sum(1 if s.status is Status.DECODING else prefill_left(s) for s in self.running)
+        return self.max_num_batched_tokens - used
+
+    def fits_prefill_pass(self, n_tokens: int) -> bool:
+        """At least one token of the budget is left for a first chunk."""
+        return self.budget_left() > 0
+
+    # --- what the runner counted ----------------------------------------------------------------------
+    @property
+    def n_chunks(self) -> int:
+        return self.runner.n_chunks
+
+    @property
+    def n_mixed_passes(self) -> int:
+        return self.runner.n_mixed_passes
+
+
+class WholePromptEngine(ChunkedPrefillEngine):
+    """The same one-pass step with every prompt prefilled whole (vLLM with chunked prefill off): a prompt that
+    does not fit what is left of the budget waits, except that the first prompt of a step always goes, however
+    long. A long prompt then takes one long pass, and every decoding stream waits for it."""
+
+    def chunks(self) -> list[Chunk]:
+        prefilling, budget = self.prefill_work()
+        chunks: list[Chunk] = []
+        for seq in prefilling:
+            rest = prefill_left(seq)
+            if not rest:
+                continue
+            if chunks and rest > budget:
+                break          # a prompt that no longer fits waits for the next step (FCFS: nobody passes it)
+            chunks.append(self.claim(Chunk(seq, seq.kv.n_filled, rest)))
+            budget -= rest
+        return chunks
+
+    def fits_prefill_pass(self, n_tokens: int) -> bool:
+        """`n_tokens` fit what is left of the budget, or they are the step's only prefill."""
+        return not any(prefill_left(s) for s in self.running) or n_tokens <= self.budget_left()
