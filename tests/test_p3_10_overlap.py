@@ -7,7 +7,6 @@ import torch
 
 from common.model import load_model
 from common.sampling import SamplingParams
-from phases.p3_10_cuda_graphs.buffers import PENDING
 from phases.p3_10_cuda_graphs.engine import StaticDecodeEngine
 from phases.p3_10_cuda_graphs.overlap import OverlappedDecodeEngine
 from tests.oracles import hf_greedy
@@ -62,7 +61,7 @@ def test_steps_return_the_tokens_of_the_step_before(tiny):
     seqs = [engine.add(p, 6, ignore_eos=True) for p in random_prompts((5, 6, 7), seed=4)]
     assert len(engine.step()) == 3                # the prefill pass, in series: the first tokens
     assert engine.step() == []                    # first decode step launched, nothing read yet
-    assert engine._in_flight is not None and all(r.token == PENDING for r in engine.runner.buffers.rows)
+    assert engine._in_flight is not None and engine.runner.buffers.pending == set(engine.runner.buffers.rows)
     out = engine.step()                           # launches the 3rd token's step, reads the 2nd's
     assert [o.seq for o in out] == seqs and all(len(s.output_ids) == 2 for s in seqs)
     engine.run()

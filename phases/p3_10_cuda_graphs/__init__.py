@@ -14,6 +14,7 @@ The step:
                     as graphs (eager on CPU), mixed passes as in phase 3.8
 And:
 - overlap.py        `OverlappedDecodeEngine`: the host builds and launches step N+1 before reading step N's tokens
+                    (`OverlapBuffers`: rows whose next token is on the device only)
 - demo.py           `graph_bench`: the decode step eager vs static vs graph per batch size, with phase 3.9's
                     kernel sections; `graph_workload`: the engine among the others
 - README.md         the idea, its files, how to run it; its tables: docs/measurements/p3_10_cuda_graphs.md

@@ -17,7 +17,9 @@ rows n .. bucket-1 are padding). A sequence keeps its row while it decodes (`_pl
 What changed. The buffers keep a host mirror of what each row holds on the device
 (`RowState`); `sync(seqs)` places the sequences, compares the mirror with each one and
 sends only what the device cannot know (`_send_changes`). So a step sends a few entries,
-not B x (3 + max_blocks) values rebuilt from Python lists.
+not B x (3 + max_blocks) values rebuilt from Python lists. (nano-vllm rebuilds them every
+step and copies them into its graph's inputs: simpler, but turning B tables of Python ints
+into a tensor each step costs the host more than the rest of a step here.)
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ import torch
 from phases.p2_2_scheduler.sequence import Sequence
 
 EMPTY_SLOT = -1
-PENDING = "pending"    # a row's token: sampled on the device, not yet read by the host (overlap.py)
 
 
 def send(values: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -42,11 +43,11 @@ def send(values: torch.Tensor, device: torch.device) -> torch.Tensor:
     return values.to(device, non_blocking=True)
 
 
-@dataclass
+@dataclass(eq=False)  # identity: one object per row a sequence is placed in
 class RowState:
     """What the device holds for one row (the host's mirror of it)."""
     seq: Sequence
-    token: int | str | None    # input_ids[row]; None: unknown (never written); PENDING: on the device only
+    token: int | None          # input_ids[row]; None: unknown (never written)
     length: int                # seq_lens[row]; positions[row] = length - 1
     blocks: list[int]          # block_tables[row, :len(blocks)]
 
@@ -63,7 +64,7 @@ class DecodeBuffers:
         self.block_tables = torch.zeros(max_rows, max_blocks, dtype=torch.int32, device=device)
         self.slot_mapping = torch.full((max_rows,), EMPTY_SLOT, dtype=torch.int64, device=device)
         self.rows: list[RowState] = []           # rows 0 .. n-1, in order
-        self._placed: set[int] = set()           # id() of every sequence in a row: the steady state's check
+        self._placed: set[int] = set()           # seq_id of every sequence in a row: the steady state's check
         self.longest_blocks = 0                  # most blocks any row's table holds (after the last sync)
         self.n_values_sent = 0                   # host -> device values written by `sync` (rows and entries)
         self.n_syncs = 0
@@ -97,19 +98,9 @@ class DecodeBuffers:
         for r, t in zip(self.rows, tokens):
             r.token = t
 
-    def record_pending(self, ids: torch.Tensor) -> None:
-        """The step's sampled ids [n] become the rows' next input on the device, before the host has read
-        them (an overlapped step, overlap.py): the mirror marks those tokens PENDING until `settle`."""
-        self.input_ids[:len(ids)].copy_(ids)
-        for r in self.rows[:len(ids)]:
-            r.token = PENDING
-
-    def settle(self, seqs: list[Sequence], tokens: list[int]) -> None:
-        """The host has read the pending tokens of these sequences' rows: the mirror holds them again."""
-        read = {id(s): t for s, t in zip(seqs, tokens)}
-        for r in self.rows:
-            if r.token is PENDING and id(r.seq) in read:
-                r.token = read[id(r.seq)]
+    def row_tokens(self) -> list[int]:
+        """Each row's next input as the host knows it: its sequence's last token."""
+        return [state.seq.output_ids[-1] for state in self.rows]
 
     # --- placing rows ---------------------------------------------------------------------------
     def _place(self, seqs: list[Sequence]) -> None:
@@ -118,27 +109,27 @@ class DecodeBuffers:
         live rows stay a prefix, and the rows left behind get seq_lens 0 and position 0 (they read nothing and
         write nothing)."""
         n = len(seqs)
-        if n == len(self.rows) and {id(s) for s in seqs} == self._placed:
+        if n == len(self.rows) and {s.seq_id for s in seqs} == self._placed:
             return         # the steady state: the same sequences as last step, each already in its row
-        wanted = {id(s): s for s in seqs}
-        kept = {id(state.seq): state for state in self.rows if id(state.seq) in wanted}
+        wanted = {s.seq_id for s in seqs}
+        kept = {state.seq.seq_id: state for state in self.rows if state.seq.seq_id in wanted}
         old = self.rows
         new_rows: list[RowState | None] = [None] * n
         moves_src, moves_dst = [], []
         # Sequences already in a row below n stay there; the rest fill the holes (moved or new).
         for row, state in enumerate(old[:n]):
-            if id(state.seq) in kept:
+            if state.seq.seq_id in kept:
                 new_rows[row] = state
         holes = [row for row in range(n) if new_rows[row] is None]
-        movers = [(row, kept[id(s.seq)]) for row, s in enumerate(old) if row >= n and id(s.seq) in kept]
+        movers = [(row, kept[s.seq.seq_id]) for row, s in enumerate(old) if row >= n and s.seq.seq_id in kept]
         for (src, state), dst in zip(movers, holes):
             new_rows[dst] = state
             moves_src.append(src)
             moves_dst.append(dst)
-        placed = {id(r.seq) for r in new_rows if r is not None}
+        placed = {r.seq.seq_id for r in new_rows if r is not None}
         free = iter(row for row in range(n) if new_rows[row] is None)
         for s in seqs:
-            if id(s) not in placed:
+            if s.seq_id not in placed:
                 new_rows[next(free)] = RowState(s, None, -1, [])     # unknown: everything is sent
         if moves_src:
             src = send(torch.tensor(moves_src), self.device)
@@ -151,7 +142,7 @@ class DecodeBuffers:
             self.seq_lens[n:len(old)] = 0
             self.positions[n:len(old)] = 0
         self.rows = new_rows
-        self._placed = {id(r.seq) for r in new_rows}
+        self._placed = {r.seq.seq_id for r in new_rows}
 
     def _send_changes(self) -> None:
         """Write what the device does not know yet: changed rows' token/position/length, new table entries.
@@ -165,17 +156,9 @@ class DecodeBuffers:
         row_updates: list[tuple[int, int, int, int]] = []   # (row, token, position, length)
         entries: list[tuple[int, int, int]] = []            # (row, column, block id)
         longest = 0
-        for row, state in enumerate(self.rows):
+        for row, (state, token) in enumerate(zip(self.rows, self.row_tokens())):
             seq = state.seq
             length = seq.kv.n_filled
-            if state.token is PENDING:
-                # Its next input is on the device only; nothing else of the row may have moved.
-                if state.length != length:
-                    raise RuntimeError(f"sequence {seq.seq_id}: its row's length changed ({state.length} -> "
-                                       f"{length}) while its next token was still pending on the device")
-                token = PENDING
-            else:
-                token = seq.output_ids[-1]
             if state.token != token or state.length != length:
                 row_updates.append((row, token, length - 1, length))
                 state.token, state.length = token, length

@@ -11,7 +11,7 @@ as vLLM V1's async scheduling does:
              -> return step k-1's outputs
 
 The GPU orders step k after step k-1 (one stream), and step k's input ids are step k-1's sampled ids, copied
-on the device (`DecodeBuffers.record_pending`): the host never needs a token to launch the next step. What
+on the device (`OverlapBuffers.record_pending`): the host never needs a token to launch the next step. What
 the host cannot know in advance is an EOS: a sequence that ends on one at step k-1 has already been given a
 row in step k, which is wasted (`_complete`).
 
@@ -33,9 +33,51 @@ import torch
 
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_6_batched_engine.attention import use_paged_attention
+from phases.p3_10_cuda_graphs.buffers import DecodeBuffers, RowState
 from phases.p3_10_cuda_graphs.engine import StaticDecodeEngine
 
 HOST_BUFFERS = 2     # pinned host buffers for sampled ids: one being filled by step k, one read for step k-1
+
+
+class OverlapBuffers(DecodeBuffers):
+    """The static buffers of overlapped steps: a row's next input may be on the device only, sampled by the
+    step in flight and not yet read by the host. Such a row is pending until `settle`: the host sends it no
+    token, since the one it knows is a step old."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pending: set[RowState] = set()     # rows whose input_ids[row] only the device knows
+
+    def record_pending(self, ids: torch.Tensor) -> None:
+        """The step's sampled ids [n] become the rows' next input on the device, before the host reads them."""
+        self.input_ids[:len(ids)].copy_(ids)
+        self.pending = set(self.rows[:len(ids)])
+
+    def record_sampled(self, ids: torch.Tensor, tokens: list[int]) -> None:
+        super().record_sampled(ids, tokens)
+        self.pending.clear()
+
+    def settle(self, seqs: list[Sequence], tokens: list[int]) -> None:
+        """The host has read the pending tokens of these sequences' rows: the mirror holds them again."""
+        read = {s.seq_id: t for s, t in zip(seqs, tokens)}
+        for r in self.rows:
+            if r in self.pending and r.seq.seq_id in read:
+                r.token = read[r.seq.seq_id]
+        self.pending = {r for r in self.pending if r.seq.seq_id not in read}
+
+    def row_tokens(self) -> list[int]:
+        """A pending row keeps the token the mirror holds (nothing is sent for it); nothing else of such a row
+        may have moved."""
+        tokens = []
+        for state in self.rows:
+            if state in self.pending:
+                if state.length != state.seq.kv.n_filled:
+                    raise RuntimeError(f"sequence {state.seq.seq_id}: its row's length changed ({state.length} -> "
+                                       f"{state.seq.kv.n_filled}) while its next token was pending on the device")
+                tokens.append(state.token)
+            else:
+                tokens.append(state.seq.output_ids[-1])
+        return tokens
 
 
 class SampledIds:
@@ -81,6 +123,8 @@ class OverlappedDecodeEngine(StaticDecodeEngine):
 
     def __init__(self, lm, *args, **kwargs):
         super().__init__(lm, *args, **kwargs)
+        b = self.runner.buffers     # no step has run, so no graph has recorded its addresses yet
+        self.runner.buffers = OverlapBuffers(b.max_rows, b.max_blocks, b.block_size, b.device)
         self._in_flight: InFlight | None = None
         self._undelivered: list[StepOutput] = []   # outputs of a pass completed outside step() (abort)
         on_cuda = torch.device(lm.device).type == "cuda"
