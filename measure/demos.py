@@ -43,6 +43,7 @@ DEMO_MODULES: dict[str, str] = {
     "attn_bench": "phases.p3_5_paged_attention.demo",
     "tput": "phases.p3_6_batched_engine.demo",
     "workload_bench": "phases.p3_6_batched_engine.demo",
+    "varlen_bench": "phases.p3_7_varlen_prefill.demo",
     "prefill_bench": "phases.p3_8_chunked_prefill.demo",
     "decode_bench": "phases.p3_9_tuned_decode_kernel.demo",
     "graph_bench": "phases.p3_10_cuda_graphs.demo",

@@ -303,3 +303,11 @@ def test_kernel_compiles_for_an_h100_without_spilling():
     for line in done.stdout.split("\n")[-3:-1]:
         registers, spill_bytes, shared_bytes = map(int, line.split())
         assert spill_bytes == 0 and 0 < shared_bytes <= H100_SHARED_BYTES, line
+
+
+def test_varlen_bench_quick_runs_on_the_cpu():
+    """The phase's demo: one row per (pack, prefix), the loop and the varlen call agreeing."""
+    from measure.cli import run_demo
+    report = run_demo("varlen_bench", "tiny", "cpu", "fp32", quick=True)
+    rows = report.data["attention"]
+    assert len(rows) == 4 and all(r["max_err"] < 1e-4 for r in rows)

@@ -12,5 +12,7 @@ The kernel, plus its references (each the CPU path or a test oracle):
 And:
 - pack.py       `random_prefill_pack`: a packed prefill in a scattered, NaN-padded pool, for tests and benchmarks
 - aot_check.py  compiles the kernel for an H100 without one and reports registers, spills, shared memory
+- demo.py       `varlen_bench`: one layer's attention over packed prefills, phase 3.6's per-segment loop beside
+                this phase's one call and no paging at all (measure/prefill_attention.py's table)
 - README.md     the idea, its files, how to run it; its tables: docs/measurements/p3_7_varlen_prefill.md
 """

@@ -22,11 +22,6 @@ takes fewer tokens through the whole model, in fp32 (CPU_DEFAULT_DTYPE).
 
 from __future__ import annotations
 
-from itertools import accumulate
-from types import SimpleNamespace
-
-import torch
-
 from measure.demos import RunConfig, demo
 from measure.harness import EngineRun, EngineRunner, pool_problems, submit, workload_pool_blocks
 from measure.prefill_bench import (AttentionPack, Contender, pack_lengths, plot_prefill,  # noqa: F401 (tests)
@@ -34,21 +29,19 @@ from measure.prefill_bench import (AttentionPack, Contender, pack_lengths, plot_
 from measure.report import Report
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_4_gather_kernel.dispatch import use_kernels
-from phases.p3_6_batched_engine.attention import PagedBatch, Segment, paged_attention_forward
 from phases.p3_6_batched_engine.demo import BATCHED
 from phases.p3_6_batched_engine.engine import BatchedPagedEngine
 from phases.p3_6_batched_engine.kv import BlockKV
+from phases.p3_7_varlen_prefill.demo import loop_attention, packed_layer
+from phases.p3_7_varlen_prefill.plan import plan_prefill
 from phases.p3_8_chunked_prefill.attention import MixedBatch, varlen_attention_forward
 from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillEngine, WholePromptEngine
-from phases.p3_7_varlen_prefill.pack import random_prefill_pack
-from phases.p3_7_varlen_prefill.plan import plan_prefill
-
-LAYER = 1   # the layer the attention table runs (of a 2-layer pool)
 
 
 # --- attention: phase 3.6's per-segment loop and this phase's varlen call, on one pack -----------------
 def attention_pack(lm, seg_lens: list[int], prefix: int, block_size: int) -> AttentionPack:
-    """A packed prefill in a scattered pool, with what one layer of the model hands each attention function.
+    """Phase 3.7's pack (`packed_layer`: what one layer of the model hands each attention function), with this
+    phase's attention function in place of the bare kernel call.
 
     loop     phase 3.6's attention: one SDPA call per segment; after a held prefix, a gather of the whole
              context and a masked SDPA (`paged_attention_forward`)
@@ -59,32 +52,17 @@ def attention_pack(lm, seg_lens: list[int], prefix: int, block_size: int) -> Att
              SDPA per segment (causal kernel when fresh, a mask after a prefix)
 
     Loop and varlen include writing the pack's new K/V into the pool, as in the engine."""
-    group = lm.n_heads // lm.n_kv_heads
-    context = [prefix] * len(seg_lens)
-    p = random_prefill_pack(seg_lens, context, block_size, lm.n_kv_heads, group, lm.head_dim, dtype=lm.dtype,
-                            device=lm.device, layer_idx=LAYER, fill=0.0, seed=len(seg_lens) + prefix)
-    scale = lm.head_dim ** -0.5
-    # What a layer of the model hands the attention function: query [1, H, N, D], key/value [1, H_kv, N, D].
-    query, key, value = p.q.transpose(0, 1)[None], p.new_k.transpose(0, 1)[None], p.new_v.transpose(0, 1)[None]
-    module = SimpleNamespace(layer_idx=LAYER, config=SimpleNamespace(), num_key_value_groups=group, is_causal=True)
-    cu = list(accumulate(seg_lens, initial=0))                        # [S + 1] packed row of each segment
-    tables = p.block_tables.tolist()                                   # [S][max_blocks] block ids
-    slots = [tables[s][pos // block_size] * block_size + pos % block_size    # [N] pool slot of each new token
-             for s, (n, c) in enumerate(zip(seg_lens, context)) for pos in range(c, c + n)]
-    shared = dict(kv_store=p.kv_store, block_tables=p.block_tables, is_decode=False,
-                  slot_mapping=torch.tensor(slots, device=lm.device),
-                  seq_lens=torch.tensor([c + n for c, n in zip(context, seg_lens)], dtype=torch.int32,
-                                        device=lm.device),
-                  segments=[Segment(start, n, c, s) for s, (start, n, c) in enumerate(zip(cu, seg_lens, context))])
-    loop_batch = PagedBatch(**shared)
-    varlen_batch = MixedBatch(**shared, n_decode=0, cu_seqlens_q=p.cu_seqlens_q, context_lens=p.context_lens,
-                              prefill_plan=plan_prefill(cu, context, device=lm.device))
+    layer = packed_layer(lm, seg_lens, prefix, block_size)
+    p = layer.pack
+    varlen_batch = MixedBatch(**layer.paged, n_decode=0, cu_seqlens_q=p.cu_seqlens_q, context_lens=p.context_lens,
+                              prefill_plan=plan_prefill(layer.cu, layer.context, device=lm.device))
     varlen = ("the Triton kernel" if use_kernels(lm.device)
               else "the CPU path: SDPA per segment over one copy of the blocks read")
     return AttentionPack(
-        loop=lambda: paged_attention_forward(module, query, key, value, scaling=scale, paged=loop_batch)[0],
-        varlen=lambda: varlen_attention_forward(module, query, key, value, scaling=scale, paged=varlen_batch)[0],
-        q=p.q, k=p.k, v=p.v, scale=scale,
+        loop=loop_attention(layer),
+        varlen=lambda: varlen_attention_forward(layer.module, layer.query, layer.key, layer.value,
+                                                scaling=layer.scale, paged=varlen_batch)[0],
+        q=p.q, k=p.k, v=p.v, scale=layer.scale,
         about="loop: phase 3.6's paged_attention_forward (SDPA per segment; after a prefix, gather + masked SDPA "
               "per segment). varlen: this phase's varlen_attention_forward, one call for the pack "
               f"({varlen}).")
