@@ -66,12 +66,17 @@ class ChunkedPrefillEngine(BatchedPagedEngine):
             rest = prefill_left(seq)
             if not rest:
                 continue
-            if budget <= 0:
-                break
-            length = min(rest, budget)
+            length = self.chunk_length(rest, budget, first=not chunks)
+            if not length:
+                break          # this prompt waits for the next step, and FCFS: nobody behind it passes it
             chunks.append(self.claim(Chunk(seq, seq.kv.n_filled, length)))
             budget -= length
         return chunks
+
+    def chunk_length(self, rest: int, budget: int, first: bool) -> int:
+        """Tokens this pass takes of a prompt with `rest` still to prefill, `budget` tokens being left: as many as
+        fit (a chunk; 0 when nothing is left)."""
+        return min(rest, max(budget, 0))
 
     def prefill_work(self) -> tuple[list, int]:
         """The running sequences still prefilling, in admission order, and the tokens this step's pass has for
@@ -105,18 +110,9 @@ class WholePromptEngine(ChunkedPrefillEngine):
     does not fit what is left of the budget waits, except that the first prompt of a step always goes, however
     long. A long prompt then takes one long pass, and every decoding stream waits for it."""
 
-    def chunks(self) -> list[Chunk]:
-        prefilling, budget = self.prefill_work()
-        chunks: list[Chunk] = []
-        for seq in prefilling:
-            rest = prefill_left(seq)
-            if not rest:
-                continue
-            if chunks and rest > budget:
-                break          # a prompt that no longer fits waits for the next step (FCFS: nobody passes it)
-            chunks.append(self.claim(Chunk(seq, seq.kv.n_filled, rest)))
-            budget -= rest
-        return chunks
+    def chunk_length(self, rest: int, budget: int, first: bool) -> int:
+        """The whole rest, if it fits what is left or it is the step's first prompt; otherwise 0 (it waits)."""
+        return rest if first or rest <= budget else 0
 
     def fits_prefill_pass(self, n_tokens: int) -> bool:
         """`n_tokens` fit what is left of the budget, or they are the step's only prefill."""
