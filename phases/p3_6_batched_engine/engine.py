@@ -14,8 +14,10 @@ each do one job:
 
 and `step()` is the loop, top to bottom: schedule, run, sample, update.
 
-Scheduling is phase 3.3's policy (`admit`, `can_admit`): first come, first
-served, each admitted for its worst case so decode never runs out of blocks.
+Scheduling is phase 3.3's policy: first come, first served (`admit`), each
+sequence admitted for its worst case, so decode never runs out of blocks. That
+rule is a part of its own, `WorstCaseAdmission`: the loop asks it whether the
+head of the queue may start, and an engine with another rule picks another part.
 The prompts admitted in one step are prefilled in one packed pass; every
 sequence already decoding feeds its last token in one decode pass. A sequence
 that finishes gives its blocks back in the same step.
@@ -44,6 +46,39 @@ DEFAULT_MAX_PREFILL_TOKENS = 4096  # prompt tokens packed into one prefill pass 
 Progress = Callable[[int, int], None]  # progress(n_finished, n_added), called after every step
 
 
+class WorstCaseAdmission:
+    """Phase 3.3's admission rule, as the engine's part: may the head of the queue start now?
+
+    Yes when a slot is free, this step's prefill pass has room, and the pool holds the sequence's worst case
+    (prompt + max_new_tokens) beside what the running sequences may still claim; so no decode ever finds
+    the pool empty, and a sequence, once admitted, always finishes."""
+
+    def __init__(self, engine: BatchedPagedEngine):
+        self.engine = engine    # read only: its running set, pool, KV part and prefill pass
+
+    def blocks_left(self) -> int:
+        """Free blocks that no running sequence may still claim: what admissions can take, counted once per
+        step (each admission then takes its `blocks_to_admit` out of it, exactly what it adds to the promise)."""
+        return self.engine.allocator.n_free - self.blocks_promised()
+
+    def can_admit(self, seq: Sequence, blocks_left: int) -> bool:
+        e = self.engine
+        if not e.n_free_slots or not e.fits_prefill_pass(len(seq.all_ids)):
+            return False
+        if self.blocks_to_admit(seq) <= blocks_left:
+            return True
+        e.waited_for_blocks.add(seq.seq_id)   # a slot was free, the pool was not
+        return False
+
+    def blocks_to_admit(self, seq: Sequence) -> int:
+        """Free blocks `seq` must find to be admitted: its worst case, so its decode never runs dry."""
+        return self.engine.kv.blocks_for_worst_case(seq)
+
+    def blocks_promised(self) -> int:
+        """Blocks the running sequences may still claim before they finish."""
+        return sum(self.engine.kv.blocks_still_needed(s) for s in self.engine.running)
+
+
 class BatchedPagedEngine:
     """Continuous batching on the paged pool: schedule, run, sample, update; one packed prefill and one decode
     pass per step.
@@ -64,6 +99,7 @@ class BatchedPagedEngine:
         self.allocator = allocator or BlockAllocator.for_model(lm, block_size=block_size, n_blocks=n_blocks)
         self.block_size = self.allocator.block_size
         self.kv = BlockKV(self.allocator)
+        self.admission = WorstCaseAdmission(self)
         self.runner = PagedRunner(lm, self.allocator)
         self.sampler = Sampler(lm.device)
         self.waiting: deque[Sequence] = deque()
@@ -158,9 +194,11 @@ class BatchedPagedEngine:
         return chunk
 
     def admit(self) -> None:
-        """Admit from the head of the queue while it fits. First come, first served: nobody overtakes the head
-        (a long request cannot be starved by a stream of short ones)."""
-        while self.waiting and self.can_admit(self.waiting[0]):
+        """Admit from the head of the queue while the admission rule lets it in. First come, first served:
+        nobody overtakes the head (a long request cannot be starved by a stream of short ones)."""
+        left = self.admission.blocks_left()
+        while self.waiting and self.admission.can_admit(self.waiting[0], left):
+            left -= self.admission.blocks_to_admit(self.waiting[0])
             self.admit_head()
         if self.waiting and not self.running:
             # Cannot happen (add() refuses what the empty pool cannot hold); guard against a silent hang.
@@ -175,28 +213,10 @@ class BatchedPagedEngine:
         self.running.append(seq)
         return seq
 
-    def can_admit(self, seq: Sequence) -> bool:
-        """A free slot, room in this step's prefill pass, and the pool holds `seq`'s worst case beside what
-        the running sequences may still claim."""
-        if not self.n_free_slots or not self.fits_prefill_pass(len(seq.all_ids)):
-            return False
-        if self.blocks_to_admit(seq) <= self.allocator.n_free - self.blocks_promised():
-            return True
-        self.waited_for_blocks.add(seq.seq_id)   # a slot was free, the pool was not
-        return False
-
     def fits_prefill_pass(self, n_tokens: int) -> bool:
         """The prompts admitted this step share one pass of at most max_prefill_tokens (the first always goes)."""
         pending = sum(len(s.all_ids) for s in self.running if s.status is Status.PREFILLING)
         return not pending or pending + n_tokens <= self.max_prefill_tokens
-
-    def blocks_to_admit(self, seq: Sequence) -> int:
-        """Free blocks `seq` must find to be admitted: its worst case, so its decode never runs dry."""
-        return self.kv.blocks_for_worst_case(seq)
-
-    def blocks_promised(self) -> int:
-        """Blocks the running sequences may still claim before they finish."""
-        return sum(self.kv.blocks_still_needed(s) for s in self.running)
 
     # --- update ------------------------------------------------------------------------------------
     def update(self, seqs: list[Sequence], tokens: list[int], t: float | None = None) -> list[StepOutput]:

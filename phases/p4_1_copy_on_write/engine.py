@@ -20,8 +20,8 @@ The copies of a step are batched into one indexed copy, run at the end of
 `schedule()` before the forward pass writes (block_ops.CopyQueue), so a step
 with many forks costs one launch. The KV manager part is `CowKV` (kv.py).
 
-Admission is phase 3.3's rule with shared blocks counted once: a group of n
-needs n free slots (`can_admit`) and its worst case in blocks (`blocks_to_admit`).
+Admission is phase 3.3's rule for groups (`GroupWorstCaseAdmission`): n free
+slots, and the group's worst case with its full prompt blocks counted once.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import torch
 from common.clock import SeqTiming
 from common.sampling import GREEDY, SamplingParams
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
+from phases.p3_6_batched_engine.engine import WorstCaseAdmission
 from phases.p3_8_chunked_prefill.engine import ChunkedPrefillEngine
 from phases.p3_10_cuda_graphs.runner import StaticRunner
 from phases.p3_10_cuda_graphs.sampler import DeviceSampler
@@ -75,6 +76,35 @@ class SequenceGroup:
         return [list(s.output_ids) for s in self.seqs]
 
 
+class GroupWorstCaseAdmission(WorstCaseAdmission):
+    """Phase 3.6's rule for requests of n sequences: n free slots, and the group's worst case in blocks."""
+
+    def can_admit(self, seq: Sequence, blocks_left: int) -> bool:
+        e = self.engine
+        return e.group_of(seq).n <= e.n_free_slots - e.slots_promised and super().can_admit(seq, blocks_left)
+
+    def blocks_to_admit(self, seq: Sequence) -> int:
+        """The group's worst case, `worst_case_blocks(request, n, block_size)` =
+        `full_prompt_blocks + n * (blocks_for(worst_case_tokens(request)) - full_prompt_blocks)`: each sample's
+        own copy of the partial block plus its output. `blocks_promised` sets the same aside for a running
+        group."""
+        return self.engine.kv.blocks_to_admit(seq, self.engine.group_of(seq).n)
+
+    def blocks_promised(self) -> int:
+        """Blocks the running groups may still claim: the worst case of their members minus the distinct
+        blocks they hold (a group admitted but not forked yet counts its n samples to come)."""
+        e = self.engine
+        live: dict[SequenceGroup, list[Sequence]] = defaultdict(list)
+        for s in e.running:
+            live[e.group_of(s)].append(s)
+        promised = 0
+        for group, members in live.items():
+            width = len(members) if group.forked else group.n
+            held, _ = blocks_held([s.kv for s in members if s.kv is not None])
+            promised += max(0, worst_case_blocks(group, width, e.block_size) - held)
+        return promised
+
+
 class SharingEngine(ChunkedPrefillEngine):
     """Phase 3.8's scheduling on phase 3.10's parts (the static decode runner, the device sampler), with
     requests of n sequences over shared blocks (`CowKV`)."""
@@ -82,6 +112,7 @@ class SharingEngine(ChunkedPrefillEngine):
     def __init__(self, lm, *, cuda_graphs: bool | None = None, buckets: list[int] | None = None, **engine_kwargs):
         super().__init__(lm, **engine_kwargs)
         self.kv = CowKV(self.allocator)
+        self.admission = GroupWorstCaseAdmission(self)
         self.sampler = DeviceSampler(lm.device)
         self.runner = StaticRunner(lm, self.allocator, self.sampler, self.max_running, cuda_graphs, buckets)
         self.groups: list[SequenceGroup] = []        # every request added, in order
@@ -137,31 +168,7 @@ class SharingEngine(ChunkedPrefillEngine):
         for seq in list(group.seqs):
             self.abort(seq)
 
-    # --- admission: a group needs n slots, its shared blocks count once -----------------
-    def can_admit(self, seq: Sequence) -> bool:
-        """A slot for every sequence the group will run as, then phase 3.8's rule."""
-        return self.group_of(seq).n <= self.n_free_slots - self.slots_promised and super().can_admit(seq)
-
-    def blocks_to_admit(self, seq: Sequence) -> int:
-        """The group's worst case, `worst_case_blocks(request, n, block_size)` =
-        `full_prompt_blocks + n * (blocks_for(worst_case_tokens(request)) - full_prompt_blocks)`: each sample's
-        own copy of the partial block plus its output. `blocks_promised` sets the same aside for a running
-        group."""
-        return self.kv.blocks_to_admit(seq, self.group_of(seq).n)
-
-    def blocks_promised(self) -> int:
-        """Blocks the running groups may still claim: the worst case of their members minus the distinct
-        blocks they hold (a group admitted but not forked yet counts its n samples to come)."""
-        live: dict[SequenceGroup, list[Sequence]] = defaultdict(list)
-        for s in self.running:
-            live[self.group_of(s)].append(s)
-        promised = 0
-        for group, members in live.items():
-            width = len(members) if group.forked else group.n
-            held, _ = blocks_held([s.kv for s in members if s.kv is not None])
-            promised += max(0, worst_case_blocks(group, width, self.block_size) - held)
-        return promised
-
+    # --- admission: a group needs n slots, its shared blocks count once (`GroupWorstCaseAdmission`) ------
     @property
     def slots_promised(self) -> int:
         """Slots the running groups not forked yet will take at their fork (a group's prefill may take
