@@ -15,12 +15,13 @@ each do one job:
 and `step()` is the loop, top to bottom: schedule, run, sample, update.
 
 Scheduling is phase 3.3's policy: first come, first served (`admit`), each
-sequence admitted for its worst case, so decode never runs out of blocks. That
-rule is a part of its own, `WorstCaseAdmission`: the loop asks it whether the
-head of the queue may start, and an engine with another rule picks another part.
-The prompts admitted in one step are prefilled in one packed pass; every
-sequence already decoding feeds its last token in one decode pass. A sequence
-that finishes gives its blocks back in the same step.
+sequence admitted for its worst case, so decode never runs out of blocks. The
+scheduler's two rules are parts of their own, and an engine with other rules
+picks other parts: `WorstCaseAdmission` says whether the head of the queue may
+start, `WholePrompts` which prompt tokens a step runs (every admitted prompt,
+whole, packed into one prefill pass). Every sequence already decoding feeds
+its last token in one decode pass. A sequence that finishes gives its blocks
+back in the same step.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class WorstCaseAdmission:
 
     def can_admit(self, seq: Sequence, blocks_left: int) -> bool:
         e = self.engine
-        if not e.n_free_slots or not e.fits_prefill_pass(len(seq.all_ids)):
+        if not e.n_free_slots or not e.prefill.fits(len(seq.all_ids)):
             return False
         if self.blocks_to_admit(seq) <= blocks_left:
             return True
@@ -77,6 +78,29 @@ class WorstCaseAdmission:
     def blocks_promised(self) -> int:
         """Blocks the running sequences may still claim before they finish."""
         return sum(self.engine.kv.blocks_still_needed(s) for s in self.engine.running)
+
+
+class WholePrompts:
+    """Phase 3.6's prefill plan, as the scheduler's part: which prompt tokens a step runs.
+
+    Every admitted prompt, whole, in one packed prefill pass of at most `max_prefill_tokens` (the first prompt
+    of a step always goes, however long). Admission asks `fits` before it admits a prompt."""
+
+    def __init__(self, engine: BatchedPagedEngine, max_prefill_tokens: int):
+        self.engine = engine    # read only: its running set; `claim` takes each chunk's slots
+        self.max_prefill_tokens = max_prefill_tokens
+
+    def chunks(self) -> list[Chunk]:
+        """The step's prefill work: every admitted prompt, whole, in admission order (admission kept them to
+        one prefill pass's worth); each chunk's slots are claimed as it is scheduled."""
+        e = self.engine
+        return [e.claim(Chunk(s, s.kv.n_filled, len(s.all_ids) - s.kv.n_filled))
+                for s in e.running if s.status is Status.PREFILLING]
+
+    def fits(self, n_tokens: int) -> bool:
+        """`n_tokens` more prompt tokens fit this step's prefill pass (the first prompt always does)."""
+        pending = sum(len(s.all_ids) for s in self.engine.running if s.status is Status.PREFILLING)
+        return not pending or pending + n_tokens <= self.max_prefill_tokens
 
 
 class BatchedPagedEngine:
@@ -94,12 +118,12 @@ class BatchedPagedEngine:
         check_attention_supported(lm.model)   # before any memory is taken for the pool
         self.lm = lm
         self.max_running = max_running
-        self.max_prefill_tokens = max_prefill_tokens
         # n_blocks=None sizes the pool from the memory left after model load (phase 3.1's budget).
         self.allocator = allocator or BlockAllocator.for_model(lm, block_size=block_size, n_blocks=n_blocks)
         self.block_size = self.allocator.block_size
         self.kv = BlockKV(self.allocator)
         self.admission = WorstCaseAdmission(self)
+        self.prefill = WholePrompts(self, max_prefill_tokens)
         self.runner = PagedRunner(lm, self.allocator)
         self.sampler = Sampler(lm.device)
         self.waiting: deque[Sequence] = deque()
@@ -179,14 +203,8 @@ class BatchedPagedEngine:
         self.admit()
         decode = [s for s in self.running if s.status is Status.DECODING]
         batch = Batch(decode=decode, decode_slots=[self.kv.append_slots(s, 1)[0] for s in decode])
-        batch.chunks = self.chunks()
+        batch.chunks = self.prefill.chunks()
         return batch
-
-    def chunks(self) -> list[Chunk]:
-        """The step's prefill work: every admitted prompt, whole, in admission order (admission kept them to
-        one prefill pass's worth); each chunk's slots are claimed as it is scheduled."""
-        return [self.claim(Chunk(s, s.kv.n_filled, len(s.all_ids) - s.kv.n_filled))
-                for s in self.running if s.status is Status.PREFILLING]
 
     def claim(self, chunk: Chunk) -> Chunk:
         """Claim the pool slots of `chunk`'s positions (before the pass; attention writes them)."""
@@ -212,11 +230,6 @@ class BatchedPagedEngine:
         seq.kv = self.kv.new(seq)
         self.running.append(seq)
         return seq
-
-    def fits_prefill_pass(self, n_tokens: int) -> bool:
-        """The prompts admitted this step share one pass of at most max_prefill_tokens (the first always goes)."""
-        pending = sum(len(s.all_ids) for s in self.running if s.status is Status.PREFILLING)
-        return not pending or pending + n_tokens <= self.max_prefill_tokens
 
     # --- update ------------------------------------------------------------------------------------
     def update(self, seqs: list[Sequence], tokens: list[int], t: float | None = None) -> list[StepOutput]:

@@ -34,8 +34,8 @@ import torch
 from common.clock import SeqTiming
 from common.sampling import GREEDY, SamplingParams
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
-from phases.p3_6_batched_engine.engine import WorstCaseAdmission
-from phases.p3_8_chunked_prefill.engine import ChunkedPrefillEngine
+from phases.p3_6_batched_engine.engine import BatchedPagedEngine, WorstCaseAdmission
+from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, TokenBudget, check_budget
 from phases.p3_10_cuda_graphs.runner import StaticRunner
 from phases.p3_10_cuda_graphs.sampler import DeviceSampler
 from phases.p4_1_copy_on_write.block_ops import blocks_held
@@ -105,12 +105,15 @@ class GroupWorstCaseAdmission(WorstCaseAdmission):
         return promised
 
 
-class SharingEngine(ChunkedPrefillEngine):
-    """Phase 3.8's scheduling on phase 3.10's parts (the static decode runner, the device sampler), with
-    requests of n sequences over shared blocks (`CowKV`)."""
+class SharingEngine(BatchedPagedEngine):
+    """Phase 3.6's engine on phase 3.8's token budget and phase 3.10's runner and sampler (the static decode
+    runner, the device sampler), with requests of n sequences over shared blocks (`CowKV`)."""
 
-    def __init__(self, lm, *, cuda_graphs: bool | None = None, buckets: list[int] | None = None, **engine_kwargs):
+    def __init__(self, lm, *, cuda_graphs: bool | None = None, buckets: list[int] | None = None,
+                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, **engine_kwargs):
+        check_budget(max_num_batched_tokens)   # before any memory is taken for the pool
         super().__init__(lm, **engine_kwargs)
+        self.prefill = TokenBudget(self, max_num_batched_tokens)
         self.kv = CowKV(self.allocator)
         self.admission = GroupWorstCaseAdmission(self)
         self.sampler = DeviceSampler(lm.device)

@@ -91,7 +91,7 @@ class OptimisticAdmission:
             return False
         reserve = e.watermark_blocks if e.running else 0   # alone in the pool: no reserve needed
         tokens = sum(len(s.all_ids) for s in members)
-        return self.blocks_to_admit(seq) + reserve <= blocks_left and e.fits_prefill_pass(tokens)
+        return self.blocks_to_admit(seq) + reserve <= blocks_left and e.prefill.fits(tokens)
 
     def blocks_to_admit(self, seq: Sequence) -> int:
         """Blocks the prefill of `seq`'s group (`seq` heads the queue) takes NOW: every member waiting with it."""
