@@ -67,3 +67,16 @@ def test_the_redesign_table_states_the_served_chain_as_it_is():
     assert redesign_row("classes in the served engine's chain") == str(len(chain))
     assert redesign_row("methods defined along it") == f"{len(defined)} ({len(set(defined))} distinct)"
     assert redesign_row("most levels one method is defined at (`__init__` aside)") == f"{most} ({deepest})"
+
+
+def test_no_method_along_the_served_chain_is_dead():
+    """A method defined at several levels runs at each: every override but the first calls the one it hides
+    (`super().name`, from any method of its class), so no earlier phase's method rides along unused."""
+    chain = served_chain()
+    dead = []
+    for name in {n for c in chain for n in vars(c) if not (n.startswith("__") and n != "__init__")}:
+        owners = [c for c in chain if name in vars(c)]
+        for above, below in zip(owners, owners[1:]):
+            if f"super().{name}" not in inspect.getsource(above):
+                dead.append(f"{below.__name__}.{name} (hidden by {above.__name__})")
+    assert dead == []

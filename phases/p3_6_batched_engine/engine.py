@@ -214,10 +214,11 @@ class BatchedPagedEngine:
     def admit(self) -> None:
         """Admit from the head of the queue while the admission rule lets it in. First come, first served:
         nobody overtakes the head (a long request cannot be starved by a stream of short ones)."""
-        left = self.admission.blocks_left()
-        while self.waiting and self.admission.can_admit(self.waiting[0], left):
-            left -= self.admission.blocks_to_admit(self.waiting[0])
-            self.admit_head()
+        if self.waiting:
+            left = self.admission.blocks_left()   # counted once; each admission takes its own blocks out
+            while self.waiting and self.admission.can_admit(self.waiting[0], left):
+                left -= self.admission.blocks_to_admit(self.waiting[0])
+                self.admit_head()
         if self.waiting and not self.running:
             # Cannot happen (add() refuses what the empty pool cannot hold); guard against a silent hang.
             raise RuntimeError(f"sequence {self.waiting[0].seq_id} cannot be admitted into an idle pool "

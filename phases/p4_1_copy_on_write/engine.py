@@ -123,11 +123,6 @@ class SharingEngine(BatchedPagedEngine):
         self._next_request_id = 0
 
     # --- requests ----------------------------------------------------------------
-    def add(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,
-            ignore_eos: bool = False, arrival: float | None = None) -> Sequence:
-        """Queue a request for one sequence (a group of one); returns that sequence."""
-        return self.add_group(prompt, max_new_tokens, sampling, ignore_eos, arrival, n=1).seqs[0]
-
     def add_group(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,
                   ignore_eos: bool = False, arrival: float | None = None, *, n: int) -> SequenceGroup:
         """Queue a request for `n` samples of one prompt; returns its group (its `seqs` fill in at prefill)."""
@@ -153,10 +148,15 @@ class SharingEngine(BatchedPagedEngine):
                              f"{self.allocator.n_blocks}")
         return seq
 
+    def queue(self, seq: Sequence) -> None:
+        """A checked request of one sequence (phase 3.6's `add`) is queued as a group of one."""
+        self.queue_group(SequenceGroup(self._next_request_id, seq.prompt, seq.prompt_ids, 1, seq.max_new_tokens,
+                                       seq.sampling, [seq]))
+
     def queue_group(self, group: SequenceGroup) -> SequenceGroup:
         """Queue a new request (its `request_id` the next one): its first sequence joins the waiting queue."""
         seq = group.seqs[0]
-        self.queue(seq)
+        super().queue(seq)
         self._next_request_id += 1
         self.groups.append(group)
         self._group_of[seq.seq_id] = group
