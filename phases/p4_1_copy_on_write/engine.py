@@ -34,7 +34,8 @@ import torch
 from common.clock import SeqTiming
 from common.sampling import GREEDY, SamplingParams
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
-from phases.p3_6_batched_engine.engine import BatchedPagedEngine, WorstCaseAdmission
+from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
+from phases.p3_6_batched_engine.engine import DEFAULT_MAX_RUNNING, BatchedPagedEngine, WorstCaseAdmission
 from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, TokenBudget, check_budget
 from phases.p3_10_cuda_graphs.runner import StaticRunner
 from phases.p3_10_cuda_graphs.sampler import DeviceSampler
@@ -109,10 +110,12 @@ class SharingEngine(BatchedPagedEngine):
     """Phase 3.6's engine on phase 3.8's token budget and phase 3.10's runner and sampler (the static decode
     runner, the device sampler), with requests of n sequences over shared blocks (`CowKV`)."""
 
-    def __init__(self, lm, *, cuda_graphs: bool | None = None, buckets: list[int] | None = None,
-                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, **engine_kwargs):
+    def __init__(self, lm, max_running: int = DEFAULT_MAX_RUNNING, block_size: int = DEFAULT_BLOCK_SIZE,
+                 n_blocks: int | None = None, allocator: BlockAllocator | None = None, *,
+                 cuda_graphs: bool | None = None, buckets: list[int] | None = None,
+                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS):
         check_budget(max_num_batched_tokens)   # before any memory is taken for the pool
-        super().__init__(lm, **engine_kwargs)
+        super().__init__(lm, max_running, block_size, n_blocks, allocator)
         self.prefill = TokenBudget(self, max_num_batched_tokens)
         self.kv = CowKV(self.allocator)
         self.admission = GroupWorstCaseAdmission(self)
