@@ -80,3 +80,4 @@ def test_no_method_along_the_served_chain_is_dead():
             if f"super().{name}" not in inspect.getsource(above):
                 dead.append(f"{below.__name__}.{name} (hidden by {above.__name__})")
     assert dead == []
+    assert redesign_row("methods defined along it that never run on the served engine") == str(len(dead))
