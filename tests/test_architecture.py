@@ -16,8 +16,10 @@ from phases.p5_serving.samples import ServingEngine
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "architecture.md"
 ROW = re.compile(r"\| (\w+) \|[^|]*\| `(\w+)\.(\w+)` `([\w/.]+\.py):(\d+)` \|")
-STAGES = ["step", "schedule", "admit", "chunks", "claim", "run_batch", "run", "written", "emit", "sample", "update"]
-PART_OF_STAGE = {"run": "runner", "written": "kv", "sample": "sampler"}   # every other stage is the engine's
+STAGES = ["step", "schedule", "admit", "admission", "chunks", "claim", "run_batch", "run", "written", "emit", "sample",
+          "update"]
+# the part each stage's method belongs to; every other stage is the engine's
+PART_OF_STAGE = {"admission": "admission", "chunks": "prefill", "run": "runner", "written": "kv", "sample": "sampler"}
 
 
 def trace_rows() -> list[tuple[str, str, str, str, int]]:
@@ -65,3 +67,17 @@ def test_the_redesign_table_states_the_served_chain_as_it_is():
     assert redesign_row("classes in the served engine's chain") == str(len(chain))
     assert redesign_row("methods defined along it") == f"{len(defined)} ({len(set(defined))} distinct)"
     assert redesign_row("most levels one method is defined at (`__init__` aside)") == f"{most} ({deepest})"
+
+
+def test_no_method_along_the_served_chain_is_dead():
+    """A method defined at several levels runs at each: every override but the first calls the one it hides
+    (`super().name`, from any method of its class), so no earlier phase's method rides along unused."""
+    chain = served_chain()
+    dead = []
+    for name in {n for c in chain for n in vars(c) if not (n.startswith("__") and n != "__init__")}:
+        owners = [c for c in chain if name in vars(c)]
+        for above, below in zip(owners, owners[1:]):
+            if f"super().{name}" not in inspect.getsource(above):
+                dead.append(f"{below.__name__}.{name} (hidden by {above.__name__})")
+    assert dead == []
+    assert redesign_row("methods defined along it that never run on the served engine") == str(len(dead))

@@ -50,7 +50,7 @@ def test_each_policy_claims_its_reservation_at_admission(tiny32, policy, tokens)
     e = engine(tiny32, policy, n_blocks=64)
     seq = e.add(list(range(100, 107)), 10, ignore_eos=True)    # final length 7 + 10 = 17
     e.step()                                                   # admitted and prefilled
-    assert seq.kv.n_blocks == blocks_for(tokens, BLOCK) == e.blocks_to_admit(seq)
+    assert seq.kv.n_blocks == blocks_for(tokens, BLOCK) == e.admission.blocks_to_admit(seq)
     assert e.allocator.n_used == blocks_for(tokens, BLOCK)
     e.run()
     assert e.allocator.n_free == e.allocator.n_blocks          # the whole reservation back at the end

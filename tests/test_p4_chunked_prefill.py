@@ -44,7 +44,7 @@ def test_samples_beams_and_plain_requests_in_chunks_equal_hf(tiny32, budget):
     beams = engine.add_beam_search(prompts[1], MAX_NEW, beam_width=2)
     plain = engine.add(prompts[2], MAX_NEW, ignore_eos=True)
     run_checked(engine)
-    assert engine.n_chunks > len(prompts)                     # some prompt really was cut
+    assert engine.runner.n_chunks > len(prompts)              # some prompt really was cut
     assert samples.outputs == [hf_greedy(tiny32, prompts[0], MAX_NEW, ignore_eos=True)] * 3
     assert beams.best == hf_beam(tiny32, prompts[1], 2, MAX_NEW)
     assert plain.output_ids == hf_greedy(tiny32, prompts[2], MAX_NEW, ignore_eos=True)

@@ -196,7 +196,7 @@ def run_graphs(lm, requests: list[Request], max_running: int, block_size: int = 
     finished = sorted(engine.finished[done_before:], key=lambda s: s.seq_id)
     assert not pool_problems(engine.allocator), "blocks leaked"
     settings = dict(max_running=max_running, block_size=block_size, pool_blocks=n_blocks,
-                    max_num_batched_tokens=engine.max_num_batched_tokens, cuda_graphs=engine.runner.cuda_graphs,
+                    max_num_batched_tokens=engine.prefill.max_num_batched_tokens, cuda_graphs=engine.runner.cuda_graphs,
                     buckets=engine.runner.buckets)
     return EngineRun.from_sequences(finished, engine.peak_blocks_used * engine.allocator.bytes_per_block,
                                     note=f"{engine.runner.n_static_steps - static_before} static decode steps of "

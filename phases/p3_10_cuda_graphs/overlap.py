@@ -163,7 +163,8 @@ class OverlappedDecodeEngine(StaticDecodeEngine):
         statuses = [s.status for s in self.running]     # one pass; `in` and `count` below scan it in C
         if Status.PREFILLING in statuses:
             return None
-        if self.waiting and self.n_free_slots and self.can_admit(self.waiting[0]):
+        if self.waiting and self.n_free_slots and self.admission.can_admit(self.waiting[0],
+                                                                           self.admission.blocks_left()):
             return None
         if previous is None:
             return [s for s in self.running if s.status is Status.DECODING] or None

@@ -43,7 +43,7 @@ def run_batched(lm, requests: list[Request], max_running: int, block_size: int =
     finished = engine.run()
     assert not pool_problems(engine.allocator), "blocks leaked"
     settings = dict(max_running=max_running, block_size=block_size, pool_blocks=n_blocks,
-                    max_prefill_tokens=engine.max_prefill_tokens,
+                    max_prefill_tokens=engine.prefill.max_prefill_tokens,
                     attention="Triton kernels" if use_kernels(lm.device) else "PyTorch reference (no GPU)")
     return EngineRun.from_sequences(finished, engine.peak_blocks_used * engine.allocator.bytes_per_block,
                                     note=f"{engine.n_forward_passes} forward passes in {engine.n_steps} steps",

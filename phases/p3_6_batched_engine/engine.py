@@ -14,11 +14,14 @@ each do one job:
 
 and `step()` is the loop, top to bottom: schedule, run, sample, update.
 
-Scheduling is phase 3.3's policy (`admit`, `can_admit`): first come, first
-served, each admitted for its worst case so decode never runs out of blocks.
-The prompts admitted in one step are prefilled in one packed pass; every
-sequence already decoding feeds its last token in one decode pass. A sequence
-that finishes gives its blocks back in the same step.
+Scheduling is phase 3.3's policy: first come, first served (`admit`), each
+sequence admitted for its worst case, so decode never runs out of blocks. The
+scheduler's two rules are parts of their own, and an engine with other rules
+picks other parts: `WorstCaseAdmission` says whether the head of the queue may
+start, `WholePrompts` which prompt tokens a step runs (every admitted prompt,
+whole, packed into one prefill pass). Every sequence already decoding feeds
+its last token in one decode pass. A sequence that finishes gives its blocks
+back in the same step.
 """
 
 from __future__ import annotations
@@ -44,6 +47,62 @@ DEFAULT_MAX_PREFILL_TOKENS = 4096  # prompt tokens packed into one prefill pass 
 Progress = Callable[[int, int], None]  # progress(n_finished, n_added), called after every step
 
 
+class WorstCaseAdmission:
+    """Phase 3.3's admission rule, as the engine's part: may the head of the queue start now?
+
+    Yes when a slot is free, this step's prefill pass has room, and the pool holds the sequence's worst case
+    (prompt + max_new_tokens) beside what the running sequences may still claim; so no decode ever finds
+    the pool empty, and a sequence, once admitted, always finishes."""
+
+    def __init__(self, engine: BatchedPagedEngine):
+        self.engine = engine    # read only: its running set, pool, KV part and prefill pass
+
+    def blocks_left(self) -> int:
+        """Free blocks that no running sequence may still claim: what admissions can take, counted once per
+        step (each admission then takes its `blocks_to_admit` out of it, exactly what it adds to the promise)."""
+        return self.engine.allocator.n_free - self.blocks_promised()
+
+    def can_admit(self, seq: Sequence, blocks_left: int) -> bool:
+        e = self.engine
+        if not e.n_free_slots or not e.prefill.fits(len(seq.all_ids)):
+            return False
+        if self.blocks_to_admit(seq) <= blocks_left:
+            return True
+        e.waited_for_blocks.add(seq.seq_id)   # a slot was free, the pool was not
+        return False
+
+    def blocks_to_admit(self, seq: Sequence) -> int:
+        """Free blocks `seq` must find to be admitted: its worst case, so its decode never runs dry."""
+        return self.engine.kv.blocks_for_worst_case(seq)
+
+    def blocks_promised(self) -> int:
+        """Blocks the running sequences may still claim before they finish."""
+        return sum(self.engine.kv.blocks_still_needed(s) for s in self.engine.running)
+
+
+class WholePrompts:
+    """Phase 3.6's prefill plan, as the scheduler's part: which prompt tokens a step runs.
+
+    Every admitted prompt, whole, in one packed prefill pass of at most `max_prefill_tokens` (the first prompt
+    of a step always goes, however long). Admission asks `fits` before it admits a prompt."""
+
+    def __init__(self, engine: BatchedPagedEngine, max_prefill_tokens: int):
+        self.engine = engine    # read only: its running set; `claim` takes each chunk's slots
+        self.max_prefill_tokens = max_prefill_tokens
+
+    def chunks(self) -> list[Chunk]:
+        """The step's prefill work: every admitted prompt, whole, in admission order (admission kept them to
+        one prefill pass's worth); each chunk's slots are claimed as it is scheduled."""
+        e = self.engine
+        return [e.claim(Chunk(s, s.kv.n_filled, len(s.all_ids) - s.kv.n_filled))
+                for s in e.running if s.status is Status.PREFILLING]
+
+    def fits(self, n_tokens: int) -> bool:
+        """`n_tokens` more prompt tokens fit this step's prefill pass (the first prompt always does)."""
+        pending = sum(len(s.all_ids) for s in self.engine.running if s.status is Status.PREFILLING)
+        return not pending or pending + n_tokens <= self.max_prefill_tokens
+
+
 class BatchedPagedEngine:
     """Continuous batching on the paged pool: schedule, run, sample, update; one packed prefill and one decode
     pass per step.
@@ -59,11 +118,12 @@ class BatchedPagedEngine:
         check_attention_supported(lm.model)   # before any memory is taken for the pool
         self.lm = lm
         self.max_running = max_running
-        self.max_prefill_tokens = max_prefill_tokens
         # n_blocks=None sizes the pool from the memory left after model load (phase 3.1's budget).
         self.allocator = allocator or BlockAllocator.for_model(lm, block_size=block_size, n_blocks=n_blocks)
         self.block_size = self.allocator.block_size
         self.kv = BlockKV(self.allocator)
+        self.admission = WorstCaseAdmission(self)
+        self.prefill = WholePrompts(self, max_prefill_tokens)
         self.runner = PagedRunner(lm, self.allocator)
         self.sampler = Sampler(lm.device)
         self.waiting: deque[Sequence] = deque()
@@ -143,14 +203,8 @@ class BatchedPagedEngine:
         self.admit()
         decode = [s for s in self.running if s.status is Status.DECODING]
         batch = Batch(decode=decode, decode_slots=[self.kv.append_slots(s, 1)[0] for s in decode])
-        batch.chunks = self.chunks()
+        batch.chunks = self.prefill.chunks()
         return batch
-
-    def chunks(self) -> list[Chunk]:
-        """The step's prefill work: every admitted prompt, whole, in admission order (admission kept them to
-        one prefill pass's worth); each chunk's slots are claimed as it is scheduled."""
-        return [self.claim(Chunk(s, s.kv.n_filled, len(s.all_ids) - s.kv.n_filled))
-                for s in self.running if s.status is Status.PREFILLING]
 
     def claim(self, chunk: Chunk) -> Chunk:
         """Claim the pool slots of `chunk`'s positions (before the pass; attention writes them)."""
@@ -158,10 +212,13 @@ class BatchedPagedEngine:
         return chunk
 
     def admit(self) -> None:
-        """Admit from the head of the queue while it fits. First come, first served: nobody overtakes the head
-        (a long request cannot be starved by a stream of short ones)."""
-        while self.waiting and self.can_admit(self.waiting[0]):
-            self.admit_head()
+        """Admit from the head of the queue while the admission rule lets it in. First come, first served:
+        nobody overtakes the head (a long request cannot be starved by a stream of short ones)."""
+        if self.waiting:
+            left = self.admission.blocks_left()   # counted once; each admission takes its own blocks out
+            while self.waiting and self.admission.can_admit(self.waiting[0], left):
+                left -= self.admission.blocks_to_admit(self.waiting[0])
+                self.admit_head()
         if self.waiting and not self.running:
             # Cannot happen (add() refuses what the empty pool cannot hold); guard against a silent hang.
             raise RuntimeError(f"sequence {self.waiting[0].seq_id} cannot be admitted into an idle pool "
@@ -174,29 +231,6 @@ class BatchedPagedEngine:
         seq.kv = self.kv.new(seq)
         self.running.append(seq)
         return seq
-
-    def can_admit(self, seq: Sequence) -> bool:
-        """A free slot, room in this step's prefill pass, and the pool holds `seq`'s worst case beside what
-        the running sequences may still claim."""
-        if not self.n_free_slots or not self.fits_prefill_pass(len(seq.all_ids)):
-            return False
-        if self.blocks_to_admit(seq) <= self.allocator.n_free - self.blocks_promised():
-            return True
-        self.waited_for_blocks.add(seq.seq_id)   # a slot was free, the pool was not
-        return False
-
-    def fits_prefill_pass(self, n_tokens: int) -> bool:
-        """The prompts admitted this step share one pass of at most max_prefill_tokens (the first always goes)."""
-        pending = sum(len(s.all_ids) for s in self.running if s.status is Status.PREFILLING)
-        return not pending or pending + n_tokens <= self.max_prefill_tokens
-
-    def blocks_to_admit(self, seq: Sequence) -> int:
-        """Free blocks `seq` must find to be admitted: its worst case, so its decode never runs dry."""
-        return self.kv.blocks_for_worst_case(seq)
-
-    def blocks_promised(self) -> int:
-        """Blocks the running sequences may still claim before they finish."""
-        return sum(self.kv.blocks_still_needed(s) for s in self.running)
 
     # --- update ------------------------------------------------------------------------------------
     def update(self, seqs: list[Sequence], tokens: list[int], t: float | None = None) -> list[StepOutput]:

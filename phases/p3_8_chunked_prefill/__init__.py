@@ -1,8 +1,8 @@
 """Phase 3.8 adds chunked prefill to phase 3.6's engine: ONE forward pass per step, decode tokens and prefill chunks together under a token budget, the chunks on phase 3.7's varlen prefill kernel.
 
-- engine.py     `ChunkedPrefillEngine(BatchedPagedEngine)`: a token budget per step (`max_num_batched_tokens`),
-                decode tokens first, then prompts prefilled in chunks; `WholePromptEngine`, the same step with
-                prompts never cut (chunking's baseline)
+- engine.py     `TokenBudget`, the prefill plan: a token budget per step (`max_num_batched_tokens`), decode
+                tokens first, then prompts prefilled in chunks; `WholePromptBudget`, prompts never cut
+                (chunking's baseline); `ChunkedPrefillEngine` and `WholePromptEngine` pick them
 - runner.py     `MixedRunner(PagedRunner)`: the step's one mixed pass, or phase 3.6's decode pass when no
                 chunk is due
 - attention.py  `varlen_attention_forward` (transformers' AttentionInterface): a mixed row of decode tokens

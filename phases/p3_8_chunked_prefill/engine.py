@@ -4,9 +4,9 @@ Phase 3.6 ran up to two passes a step (the newly admitted prompts packed into
 one, every decoding sequence's next token in another) and attended each prompt
 with its own SDPA call per layer. A long prompt arriving mid-stream took one
 long prefill pass, and every running stream waited that long for its next token.
-This phase refines two parts (vLLM's scheduler with chunked prefill):
+This phase picks two new parts (vLLM's scheduler with chunked prefill):
 
-the scheduler  every step runs at most `max_num_batched_tokens` tokens (vLLM's
+prefill plan   `TokenBudget`: every step runs at most `max_num_batched_tokens` tokens (vLLM's
                name). Decode tokens come first: one per decoding sequence, always
                all of them. What is left goes to prefill chunks: the sequences
                already part-way through their prefill first, then the newly
@@ -21,7 +21,7 @@ the scheduler  every step runs at most `max_num_batched_tokens` tokens (vLLM's
                least one token.
 the runner     `MixedRunner` (runner.py): the step's one mixed pass.
 
-`WholePromptEngine`: the same step, prompts never cut; chunking's baseline in prefill_bench.
+`WholePromptEngine` (`WholePromptBudget`): the same step, prompts never cut; chunking's baseline in prefill_bench.
 """
 
 from __future__ import annotations
@@ -43,20 +43,21 @@ def prefill_left(seq) -> int:
     return len(seq.all_ids) - seq.kv.n_filled if seq.status is Status.PREFILLING else 0
 
 
-class ChunkedPrefillEngine(BatchedPagedEngine):
-    """Phase 3.6's engine: one mixed pass per step, prefill in chunks under a token budget."""
+def check_budget(max_num_batched_tokens) -> int:
+    """`max_num_batched_tokens` if it is a budget a step can run (an int >= 1); ValueError otherwise."""
+    if isinstance(max_num_batched_tokens, bool) or not isinstance(max_num_batched_tokens, int) \
+            or max_num_batched_tokens < 1:
+        raise ValueError(f"max_num_batched_tokens must be an int >= 1, got {max_num_batched_tokens!r}")
+    return max_num_batched_tokens
 
-    def __init__(self, lm, max_running: int = DEFAULT_MAX_RUNNING, block_size: int = DEFAULT_BLOCK_SIZE,
-                 n_blocks: int | None = None, allocator: BlockAllocator | None = None,
-                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS):
-        if isinstance(max_num_batched_tokens, bool) or not isinstance(max_num_batched_tokens, int) \
-                or max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be an int >= 1, got {max_num_batched_tokens!r}")
-        super().__init__(lm, max_running, block_size, n_blocks, allocator, max_prefill_tokens=max_num_batched_tokens)
-        self.max_num_batched_tokens = max_num_batched_tokens
-        self.runner = MixedRunner(lm, self.allocator)
 
-    # --- the step's prefill work: chunks, within what decode tokens leave of the budget -------------
+class TokenBudget:
+    """The prefill plan of one token budget per step: decode tokens first, then prefill chunks in what is left."""
+
+    def __init__(self, engine, max_num_batched_tokens: int):
+        self.engine = engine    # read only: its running set; `claim` takes each chunk's slots
+        self.max_num_batched_tokens = check_budget(max_num_batched_tokens)
+
     def chunks(self) -> list[Chunk]:
         """The prefill chunks of one pass, at most the budget less one token per decoding sequence, in admission
         order (a prefill in flight before a newcomer); each chunk's slots are claimed as it is scheduled."""
@@ -69,7 +70,7 @@ class ChunkedPrefillEngine(BatchedPagedEngine):
             length = self.chunk_length(rest, budget, first=not chunks)
             if not length:
                 break          # this prompt waits for the next step, and FCFS: nobody behind it passes it
-            chunks.append(self.claim(Chunk(seq, seq.kv.n_filled, length)))
+            chunks.append(self.engine.claim(Chunk(seq, seq.kv.n_filled, length)))
             budget -= length
         return chunks
 
@@ -81,19 +82,49 @@ class ChunkedPrefillEngine(BatchedPagedEngine):
     def prefill_work(self) -> tuple[list, int]:
         """The running sequences still prefilling, in admission order, and the tokens this step's pass has for
         them: the budget less one per decoding sequence (decode goes first)."""
-        prefilling = [s for s in self.running if s.status is Status.PREFILLING]
-        return prefilling, self.max_num_batched_tokens - (len(self.running) - len(prefilling))
+        running = self.engine.running
+        prefilling = [s for s in running if s.status is Status.PREFILLING]
+        return prefilling, self.max_num_batched_tokens - (len(running) - len(prefilling))
 
     # --- admission: room in this step's token budget ----------------------------------------------
     def budget_left(self) -> int:
         """Tokens this step's pass can still take: the budget, less one per decoding sequence and the rest
         of every prefill in flight (admitted this step or part-way through)."""
-        used = sum(1 if s.status is Status.DECODING else prefill_left(s) for s in self.running)
+        used = sum(1 if s.status is Status.DECODING else prefill_left(s) for s in self.engine.running)
         return self.max_num_batched_tokens - used
 
-    def fits_prefill_pass(self, n_tokens: int) -> bool:
+    def fits(self, n_tokens: int) -> bool:
         """At least one token of the budget is left for a first chunk."""
         return self.budget_left() > 0
+
+
+class WholePromptBudget(TokenBudget):
+    """The same budget with every prompt prefilled whole (vLLM with chunked prefill off): a prompt that does not
+    fit what is left of the budget waits, except that the first prompt of a step always goes, however long. A
+    long prompt then takes one long pass, and every decoding stream waits for it."""
+
+    def chunk_length(self, rest: int, budget: int, first: bool) -> int:
+        """The whole rest, if it fits what is left or it is the step's first prompt; otherwise 0 (it waits)."""
+        return rest if first or rest <= budget else 0
+
+    def fits(self, n_tokens: int) -> bool:
+        """`n_tokens` fit what is left of the budget, or they are the step's only prefill."""
+        return not any(prefill_left(s) for s in self.engine.running) or n_tokens <= self.budget_left()
+
+
+class ChunkedPrefillEngine(BatchedPagedEngine):
+    """Phase 3.6's engine on two new parts: one mixed pass per step (`MixedRunner`), prefill in chunks under a
+    token budget (`TokenBudget`)."""
+
+    PREFILL_PLAN = TokenBudget
+
+    def __init__(self, lm, max_running: int = DEFAULT_MAX_RUNNING, block_size: int = DEFAULT_BLOCK_SIZE,
+                 n_blocks: int | None = None, allocator: BlockAllocator | None = None,
+                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS):
+        check_budget(max_num_batched_tokens)   # before any memory is taken for the pool
+        super().__init__(lm, max_running, block_size, n_blocks, allocator)
+        self.prefill = self.PREFILL_PLAN(self, max_num_batched_tokens)
+        self.runner = MixedRunner(lm, self.allocator)
 
     # --- what the runner counted ----------------------------------------------------------------------
     @property
@@ -106,14 +137,6 @@ class ChunkedPrefillEngine(BatchedPagedEngine):
 
 
 class WholePromptEngine(ChunkedPrefillEngine):
-    """The same one-pass step with every prompt prefilled whole (vLLM with chunked prefill off): a prompt that
-    does not fit what is left of the budget waits, except that the first prompt of a step always goes, however
-    long. A long prompt then takes one long pass, and every decoding stream waits for it."""
+    """The same one-pass step with every prompt prefilled whole (`WholePromptBudget`)."""
 
-    def chunk_length(self, rest: int, budget: int, first: bool) -> int:
-        """The whole rest, if it fits what is left or it is the step's first prompt; otherwise 0 (it waits)."""
-        return rest if first or rest <= budget else 0
-
-    def fits_prefill_pass(self, n_tokens: int) -> bool:
-        """`n_tokens` fit what is left of the budget, or they are the step's only prefill."""
-        return not any(prefill_left(s) for s in self.running) or n_tokens <= self.budget_left()
+    PREFILL_PLAN = WholePromptBudget

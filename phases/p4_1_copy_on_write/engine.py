@@ -20,8 +20,8 @@ The copies of a step are batched into one indexed copy, run at the end of
 `schedule()` before the forward pass writes (block_ops.CopyQueue), so a step
 with many forks costs one launch. The KV manager part is `CowKV` (kv.py).
 
-Admission is phase 3.3's rule with shared blocks counted once: a group of n
-needs n free slots (`can_admit`) and its worst case in blocks (`blocks_to_admit`).
+Admission is phase 3.3's rule for groups (`GroupWorstCaseAdmission`): n free
+slots, and the group's worst case with its full prompt blocks counted once.
 """
 
 from __future__ import annotations
@@ -34,7 +34,9 @@ import torch
 from common.clock import SeqTiming
 from common.sampling import GREEDY, SamplingParams
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
-from phases.p3_8_chunked_prefill.engine import ChunkedPrefillEngine
+from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
+from phases.p3_6_batched_engine.engine import DEFAULT_MAX_RUNNING, BatchedPagedEngine, WorstCaseAdmission
+from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, TokenBudget, check_budget
 from phases.p3_10_cuda_graphs.runner import StaticRunner
 from phases.p3_10_cuda_graphs.sampler import DeviceSampler
 from phases.p4_1_copy_on_write.block_ops import blocks_held
@@ -75,13 +77,48 @@ class SequenceGroup:
         return [list(s.output_ids) for s in self.seqs]
 
 
-class SharingEngine(ChunkedPrefillEngine):
-    """Phase 3.8's scheduling on phase 3.10's parts (the static decode runner, the device sampler), with
-    requests of n sequences over shared blocks (`CowKV`)."""
+class GroupWorstCaseAdmission(WorstCaseAdmission):
+    """Phase 3.6's rule for requests of n sequences: n free slots, and the group's worst case in blocks."""
 
-    def __init__(self, lm, *, cuda_graphs: bool | None = None, buckets: list[int] | None = None, **engine_kwargs):
-        super().__init__(lm, **engine_kwargs)
+    def can_admit(self, seq: Sequence, blocks_left: int) -> bool:
+        e = self.engine
+        return e.group_of(seq).n <= e.n_free_slots - e.slots_promised and super().can_admit(seq, blocks_left)
+
+    def blocks_to_admit(self, seq: Sequence) -> int:
+        """The group's worst case, `worst_case_blocks(request, n, block_size)` =
+        `full_prompt_blocks + n * (blocks_for(worst_case_tokens(request)) - full_prompt_blocks)`: each sample's
+        own copy of the partial block plus its output. `blocks_promised` sets the same aside for a running
+        group."""
+        return self.engine.kv.blocks_to_admit(seq, self.engine.group_of(seq).n)
+
+    def blocks_promised(self) -> int:
+        """Blocks the running groups may still claim: the worst case of their members minus the distinct
+        blocks they hold (a group admitted but not forked yet counts its n samples to come)."""
+        e = self.engine
+        live: dict[SequenceGroup, list[Sequence]] = defaultdict(list)
+        for s in e.running:
+            live[e.group_of(s)].append(s)
+        promised = 0
+        for group, members in live.items():
+            width = len(members) if group.forked else group.n
+            held, _ = blocks_held([s.kv for s in members if s.kv is not None])
+            promised += max(0, worst_case_blocks(group, width, e.block_size) - held)
+        return promised
+
+
+class SharingEngine(BatchedPagedEngine):
+    """Phase 3.6's engine on phase 3.8's token budget and phase 3.10's runner and sampler (the static decode
+    runner, the device sampler), with requests of n sequences over shared blocks (`CowKV`)."""
+
+    def __init__(self, lm, max_running: int = DEFAULT_MAX_RUNNING, block_size: int = DEFAULT_BLOCK_SIZE,
+                 n_blocks: int | None = None, allocator: BlockAllocator | None = None, *,
+                 cuda_graphs: bool | None = None, buckets: list[int] | None = None,
+                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS):
+        check_budget(max_num_batched_tokens)   # before any memory is taken for the pool
+        super().__init__(lm, max_running, block_size, n_blocks, allocator)
+        self.prefill = TokenBudget(self, max_num_batched_tokens)
         self.kv = CowKV(self.allocator)
+        self.admission = GroupWorstCaseAdmission(self)
         self.sampler = DeviceSampler(lm.device)
         self.runner = StaticRunner(lm, self.allocator, self.sampler, self.max_running, cuda_graphs, buckets)
         self.groups: list[SequenceGroup] = []        # every request added, in order
@@ -89,11 +126,6 @@ class SharingEngine(ChunkedPrefillEngine):
         self._next_request_id = 0
 
     # --- requests ----------------------------------------------------------------
-    def add(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,
-            ignore_eos: bool = False, arrival: float | None = None) -> Sequence:
-        """Queue a request for one sequence (a group of one); returns that sequence."""
-        return self.add_group(prompt, max_new_tokens, sampling, ignore_eos, arrival, n=1).seqs[0]
-
     def add_group(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,
                   ignore_eos: bool = False, arrival: float | None = None, *, n: int) -> SequenceGroup:
         """Queue a request for `n` samples of one prompt; returns its group (its `seqs` fill in at prefill)."""
@@ -119,10 +151,15 @@ class SharingEngine(ChunkedPrefillEngine):
                              f"{self.allocator.n_blocks}")
         return seq
 
+    def queue(self, seq: Sequence) -> None:
+        """A checked request of one sequence (phase 3.6's `add`) is queued as a group of one."""
+        self.queue_group(SequenceGroup(self._next_request_id, seq.prompt, seq.prompt_ids, 1, seq.max_new_tokens,
+                                       seq.sampling, [seq]))
+
     def queue_group(self, group: SequenceGroup) -> SequenceGroup:
         """Queue a new request (its `request_id` the next one): its first sequence joins the waiting queue."""
         seq = group.seqs[0]
-        self.queue(seq)
+        super().queue(seq)
         self._next_request_id += 1
         self.groups.append(group)
         self._group_of[seq.seq_id] = group
@@ -137,31 +174,7 @@ class SharingEngine(ChunkedPrefillEngine):
         for seq in list(group.seqs):
             self.abort(seq)
 
-    # --- admission: a group needs n slots, its shared blocks count once -----------------
-    def can_admit(self, seq: Sequence) -> bool:
-        """A slot for every sequence the group will run as, then phase 3.8's rule."""
-        return self.group_of(seq).n <= self.n_free_slots - self.slots_promised and super().can_admit(seq)
-
-    def blocks_to_admit(self, seq: Sequence) -> int:
-        """The group's worst case, `worst_case_blocks(request, n, block_size)` =
-        `full_prompt_blocks + n * (blocks_for(worst_case_tokens(request)) - full_prompt_blocks)`: each sample's
-        own copy of the partial block plus its output. `blocks_promised` sets the same aside for a running
-        group."""
-        return self.kv.blocks_to_admit(seq, self.group_of(seq).n)
-
-    def blocks_promised(self) -> int:
-        """Blocks the running groups may still claim: the worst case of their members minus the distinct
-        blocks they hold (a group admitted but not forked yet counts its n samples to come)."""
-        live: dict[SequenceGroup, list[Sequence]] = defaultdict(list)
-        for s in self.running:
-            live[self.group_of(s)].append(s)
-        promised = 0
-        for group, members in live.items():
-            width = len(members) if group.forked else group.n
-            held, _ = blocks_held([s.kv for s in members if s.kv is not None])
-            promised += max(0, worst_case_blocks(group, width, self.block_size) - held)
-        return promised
-
+    # --- admission: a group needs n slots, its shared blocks count once (`GroupWorstCaseAdmission`) ------
     @property
     def slots_promised(self) -> int:
         """Slots the running groups not forked yet will take at their fork (a group's prefill may take

@@ -3,14 +3,15 @@
 Files:
 - swap.py    `SwapSpace`: a CPU block pool of the same block shape, and one indexed copy per direction;
              `NoSwapSpace`, the part recompute mode picks instead (no pool)
-- engine.py  `PreemptingEngine(SharingEngine)` with phase 4.3's `PrefixKV`, the engine line so far
-             (samples, prefix caching, preemption): FCFS admission of whole groups with a watermark,
+- engine.py  `OptimisticAdmission`, the admission part (a group's prefill fits now, with a watermark), and
+             `PreemptingEngine(SharingEngine)` with phase 4.3's `PrefixKV`, the engine line so far
+             (samples, prefix caching, preemption): FCFS admission of whole groups,
              preemption of the latest group (a group part-way through its prefill too), recovery by
              `preemption_mode="recompute"` (prompt + outputs re-prefilled in chunks, still-cached blocks
              mapped back in) or `"swap"`
-- reservation.py  `ReservingEngine`: Orca's reservations (oracle, pow2, max) on this engine, each request
-             holding its whole reservation from admission to finish, the baselines paged allocation is
-             measured against (`rate_sweep`)
+- reservation.py  `ReservingEngine` and its admission part: Orca's reservations (oracle, pow2, max) on this
+             engine, each request holding its whole reservation from admission to finish, the baselines
+             paged allocation is measured against (`rate_sweep`)
 - checks.py  `Audited` (FCFS, latest-first, whole groups, checked as the engine runs) and `check_finished`
              (no request lost, no block leaked)
 - demo.py    `preempt_demo` (recompute vs swap, block sizes 8..128, and the recovery micro-benchmark of

@@ -5,9 +5,10 @@ Phase 4.1's engine (samples over shared blocks, copy-on-write) with phase 4.3's 
 everyone else's, so most reserved blocks sat empty. Here (vLLM paper §4.5):
 
 admission   first come, first served, optimistic: the head of the queue is admitted, whole group at
-            once, when its prefill's blocks fit NOW (`blocks_to_admit`), beside the running sequences'
-            next tokens (`blocks_promised`) and a reserve (`watermark_blocks`). Nobody overtakes the
-            head; nothing new starts while a group is swapped out.
+            once, when its prefill's blocks fit NOW, beside the running sequences' next tokens and a
+            reserve (`watermark_blocks`): `OptimisticAdmission`, the admission part this engine picks
+            in place of phase 4.1's. Nobody overtakes the head; nothing new starts while a group is
+            swapped out.
 preemption  before each step, while the pool cannot cover every running sequence's next token (a new
             block, or a copy-on-write copy), the LATEST-arrived running group is preempted, all of it.
             The earliest is never preempted for a later one: no livelock.
@@ -29,6 +30,7 @@ from bisect import bisect_left
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass
 from enum import Enum
+from itertools import takewhile
 
 from common.clock import now
 from phases.p2_2_scheduler.sequence import ALLOWED_MOVES, Sequence, Status, StepOutput
@@ -64,6 +66,69 @@ class PreemptionStats:
     recompute_s: float = 0.0     # prefill time spent on them (each pass's time x their share of its tokens)
 
 
+class OptimisticAdmission:
+    """vLLM's admission rule (the paper's §4.5), chosen in place of phase 4.1's worst-case reservation: a group is
+    admitted when its prefill's blocks fit NOW, beside the running sequences' next tokens and a reserve. Its
+    promise covers one step only; the engine keeps it by preempting (`_make_room_for_decode`)."""
+
+    def __init__(self, engine: PreemptingEngine):
+        self.engine = engine    # read only: its queues, groups, pool, KV part and prefill pass
+
+    def blocks_left(self) -> int:
+        """Free blocks beyond the running sequences' next tokens, counted once per step."""
+        return self.engine.allocator.n_free - self.blocks_promised()
+
+    def can_admit(self, seq: Sequence, blocks_left: int) -> bool:
+        """`seq`'s whole group may start: nothing older is swapped out, its members find slots, and their
+        prefill fits the blocks left (less the reserve, `watermark_blocks`) and this step's pass."""
+        e = self.engine
+        group = e.group_of(seq)
+        if e.swapped and group.request_id > e.swapped[0].request_id:
+            return False   # nothing newer than a swapped group starts before it is back
+        members = e.head_group()
+        width = len(members) if group.forked else group.n
+        if width > e.n_free_slots - e.slots_promised:
+            return False
+        reserve = e.watermark_blocks if e.running else 0   # alone in the pool: no reserve needed
+        tokens = sum(len(s.all_ids) for s in members)
+        return self.blocks_to_admit(seq) + reserve <= blocks_left and e.prefill.fits(tokens)
+
+    def blocks_to_admit(self, seq: Sequence) -> int:
+        """Blocks the prefill of `seq`'s group (`seq` heads the queue) takes NOW: every member waiting with it."""
+        return sum(self.prefill_blocks(s) for s in self.engine.head_group())
+
+    def prefill_blocks(self, seq: Sequence) -> int:
+        """Blocks `seq`'s prefill takes NOW: its prompt (+ outputs if recomputed), less the blocks it shares:
+        a recomputed sample's full prompt blocks (forked from its lead), and cached blocks someone holds."""
+        e = self.engine
+        forked = len(seq.prompt_ids) // e.block_size if e.lead(seq) not in (None, seq) else 0
+        return blocks_for(len(seq.all_ids), e.block_size) - forked - e.kv.blocks_in_use(seq, start_block=forked)
+
+    def blocks_promised(self) -> int:
+        """Only the blocks the running sequences claim in their next decode pass."""
+        return sum(self.decode_blocks(m, self.engine.allocator) for m in self.engine.running_groups().values())
+
+    def decode_blocks(self, seqs: list[Sequence], allocator: BlockAllocator) -> int:
+        """Blocks the next decode pass takes for `seqs`, exactly as `append_slots_cow` will take them; for a
+        sequence part-way through its prefill, the blocks the rest of it takes (less the prompt blocks a
+        recomputed member will fork from its lead)."""
+        need, writers = 0, Counter()
+        for s in seqs:
+            table = s.kv
+            if s.status is Status.PREFILLING:
+                forked = len(s.prompt_ids) // table.block_size if self.engine.lead(s) not in (None, s) else 0
+                need += max(0, blocks_for(len(s.all_ids), table.block_size) - max(table.n_blocks, forked))
+            elif table.n_filled == table.capacity:
+                need += 1                                       # the last block is full: a new one
+            else:
+                writers[table.block_ids[table.n_filled // table.block_size]] += 1
+        for block, k in writers.items():
+            # k tables write into this partly filled block; while it is shared each writer copies it,
+            # except that the last one, if nobody else holds it, finds refcount 1 and writes in place.
+            need += k - 1 if allocator.refcount(block) == k else k
+        return need
+
+
 class PreemptingEngine(SharingEngine):
     """Phase 4.1's engine with phase 4.3's prefix cache as its KV part, admitting optimistically and
     preempting the latest request when the pool runs dry."""
@@ -86,6 +151,7 @@ class PreemptingEngine(SharingEngine):
         # default follows it), or none ("recompute").
         self.swap_space = SwapSpace(self.allocator, cpu_blocks or n) if preemption_mode == "swap" else NoSwapSpace()
         self.swapped: deque[SequenceGroup] = deque()  # swapped-out groups, in arrival order
+        self.admission = OptimisticAdmission(self)
         self.stats = PreemptionStats()
         # request_id of every preemption / every admission and swap-in, in order (the latest ones)
         self.preempted_ids: deque[int] = deque(maxlen=DECISION_LOG_LENGTH)
@@ -135,46 +201,19 @@ class PreemptingEngine(SharingEngine):
     def _preempted(group: SequenceGroup) -> list[Sequence]:
         return [s for s in group.seqs if s.status is PREEMPTED]
 
-    def _running_groups(self) -> dict[SequenceGroup, list[Sequence]]:
+    def running_groups(self) -> dict[SequenceGroup, list[Sequence]]:
         """Running groups in arrival order, each with its running members."""
         groups: dict[SequenceGroup, list[Sequence]] = defaultdict(list)
         for s in self.running:
             groups[self.group_of(s)].append(s)
         return dict(sorted(groups.items(), key=lambda item: item[0].request_id))
 
-    def _decode_blocks(self, seqs: list[Sequence], allocator: BlockAllocator) -> int:
-        """Blocks the next decode pass takes for `seqs`, exactly as `append_slots_cow` will take them; for a
-        sequence part-way through its prefill, the blocks the rest of it takes (less the prompt blocks a
-        recomputed member will fork from its lead)."""
-        need, writers = 0, Counter()
-        for s in seqs:
-            table = s.kv
-            if s.status is Status.PREFILLING:
-                forked = len(s.prompt_ids) // self.block_size if self._lead(s) not in (None, s) else 0
-                need += max(0, blocks_for(len(s.all_ids), self.block_size) - max(table.n_blocks, forked))
-            elif table.n_filled == table.capacity:
-                need += 1                                       # the last block is full: a new one
-            else:
-                writers[table.block_ids[table.n_filled // table.block_size]] += 1
-        for block, k in writers.items():
-            # k tables write into this partly filled block; while it is shared each writer copies it,
-            # except that the last one, if nobody else holds it, finds refcount 1 and writes in place.
-            need += k - 1 if allocator.refcount(block) == k else k
-        return need
-
-    def blocks_promised(self) -> int:
-        """Optimistic: only the blocks the running sequences claim in their next decode pass."""
-        return sum(self._decode_blocks(m, self.allocator) for m in self._running_groups().values())
-
     # --- preemption ------------------------------------------------------------------------
     def _make_room_for_decode(self) -> bool:
         """Preempt the latest-arrived running groups until every running sequence has room for its next token."""
         preempted = False
-        while True:
-            groups = self._running_groups()
-            need = sum(self._decode_blocks(m, self.allocator) for m in groups.values())
-            if need <= self.allocator.n_free:
-                return preempted
+        while (need := self.admission.blocks_promised()) > self.allocator.n_free:
+            groups = self.running_groups()
             if len(groups) == 1:
                 # add() guarantees a group fits the pool alone; only blocks held outside the engine break that.
                 raise OutOfBlocks(f"request {next(iter(groups)).request_id} needs {need} blocks for its next "
@@ -183,6 +222,7 @@ class PreemptingEngine(SharingEngine):
             victim = next(reversed(groups))
             self._preempt(victim, groups[victim])
             preempted = True
+        return preempted
 
     def _preempt(self, group: SequenceGroup, members: list[Sequence]) -> None:
         """Take every running member of `group` off the pool: to the CPU pool, or dropped for recomputation."""
@@ -217,7 +257,7 @@ class PreemptingEngine(SharingEngine):
                 return  # an earlier group waits to be recomputed (a swap fallback): FCFS, it goes first
             members = self._preempted(group)
             tables = [s.kv for s in members]
-            reserve = self.blocks_promised() + self._decode_blocks(members, self.swap_space.cpu)
+            reserve = self.admission.blocks_promised() + self.admission.decode_blocks(members, self.swap_space.cpu)
             if self.running:
                 reserve += self.watermark_blocks
             if len(members) > self.n_free_slots - self.slots_promised \
@@ -230,41 +270,32 @@ class PreemptingEngine(SharingEngine):
                 s.move(Status.DECODING)
                 self.running.append(s)
 
-    # --- admission: optimistic, first come first served, whole groups --------------------------
-    def blocks_to_admit(self, seq: Sequence) -> int:
-        """Blocks `seq`'s prefill takes NOW: its prompt (+ outputs if recomputed), less the blocks it shares:
-        a recomputed sample's full prompt blocks (forked from its lead), and cached blocks someone holds."""
-        forked = len(seq.prompt_ids) // self.block_size if self._lead(seq) not in (None, seq) else 0
-        return blocks_for(len(seq.all_ids), self.block_size) - forked - self.kv.blocks_in_use(seq, start_block=forked)
-
+    # --- admission: optimistic (`OptimisticAdmission`), first come first served, whole groups -----------
     def admit(self) -> None:
         """First make room for every running sequence's next token, preempting the latest groups. A step that
-        preempted admits nothing; otherwise swapped groups come back first, then whole groups from the head
-        of the queue while their prefill fits now (plus the reserve)."""
+        preempted admits nothing; otherwise swapped groups come back first, then phase 3.6's loop admits
+        whole groups from the head of the queue while the rule lets them in."""
         if self._make_room_for_decode():
             return
         self._swap_in()
-        budget = self.allocator.n_free - self.blocks_promised()
-        while self.waiting:
-            group = self.group_of(self.waiting[0])
-            if self.swapped and group.request_id > self.swapped[0].request_id:
-                break  # nothing newer than a swapped group starts before it is back
-            members = [s for s in self.waiting if self.group_of(s) is group]
-            width = len(members) if group.forked else group.n
-            if width > self.n_free_slots - self.slots_promised:
-                break
-            need = sum(self.blocks_to_admit(s) for s in members)
-            reserve = self.watermark_blocks if self.running else 0  # alone in the pool: no reserve needed
-            tokens = sum(len(s.all_ids) for s in members)
-            if need + reserve > budget or not self.fits_prefill_pass(tokens):
-                break  # FCFS: nobody overtakes the head of the queue
-            if any(s.output_ids or s.seq_id in self._computed for s in members):
-                self.stats.n_recomputed += 1
-            for _ in members:   # a group's members wait side by side at the head (they were preempted together)
-                seq = self.admit_head()
-                assert self.group_of(seq) is group, "a preempted group's members went back to the queue together"
-            budget -= need
-            self.admitted_ids.append(group.request_id)
+        super().admit()
+
+    def admit_head(self) -> Sequence:
+        """The head of the queue's group joins the running set, all its waiting members at once; returns the
+        last of them."""
+        members = self.head_group()
+        if any(s.output_ids or s.seq_id in self._computed for s in members):
+            self.stats.n_recomputed += 1
+        for _ in members:
+            seq = super().admit_head()
+        self.admitted_ids.append(self.group_of(seq).request_id)
+        return seq
+
+    def head_group(self) -> list[Sequence]:
+        """The waiting members of the head of the queue's group. They wait side by side at the head: a group
+        is preempted whole, and its members go back to the queue together."""
+        group = self.group_of(self.waiting[0])
+        return list(takewhile(lambda s: self.group_of(s) is group, self.waiting))
 
     # --- recovery: recompute --------------------------------------------------------------------
     @staticmethod
@@ -272,7 +303,7 @@ class PreemptingEngine(SharingEngine):
         """Preempted and waiting to be recomputed, or admitted again and not re-prefilled yet."""
         return seq.status is PREEMPTED or (seq.status is Status.PREFILLING and bool(seq.output_ids))
 
-    def _lead(self, seq: Sequence) -> Sequence | None:
+    def lead(self, seq: Sequence) -> Sequence | None:
         """For a sequence being recomputed: the first of its group's members in the queue (members are admitted
         and prefilled in that order), which recomputes the shared prompt. None for any other sequence."""
         if not self._recomputing(seq):
@@ -289,7 +320,7 @@ class PreemptingEngine(SharingEngine):
         self._count_recomputed(chunk)
         lead = chunk.seq
         full_prompt = len(lead.prompt_ids) // self.block_size * self.block_size
-        if self._recomputing(lead) and self._lead(lead) is lead and lead.kv.n_filled >= full_prompt:
+        if self._recomputing(lead) and self.lead(lead) is lead and lead.kv.n_filled >= full_prompt:
             group = self.group_of(lead)
             for seq in self.running:
                 if seq is not lead and self.group_of(seq) is group and self._recomputing(seq):

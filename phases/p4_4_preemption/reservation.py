@@ -15,7 +15,7 @@ differ only in admission and in when blocks are claimed; the runner, the sampler
 same, so a policy changes who runs when, never a token.
 
 How a reservation runs here: first come, first served, the head of the queue is admitted when its whole
-reservation is free (`blocks_to_admit`); `ReservedKV.new` claims every reserved block then; decoding
+reservation is free (`ReservationAdmission`); `ReservedKV.new` claims every reserved block then; decoding
 never runs out of blocks, so nothing is ever preempted; at the finish the whole reservation goes back
 at once. Requests are of one sequence only (`new_request`).
 """
@@ -28,7 +28,7 @@ from phases.p2_2_scheduler.sequence import Sequence
 from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks, blocks_for
 from phases.p3_2_block_table.block_table import BlockTable
 from phases.p4_1_copy_on_write.kv import CowKV
-from phases.p4_4_preemption.engine import PreemptingEngine
+from phases.p4_4_preemption.engine import OptimisticAdmission, PreemptingEngine
 
 RESERVATION_POLICIES = ("oracle", "pow2", "max")   # from the best guess of a request's length to the worst
 PAGED = "paged"   # the name the demos give the plain PreemptingEngine beside the three reservations
@@ -83,6 +83,19 @@ class ReservedKV(CowKV):
         return super().append_slots(seq, n)
 
 
+class ReservationAdmission(OptimisticAdmission):
+    """Phase 4.4's admission loop counting reservations: a request starts when its whole reservation is free."""
+
+    def blocks_to_admit(self, seq: Sequence) -> int:
+        """The whole reservation, claimed at admission."""
+        return self.engine.kv.blocks_reserved(seq)
+
+    def blocks_promised(self) -> int:
+        """Nothing: every running request already holds all it will ever write, so no watermark is kept and
+        nobody is ever preempted."""
+        return 0
+
+
 class ReservingEngine(PreemptingEngine):
     """Phase 4.4's engine admitting like Orca: each request holds its whole reservation from admission to finish."""
 
@@ -94,6 +107,7 @@ class ReservingEngine(PreemptingEngine):
         self.policy = policy
         self.context_limit = lm.max_context if context_limit is None else context_limit
         self.kv = ReservedKV(self.allocator, self.reserved_tokens)
+        self.admission = ReservationAdmission(self)
         if policy == "max" and blocks_for(self.context_limit, self.block_size) > self.allocator.n_blocks:
             raise ValueError(f"a context limit of {self.context_limit} tokens needs "
                              f"{blocks_for(self.context_limit, self.block_size)} blocks of {self.block_size}, but "
@@ -125,12 +139,3 @@ class ReservingEngine(PreemptingEngine):
                              f"of {self.block_size} for this request, but the whole pool has "
                              f"{self.allocator.n_blocks}")
         return seq
-
-    # --- admission: count reservations -------------------------------------------------------------------
-    def blocks_to_admit(self, seq: Sequence) -> int:
-        """The whole reservation, claimed at admission."""
-        return self.kv.blocks_reserved(seq)
-
-    def blocks_promised(self) -> int:
-        """Nothing: every running request already holds all it will ever write, so no watermark is kept."""
-        return 0

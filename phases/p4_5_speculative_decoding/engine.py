@@ -109,7 +109,7 @@ class SpeculativeEngine(PreemptingEngine):
 
     def speculate(self, batch: Batch) -> None:
         """Turn decoding sequences with a proposal into `Verify` chunks; the rest stay one-token decodes."""
-        budget = self.max_num_batched_tokens - len(batch.decode) - sum(c.length for c in batch.chunks)
+        budget = self.prefill.max_num_batched_tokens - len(batch.decode) - sum(c.length for c in batch.chunks)
         room = {s.seq_id: s.max_new_tokens - len(s.output_ids) - 1 for s in batch.decode}   # past it: wasted
         asking = [s for s in batch.decode if room[s.seq_id] > 0]
         if budget <= 0 or not asking:
