@@ -16,10 +16,10 @@ from phases.p5_serving.samples import ServingEngine
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "architecture.md"
 ROW = re.compile(r"\| (\w+) \|[^|]*\| `(\w+)\.(\w+)` `([\w/.]+\.py):(\d+)` \|")
-STAGES = ["step", "schedule", "admit", "admission", "chunks", "claim", "run_batch", "run", "written", "emit", "sample",
+STAGES = ["step", "schedule", "admit", "admission", "plan", "claim", "run_batch", "run", "written", "emit", "sample",
           "update"]
 # the part each stage's method belongs to; every other stage is the engine's
-PART_OF_STAGE = {"admission": "admission", "chunks": "prefill", "run": "runner", "written": "kv", "sample": "sampler"}
+PART_OF_STAGE = {"admission": "admission", "plan": "prefill", "run": "runner", "written": "kv", "sample": "sampler"}
 
 
 def trace_rows() -> list[tuple[str, str, str, str, int]]:

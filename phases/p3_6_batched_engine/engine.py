@@ -90,12 +90,13 @@ class WholePrompts:
         self.engine = engine    # read only: its running set; `claim` takes each chunk's slots
         self.max_prefill_tokens = max_prefill_tokens
 
-    def chunks(self) -> list[Chunk]:
-        """The step's prefill work: every admitted prompt, whole, in admission order (admission kept them to
-        one prefill pass's worth); each chunk's slots are claimed as it is scheduled."""
+    def plan(self, batch: Batch) -> None:
+        """Add the step's prefill work to `batch`, after its decode tokens: every admitted prompt, whole, in
+        admission order (admission kept them to one prefill pass's worth); each chunk's slots are claimed as it
+        is scheduled."""
         e = self.engine
-        return [e.claim(Chunk(s, s.kv.n_filled, len(s.all_ids) - s.kv.n_filled))
-                for s in e.running if s.status is Status.PREFILLING]
+        batch.chunks += [e.claim(Chunk(s, s.kv.n_filled, len(s.all_ids) - s.kv.n_filled))
+                         for s in e.running if s.status is Status.PREFILLING]
 
     def fits(self, n_tokens: int) -> bool:
         """`n_tokens` more prompt tokens fit this step's prefill pass (the first prompt always does)."""
@@ -203,7 +204,7 @@ class BatchedPagedEngine:
         self.admit()
         decode = [s for s in self.running if s.status is Status.DECODING]
         batch = Batch(decode=decode, decode_slots=[self.kv.append_slots(s, 1)[0] for s in decode])
-        batch.chunks = self.prefill.chunks()
+        self.prefill.plan(batch)
         return batch
 
     def claim(self, chunk: Chunk) -> Chunk:

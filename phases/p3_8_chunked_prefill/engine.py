@@ -29,7 +29,7 @@ from __future__ import annotations
 from phases.p2_2_scheduler.sequence import Status
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
 from phases.p3_6_batched_engine.engine import DEFAULT_MAX_PREFILL_TOKENS, DEFAULT_MAX_RUNNING, BatchedPagedEngine
-from phases.p3_6_batched_engine.runner import Chunk
+from phases.p3_6_batched_engine.runner import Batch, Chunk
 from phases.p3_8_chunked_prefill.runner import MixedRunner
 
 # Tokens in one forward pass. Phase 3.6's prefill cap, so on a burst of prompts both engines pack the same
@@ -58,11 +58,12 @@ class TokenBudget:
         self.engine = engine    # read only: its running set; `claim` takes each chunk's slots
         self.max_num_batched_tokens = check_budget(max_num_batched_tokens)
 
-    def chunks(self) -> list[Chunk]:
-        """The prefill chunks of one pass, at most the budget less one token per decoding sequence, in admission
-        order (a prefill in flight before a newcomer); each chunk's slots are claimed as it is scheduled."""
+    def plan(self, batch: Batch) -> None:
+        """Add the step's prefill chunks to `batch`: at most the budget less one token per decoding sequence, in
+        admission order (a prefill in flight before a newcomer); each chunk's slots are claimed as it is
+        scheduled."""
         prefilling, budget = self.prefill_work()
-        chunks: list[Chunk] = []
+        chunks = batch.chunks
         for seq in prefilling:
             rest = prefill_left(seq)
             if not rest:
@@ -72,7 +73,6 @@ class TokenBudget:
                 break          # this prompt waits for the next step, and FCFS: nobody behind it passes it
             chunks.append(self.engine.claim(Chunk(seq, seq.kv.n_filled, length)))
             budget -= length
-        return chunks
 
     def chunk_length(self, rest: int, budget: int, first: bool) -> int:
         """Tokens this pass takes of a prompt with `rest` still to prefill, `budget` tokens being left: as many as

@@ -1,7 +1,9 @@
 """Phase 4.5 adds speculative decoding to phase 4.4's engine: a proposer guesses k tokens per sequence, the target checks them in one pass, and the KV of rejected guesses rolls back.
 
-engine.py       `SpeculativeEngine`: phase 4.4's engine; proposals become `Verify` chunks of the step's mixed pass
-proposers.py    `NgramProposer` (prompt lookup), `DraftProposer` on its own paged pool, `self_draft`, `truncate`
+engine.py       `SpeculativePlan`: phase 3.8's token budget, what is left turning proposals into `Verify` chunks
+                of the step's mixed pass; `SpeculativeEngine`: phase 4.4's engine on that plan, verifying them
+proposers.py    `NgramProposer` (prompt lookup), `DraftProposer` on its own paged pool, `NoProposer`, `self_draft`,
+                `truncate`
 acceptance.py   greedy acceptance and the rejection-sampling rule that keeps the target's distribution
 demo.py         `spec_demo`: acceptance and speed by workload and batch size
 """

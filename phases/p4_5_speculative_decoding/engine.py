@@ -6,11 +6,11 @@ target scores the last sampled token and the guesses in ONE pass; acceptance
 step makes 1 to k + 1 tokens per sequence, all of them what the target alone
 would make. Phase 4.4's engine, with one change per part it touches:
 
-schedule  after the inherited schedule (3.8's, with 4.4's admit), a decoding sequence with m guesses becomes a
-          `Verify` chunk of m + 1 rows (its last token, then the guesses). Only
-          spare capacity is used: the step's budget after decode tokens and
-          chunks, and truly free blocks, so a guess never preempts, never evicts
-          a cached block, never delays an admission, never runs past max_new_tokens.
+plan      `SpeculativePlan`, 3.8's token budget plus one rule: after the decode
+          tokens and prefill chunks, a decoding sequence with m guesses becomes a
+          `Verify` chunk of m + 1 rows (its last token, then the guesses), in the
+          budget left and truly free blocks only: a guess never preempts, evicts a
+          cached block, delays an admission or runs past max_new_tokens.
 runner    unchanged: phase 3.8's mixed pass runs the chunk and keeps every row's
           logits (`rows_kept`). Decode-only steps keep phase 3.10's static path; a
           graph's decode kernel takes one query row per sequence, so a step with a
@@ -31,9 +31,10 @@ from dataclasses import dataclass, field
 from common.clock import now
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_6_batched_engine.runner import Batch, Chunk
+from phases.p3_8_chunked_prefill.engine import TokenBudget
 from phases.p4_4_preemption.engine import PreemptingEngine
 from phases.p4_5_speculative_decoding.acceptance import Proposal, accept
-from phases.p4_5_speculative_decoding.proposers import DraftProposer, NgramProposer, self_draft, truncate
+from phases.p4_5_speculative_decoding.proposers import DraftProposer, NgramProposer, NoProposer, self_draft, truncate
 
 SPECULATIVE_METHODS = ("ngram", "draft")
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
@@ -76,8 +77,10 @@ class SpecStats:
 
 def make_proposer(lm, speculative, draft_layers: int | None, draft_blocks: int):
     """A proposer from a method name ("ngram", "draft": a self-draft of `draft_layers` layers, by default half
-    the target's), or the given one."""
-    if speculative is None or hasattr(speculative, "propose"):
+    the target's; None: `NoProposer`), or the given one."""
+    if speculative is None:
+        return NoProposer()
+    if hasattr(speculative, "propose"):
         return speculative
     if speculative == "ngram":
         return NgramProposer()
@@ -87,8 +90,54 @@ def make_proposer(lm, speculative, draft_layers: int | None, draft_blocks: int):
     raise ValueError(f"speculative must be one of {SPECULATIVE_METHODS}, a proposer, or None; got {speculative!r}")
 
 
+class SpeculativePlan(TokenBudget):
+    """Phase 3.8's token budget; what decode tokens and prefill chunks leave of it verifies proposals."""
+
+    def __init__(self, engine, max_num_batched_tokens: int, proposer, num_speculative_tokens: int):
+        super().__init__(engine, max_num_batched_tokens)
+        self.proposer = proposer
+        self.num_speculative_tokens = num_speculative_tokens
+
+    def plan(self, batch: Batch) -> None:
+        super().plan(batch)
+        if batch.decode:
+            self.speculate(batch)
+
+    def speculate(self, batch: Batch) -> None:
+        """Turn decoding sequences with a proposal into `Verify` chunks; the rest stay one-token decodes."""
+        e = self.engine
+        budget = self.max_num_batched_tokens - len(batch.decode) - sum(c.length for c in batch.chunks)
+        room = {s.seq_id: s.max_new_tokens - len(s.output_ids) - 1 for s in batch.decode}   # past it: wasted
+        asking = [s for s in batch.decode if room[s.seq_id] > 0]
+        if budget <= 0 or not asking:
+            return
+        proposals = self.proposer.propose(asking, self.num_speculative_tokens, [e.sampler.seed(s) for s in asking])
+        offered = {s.seq_id: p for s, p in zip(asking, proposals)}
+        decode, slots = [], []
+        for seq, slot in zip(batch.decode, batch.decode_slots):
+            proposal = offered.get(seq.seq_id)
+            m = 0 if proposal is None else min(len(proposal), room[seq.seq_id], budget, self.slots_free(seq))
+            if m == 0:
+                decode.append(seq)
+                slots.append(slot)
+                continue
+            proposal = Proposal(proposal.tokens[:m], None if proposal.probs is None else proposal.probs[:m])
+            batch.chunks.append(Verify(seq, seq.kv.n_filled - 1, m + 1, [slot] + e.kv.append_slots(seq, m),
+                                       proposal))
+            budget -= m
+        batch.decode, batch.decode_slots = decode, slots
+
+    def slots_free(self, seq: Sequence) -> int:
+        """Positions `seq` can claim without preempting anyone or evicting a cached block: the rest of its last
+        block, then the truly free blocks (a guess likely to be rejected is not worth a prefix-cache entry)."""
+        allocator = self.engine.allocator
+        free = getattr(allocator, "n_uncached_free", allocator.n_free)   # prefix caching off: n_free
+        return seq.kv.capacity - seq.kv.n_filled + free * allocator.block_size
+
+
 class SpeculativeEngine(PreemptingEngine):
-    """Phase 4.4's engine; decoding sequences verify up to k proposed tokens per step (`speculative=None`: off)."""
+    """Phase 4.4's engine; decoding sequences verify up to k proposed tokens per step (`speculative=None`: the
+    plan stays phase 3.8's token budget, and nothing is proposed)."""
 
     def __init__(self, lm, speculative=None, num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
                  draft_layers: int | None = None, **engine_kwargs):
@@ -99,56 +148,18 @@ class SpeculativeEngine(PreemptingEngine):
         self.proposer = make_proposer(lm, speculative, draft_layers, self.allocator.n_blocks)
         self.num_speculative_tokens = k
         self.spec_stats = SpecStats()
-
-    # --- schedule: proposals ride in the step's spare budget and blocks ------------------------
-    def schedule(self) -> Batch:
-        batch = super().schedule()
-        if self.proposer is not None and batch.decode:
-            self.speculate(batch)
-        return batch
-
-    def speculate(self, batch: Batch) -> None:
-        """Turn decoding sequences with a proposal into `Verify` chunks; the rest stay one-token decodes."""
-        budget = self.prefill.max_num_batched_tokens - len(batch.decode) - sum(c.length for c in batch.chunks)
-        room = {s.seq_id: s.max_new_tokens - len(s.output_ids) - 1 for s in batch.decode}   # past it: wasted
-        asking = [s for s in batch.decode if room[s.seq_id] > 0]
-        if budget <= 0 or not asking:
-            return
-        proposals = self.proposer.propose(asking, self.num_speculative_tokens,
-                                          [self.sampler.seed(s) for s in asking])
-        offered = {s.seq_id: p for s, p in zip(asking, proposals)}
-        decode, slots = [], []
-        for seq, slot in zip(batch.decode, batch.decode_slots):
-            proposal = offered.get(seq.seq_id)
-            m = 0 if proposal is None else min(len(proposal), room[seq.seq_id], budget, self._slots_free(seq))
-            if m == 0:
-                decode.append(seq)
-                slots.append(slot)
-                continue
-            proposal = Proposal(proposal.tokens[:m], None if proposal.probs is None else proposal.probs[:m])
-            batch.chunks.append(Verify(seq, seq.kv.n_filled - 1, m + 1, [slot] + self.kv.append_slots(seq, m),
-                                       proposal))
-            budget -= m
-        batch.decode, batch.decode_slots = decode, slots
-        self.kv.before_pass()   # a no-op: guesses write their own blocks, never a shared one
-
-    def _slots_free(self, seq: Sequence) -> int:
-        """Positions `seq` can claim without preempting anyone or evicting a cached block: the rest of its last
-        block, then the truly free blocks (a guess likely to be rejected is not worth a prefix-cache entry)."""
-        free = getattr(self.allocator, "n_uncached_free", self.allocator.n_free)   # prefix caching off: n_free
-        return seq.kv.capacity - seq.kv.n_filled + free * self.block_size
+        if speculative is not None:
+            self.prefill = SpeculativePlan(self, self.prefill.max_num_batched_tokens, self.proposer, k)
 
     def retire(self, seq: Sequence) -> None:
         """Leaving the running set (finished, preempted for recomputation, aborted): the proposer's state goes."""
         super().retire(seq)
-        if self.proposer is not None:
-            self.proposer.release(seq)
+        self.proposer.release(seq)
 
     def close(self, seq: Sequence) -> None:
         """DONE from anywhere (a swapped-out sequence is aborted without retiring)."""
         super().close(seq)
-        if self.proposer is not None:
-            self.proposer.release(seq)
+        self.proposer.release(seq)
 
     # --- run: verify, roll the KV back, emit ---------------------------------------------------
     def run_batch(self, batch: Batch) -> list[StepOutput]:

@@ -41,6 +41,18 @@ DEFAULT_MIN_N = 1
 DRAFT_STREAM = _as_int64(0x5EED_D4AF_7000_0001)   # xor-ed into a seed: the draft's own random stream
 
 
+class NoProposer:
+    """The proposer of an engine that does not speculate (`speculative=None`): nothing proposed, nothing kept."""
+
+    name = "none"
+
+    def propose(self, seqs: list, k: int, seeds: list[int]) -> list[Proposal]:
+        return [Proposal([]) for _ in seqs]
+
+    def release(self, seq) -> None:
+        pass
+
+
 class NgramProposer:
     """Prompt lookup: the tokens that followed the last earlier occurrence of the sequence's suffix."""
 
