@@ -49,7 +49,7 @@ from phases.p3_8_chunked_prefill.engine import ChunkedPrefillEngine, WholePrompt
 from phases.p3_10_cuda_graphs.demo import stub_decode_forward
 from phases.p3_10_cuda_graphs.engine import StaticDecodeEngine
 from phases.p3_10_cuda_graphs.runner import StaticRunner
-from phases.p3_10_cuda_graphs.overlap import OverlappedDecodeEngine
+from phases.p3_10_cuda_graphs.extra_overlap import OverlappedDecodeEngine
 from phases.p3_9_tuned_decode_kernel.split_rule import MAX_SPLITS, MIN_BLOCKS_PER_SPLIT, choose_splits
 
 torch.set_num_threads(1)    # many small passes: on this shared 2-core machine one intra-op thread is faster

@@ -13,7 +13,7 @@ The step:
 - engine.py         `StaticDecodeEngine(ChunkedPrefillEngine)`: decode steps padded to buckets and replayed
                     as graphs (eager on CPU), mixed passes as in phase 3.8
 And:
-- overlap.py        `OverlappedDecodeEngine`: the host builds and launches step N+1 before reading step N's tokens
+- extra_overlap.py  `OverlappedDecodeEngine`: the host builds and launches step N+1 before reading step N's tokens
                     (`OverlapBuffers`: rows whose next token is on the device only)
 - demo.py           `graph_bench`: the decode step eager vs static vs graph per batch size, with phase 3.9's
                     kernel sections; `graph_workload`: the engine among the others

@@ -36,7 +36,7 @@ EMPTY_SLOT = -1
 def send(values: torch.Tensor, device: torch.device) -> torch.Tensor:
     """`values` (host) on `device`, without making the host wait for the GPU. A copy from ordinary (pageable)
     host memory first waits for everything queued on the stream, which would stall an overlapped step
-    (overlap.py) behind the step in flight; from pinned memory it is queued like a kernel. (torch's caching
+    (extra_overlap.py) behind the step in flight; from pinned memory it is queued like a kernel. (torch's caching
     host allocator keeps the pinned block alive until the copy has run.)"""
     if device.type == "cuda":
         values = values.pin_memory()

@@ -23,7 +23,7 @@ import torch
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV, use_kernels
 from phases.p3_10_cuda_graphs.attention import StaticDecodeBatch
 from phases.p3_10_cuda_graphs.engine import StaticDecodeEngine
-from phases.p3_10_cuda_graphs.overlap import OverlappedDecodeEngine
+from phases.p3_10_cuda_graphs.extra_overlap import OverlappedDecodeEngine
 from phases.p3_10_cuda_graphs.runner import StaticRunner
 from phases.p3_11_fused_ops.layers import fused_ops_on, install_fused_ops
 
