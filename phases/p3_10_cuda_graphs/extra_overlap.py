@@ -163,9 +163,10 @@ class OverlappedDecodeEngine(StaticDecodeEngine):
         statuses = [s.status for s in self.running]     # one pass; `in` and `count` below scan it in C
         if Status.PREFILLING in statuses:
             return None
-        if self.waiting and self.n_free_slots and self.admission.can_admit(self.waiting[0],
-                                                                           self.admission.blocks_left()):
-            return None
+        if self.waiting and self.n_free_slots:
+            head, admission = self.waiting[0], self.admission
+            if admission.can_admit(head, admission.blocks_to_admit(head), admission.blocks_left()):
+                return None
         if previous is None:
             return [s for s in self.running if s.status is Status.DECODING] or None
         # Every decoding sequence must be in flight. Those of the rows in flight that still decode are among

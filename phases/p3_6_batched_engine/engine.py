@@ -62,11 +62,12 @@ class WorstCaseAdmission:
         step (each admission then takes its `blocks_to_admit` out of it, exactly what it adds to the promise)."""
         return self.engine.allocator.n_free - self.blocks_promised()
 
-    def can_admit(self, seq: Sequence, blocks_left: int) -> bool:
+    def can_admit(self, seq: Sequence, need: int, blocks_left: int) -> bool:
+        """`seq`, whose admission takes `need` blocks (`blocks_to_admit`), may start with `blocks_left` left."""
         e = self.engine
         if not e.n_free_slots or not e.prefill.fits(len(seq.all_ids)):
             return False
-        if self.blocks_to_admit(seq) <= blocks_left:
+        if need <= blocks_left:
             return True
         e.waited_for_blocks.add(seq.seq_id)   # a slot was free, the pool was not
         return False
@@ -217,8 +218,11 @@ class BatchedPagedEngine:
         nobody overtakes the head (a long request cannot be starved by a stream of short ones)."""
         if self.waiting:
             left = self.admission.blocks_left()   # counted once; each admission takes its own blocks out
-            while self.waiting and self.admission.can_admit(self.waiting[0], left):
-                left -= self.admission.blocks_to_admit(self.waiting[0])
+            while self.waiting:
+                need = self.admission.blocks_to_admit(self.waiting[0])
+                if not self.admission.can_admit(self.waiting[0], need, left):
+                    break
+                left -= need
                 self.admit_head()
         if self.waiting and not self.running:
             # Cannot happen (add() refuses what the empty pool cannot hold); guard against a silent hang.

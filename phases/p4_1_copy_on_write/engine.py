@@ -80,9 +80,9 @@ class SequenceGroup:
 class GroupWorstCaseAdmission(WorstCaseAdmission):
     """Phase 3.6's rule for requests of n sequences: n free slots, and the group's worst case in blocks."""
 
-    def can_admit(self, seq: Sequence, blocks_left: int) -> bool:
+    def can_admit(self, seq: Sequence, need: int, blocks_left: int) -> bool:
         e = self.engine
-        return e.group_of(seq).n <= e.n_free_slots - e.slots_promised and super().can_admit(seq, blocks_left)
+        return e.group_of(seq).n <= e.n_free_slots - e.slots_promised and super().can_admit(seq, need, blocks_left)
 
     def blocks_to_admit(self, seq: Sequence) -> int:
         """The group's worst case, `worst_case_blocks(request, n, block_size)` =

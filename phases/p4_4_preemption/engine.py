@@ -78,9 +78,10 @@ class OptimisticAdmission:
         """Free blocks beyond the running sequences' next tokens, counted once per step."""
         return self.engine.allocator.n_free - self.blocks_promised()
 
-    def can_admit(self, seq: Sequence, blocks_left: int) -> bool:
+    def can_admit(self, seq: Sequence, need: int, blocks_left: int) -> bool:
         """`seq`'s whole group may start: nothing older is swapped out, its members find slots, and their
-        prefill fits the blocks left (less the reserve, `watermark_blocks`) and this step's pass."""
+        prefill (`need` blocks, `blocks_to_admit`) fits the blocks left (less the reserve, `watermark_blocks`)
+        and this step's pass."""
         e = self.engine
         group = e.group_of(seq)
         if e.swapped and group.request_id > e.swapped[0].request_id:
@@ -91,7 +92,7 @@ class OptimisticAdmission:
             return False
         reserve = e.watermark_blocks if e.running else 0   # alone in the pool: no reserve needed
         tokens = sum(len(s.all_ids) for s in members)
-        return self.blocks_to_admit(seq) + reserve <= blocks_left and e.prefill.fits(tokens)
+        return need + reserve <= blocks_left and e.prefill.fits(tokens)
 
     def blocks_to_admit(self, seq: Sequence) -> int:
         """Blocks the prefill of `seq`'s group (`seq` heads the queue) takes NOW: every member waiting with it."""
