@@ -8,7 +8,7 @@ for a forward pass. So the engine lives in its own thread and nothing else touch
   event loop (HTTP handlers)                 engine thread
   --------------------------                 -------------
   submit()  -> inbox ("add") -----------.
-  abort()   -> inbox ("abort") ---------+->  drain the inbox: engine.add / engine.abort
+  abort()   -> inbox ("abort") ---------+->  drain the inbox: engine.add_group / abort
                                         |    engine.step()  (one batched pass for all)
   req.events  <- call_soon_threadsafe --+--  route each StepOutput to its request
                                              nothing to do? sleep on an Event (no spin)

@@ -87,12 +87,12 @@ class ServingEngine(SpeculativeEngine):
             self._fail(group)
         self.n_groups_failed += len(failed)
         self.n_groups_retried += len(retried) + len(unrun)
-        if len(retried) > 1 or (retried and self.isolation_width is not None):
+        if retried:                        # several suspects (one alone is the culprit, failed above)
             width = math.ceil(len(involved) / 2)   # a narrower pass that fails again halves it, down to one
             self.isolation_width = width if self.isolation_width is None else min(self.isolation_width, width)
             self.suspects.update({g: in_pass[g] for g in retried})
         else:
-            self._end_isolation()          # the culprit is found (or the only suspect is retried): a new round
+            self._end_isolation()          # the culprit failed alone: a new round
         return StepFailed(error, list(self._made), failed, retried + unrun)
 
     def _groups(self, seqs) -> list[SequenceGroup]:
