@@ -15,11 +15,12 @@
 # %% [markdown]
 # # 10 · Serving: the engine behind an OpenAI-compatible API
 #
-# Phase 5 puts the whole engine line (phase 4.5's `SpeculativeEngine`: batched paged attention, chunked prefill, shared
-# samples, prefix caching, preemption, optional speculation) behind the HTTP API every LLM client already speaks:
-# `POST /v1/completions` and `POST /v1/chat/completions`, streamed as server-sent events when asked, plus `/health`
-# and a Prometheus `/metrics`. The engine runs in a thread of its own, so a forward pass never blocks the event loop
-# that serves the connections; each step is one batched forward pass for every request in flight.
+# Phase 5 puts the whole engine line (phase 4.4's engine with phase 4.5's speculation: batched paged attention,
+# chunked prefill, shared samples, prefix caching, preemption, optional speculation) behind the HTTP API every LLM
+# client already speaks: `POST /v1/completions` and `POST /v1/chat/completions`, streamed as server-sent events
+# when asked, plus `/health` and a Prometheus `/metrics`. The engine runs in a thread of its own, so a forward pass
+# never blocks the event loop that serves the connections; each step is one batched forward pass for every request
+# in flight.
 #
 # In this notebook we start the server inside the notebook (uvicorn in a background thread on a free local port),
 # talk to it with the official `openai` Python client as any application would, watch a stream arrive token by

@@ -2,7 +2,8 @@
 
 Each row of the trace names `Class.method` and `path:line`. The check: the method that runs for the
 served engine (or for its KV, runner or sampler part) is that class's, and it is defined at that line.
-The page's redesign table (classes in the served chain, methods along it, most levels) is counted from the code.
+The page's redesign table (classes in the served chain, methods along it, most levels, hidden methods, files the
+trace visits) is counted from the code.
 """
 
 from __future__ import annotations
@@ -80,4 +81,8 @@ def test_no_method_along_the_served_chain_is_dead():
             if f"super().{name}" not in inspect.getsource(above):
                 dead.append(f"{below.__name__}.{name} (hidden by {above.__name__})")
     assert dead == []
-    assert redesign_row("methods defined along it that never run on the served engine") == str(len(dead))
+    assert redesign_row("methods along it hidden by an override that never calls them") == str(len(dead))
+
+
+def test_the_redesign_table_counts_the_files_the_step_trace_visits():
+    assert redesign_row("files one served step visits (the trace above)") == str(len({row[3] for row in trace_rows()}))

@@ -15,9 +15,9 @@ buckets         the batch is padded up to the next bucket (1, 2, 4, ..., max_run
 CUDA graphs     on CUDA, each (bucket, split count) is captured once, at first use
                 (graphs.py), and replayed every step after: one call instead of
                 a launch per kernel. On CPU the same static step runs eagerly.
-the kernel      the decode attention is this phase's tuned kernel (decode_kernel.py),
-                its split count chosen by split_rule.py from the batch, the KV
-                heads, the SMs and the longest context.
+the kernel      on CUDA the decode attention is phase 3.9's tuned kernel, its split
+                count chosen by 3.9's split rule from the batch, the KV heads, the
+                SMs and the longest context; on CPU, phase 3.5's path.
 
 The sampled ids of a static step go straight back into the next step's input ids,
 on the device (`DeviceSampler.last`).

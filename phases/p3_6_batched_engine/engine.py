@@ -8,7 +8,7 @@ each do one job:
 
   scheduler  this class: the waiting queue and the running set; each step it
              admits, and decides which tokens run (`schedule` -> a `Batch`)
-  kv         `BlockKV` (kv.py): a block table per sequence; claims slots, frees
+  kv         `BlockKV` (kv.py): a block table per sequence; claims, frees, counts
   runner     `PagedRunner` (runner.py): a `Batch` -> forward passes -> logits
   sampler    `Sampler` (common/sampling.py): logits -> one token per row
 

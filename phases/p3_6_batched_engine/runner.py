@@ -10,7 +10,7 @@ tensors and calls the model. A step here is at most two passes:
            own position; one paged decode kernel call per layer reads every
            sequence's K/V by block table.
 
-Logits come back only where a token is sampled: one row per sequence of
+Logits come back only where a token is sampled: one row per entry of
 `batch.emitting`, in that order.
 """
 
@@ -63,8 +63,9 @@ class Batch:
 
     @property
     def emitting(self) -> list[Sequence]:
-        """Who gets a token this step, in the order of the logits rows: finished prefills, then decodes."""
-        return [c.seq for c in self.chunks if c.last] + self.decode
+        """Whose token each logits row gives, in order: each chunk's kept rows (a finished prefill's last row), then
+        the decodes."""
+        return [c.seq for c in self.chunks for _ in c.rows_kept] + self.decode
 
     @property
     def seqs(self) -> list[Sequence]:

@@ -1,25 +1,25 @@
-"""`SpeculativeEngine`: guess a sequence's next k tokens cheaply, check them all in one target pass, keep what agrees.
+"""Speculative decoding: guess each sequence's next k tokens cheaply, check them in one target pass, keep what agrees.
 
 A proposer (proposers.py) guesses up to k tokens per decoding sequence; the
 target scores the last sampled token and the guesses in ONE pass; acceptance
 (acceptance.py) keeps the guesses it agrees with plus one token of its own. A
 step makes 1 to k + 1 tokens per sequence, all of them what the target alone
-would make. Phase 4.4's engine, with one change per part it touches:
+would make. The engine's loop stays phase 3.6's; `use_speculation` picks one
+more version of three parts:
 
 plan      `SpeculativePlan`, 3.8's token budget plus one rule: after the decode
           tokens and prefill chunks, a decoding sequence with m guesses becomes a
           `Verify` chunk of m + 1 rows (its last token, then the guesses), in the
           budget left and truly free blocks only: a guess never preempts, evicts a
           cached block, delays an admission or runs past max_new_tokens.
-runner    unchanged: phase 3.8's mixed pass runs the chunk and keeps every row's
-          logits (`rows_kept`). Decode-only steps keep phase 3.10's static path; a
-          graph's decode kernel takes one query row per sequence, so a step with a
-          verification is a mixed pass.
-kv        the rejected guesses' slots are cut from the table, emptied blocks back
-          to the pool (`truncate`), BEFORE the KV part hears the pass ran: only
-          accepted tokens are ever published to the prefix cache. Copy-on-write
-          happens on the real last token's write; the guesses land in that block,
-          now private, or in fresh ones.
+runner    `VerifyingRunner`: the engine's runner runs the pass (phase 3.8's mixed
+          pass keeps every row of a `Verify` chunk; a decode-only step keeps 3.10's
+          graphs), then checks the guesses. The rejected ones' slots are cut from
+          the table (`truncate`) BEFORE the KV part hears the pass ran, so only
+          accepted tokens are ever published to the prefix cache.
+sampler   `VerifyingSampler`: a `Verify` chunk keeps one row per token the check
+          made, and each such row gets that token; other rows are sampled as before.
+          A sequence that made 3 tokens is in `emitting` 3 times; update takes them.
 
 Refused: k < 1, a draft with another vocabulary.
 """
@@ -28,8 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.clock import now
-from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
+import torch
+
+from phases.p2_2_scheduler.sequence import Sequence
 from phases.p3_6_batched_engine.runner import Batch, Chunk
 from phases.p3_8_chunked_prefill.engine import TokenBudget
 from phases.p4_4_preemption.engine import PreemptingEngine
@@ -42,8 +43,10 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 
 @dataclass
 class Verify(Chunk):
-    """A decoding sequence's last token and its m proposed tokens: m + 1 rows, every row's logits kept."""
+    """A decoding sequence's last token and its m proposed tokens: m + 1 rows, every row's logits kept; after the
+    check, `made` holds the tokens it kept (its accepted guesses, then the target's own), one row each."""
     proposal: Proposal = field(default_factory=lambda: Proposal([]))
+    made: list[int] | None = None
 
     @property
     def last(self) -> bool:
@@ -55,7 +58,7 @@ class Verify(Chunk):
 
     @property
     def rows_kept(self) -> range:
-        return range(self.length)
+        return range(self.length if self.made is None else len(self.made))
 
 
 @dataclass
@@ -135,77 +138,119 @@ class SpeculativePlan(TokenBudget):
         return seq.kv.capacity - seq.kv.n_filled + free * allocator.block_size
 
 
+class VerifyingRunner:
+    """The engine's runner, then the check: each `Verify` chunk's guesses are accepted or rejected against the
+    pass's logits, the rejected guesses' slots go back, and the chunk keeps one row per token it made."""
+
+    def __init__(self, runner, engine, stats: SpecStats):
+        self.runner = runner          # the engine's own runner: it runs every pass
+        self.engine = engine          # read only: its sampler's seeds, its pool, the model's EOS ids
+        self.stats = stats
+        self.decided: dict[int, list[int]] = {}    # seq_id -> the tokens this pass's check made for it
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)          # counters, graphs, buffers: the runner's own
+
+    def run(self, batch: Batch) -> torch.Tensor:
+        """Logits [len(batch.emitting), V] once the check has run (a `Verify` chunk's rows are then its tokens')."""
+        logits = self.runner.run(batch)            # rows: each chunk's rows_kept in order, then the decode rows
+        self.decided = {}
+        verifying = [c for c in batch.chunks if isinstance(c, Verify)]
+        if not verifying:
+            return logits
+        spans, r = [], 0
+        for c in batch.chunks:
+            spans.append(range(r, r + len(c.rows_kept)))
+            r += len(c.rows_kept)
+        seqs = [c.seq for c in verifying]
+        made = accept(seqs, [c.proposal for c in verifying],
+                      logits[[i for c, rows in zip(batch.chunks, spans) if isinstance(c, Verify) for i in rows]],
+                      [self.engine.sampler.seed(s) for s in seqs])
+        self.count(verifying, made)
+        for c, tokens in zip(verifying, made):
+            c.made = until_stop(c.seq, tokens, self.engine.lm.eos_token_ids)
+            # Positions c.start .. c.start + len(c.made) - 1 hold real tokens (the last one and the kept
+            # guesses); the rest of the chunk's slots go, before anything is published.
+            self.stats.blocks_rolled_back += truncate(c.seq.kv, self.engine.allocator, c.start + len(c.made))
+            self.decided[c.seq.seq_id] = c.made
+        kept = [i for c, rows in zip(batch.chunks, spans) for i in rows[:len(c.rows_kept)]]
+        return logits[kept + list(range(r, logits.shape[0]))]   # a Verify chunk's first rows stand for its tokens
+
+    def count(self, verifying: list[Verify], made: list[list[int]]) -> None:
+        st = self.stats
+        st.n_verify_passes += 1
+        st.n_verified += len(verifying)
+        for c, tokens in zip(verifying, made):
+            st.proposed += len(c.proposal)
+            st.accepted += len(tokens) - 1
+
+
+def until_stop(seq: Sequence, tokens: list[int], eos_ids: set[int]) -> list[int]:
+    """`tokens` up to the one that ends `seq` (EOS, or its last allowed token): what it takes of them."""
+    tokens = tokens[:seq.max_new_tokens - len(seq.output_ids)]
+    if not seq.ignore_eos:
+        for i, token in enumerate(tokens):
+            if token in eos_ids:
+                return tokens[:i + 1]
+    return tokens
+
+
+class VerifyingSampler:
+    """The engine's sampler for every row but a checked one: that row gets the token the check made. A sequence
+    that is DONE also leaves the proposer (a preempted one keeps its state there: its tokens do not change)."""
+
+    def __init__(self, sampler, runner: VerifyingRunner, proposer, stats: SpecStats):
+        self.sampler = sampler        # the engine's own sampler: it samples every other row
+        self.runner = runner          # its `decided`: this pass's checked tokens
+        self.proposer = proposer
+        self.stats = stats
+
+    def __getattr__(self, name):
+        return getattr(self.sampler, name)         # seeds, the last draw: the sampler's own
+
+    def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+        decided = self.runner.decided
+        if not decided:
+            return self.sampler.sample(seqs, logits)
+        plain = [i for i, s in enumerate(seqs) if s.seq_id not in decided]
+        drawn = iter(self.sampler.sample([seqs[i] for i in plain], logits[plain]) if plain else [])
+        made = {seq_id: iter(tokens) for seq_id, tokens in decided.items()}
+        self.stats.emitted += len(seqs) - len(plain)
+        return [next(made[s.seq_id]) if s.seq_id in made else next(drawn) for s in seqs]
+
+    def forget(self, seq: Sequence) -> None:
+        self.sampler.forget(seq)
+        self.proposer.release(seq)
+
+
+def use_speculation(engine, speculative, num_speculative_tokens: int, draft_layers: int | None) -> None:
+    """Give `engine` (phase 4.4's, or one built on it) speculation's parts: a proposer, the plan, the runner and
+    the sampler. `speculative=None` picks none of them: the engine keeps its parts, and proposes nothing."""
+    k = num_speculative_tokens
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
+    engine.proposer = make_proposer(engine.lm, speculative, draft_layers, engine.allocator.n_blocks)
+    engine.num_speculative_tokens = k
+    engine.spec_stats = SpecStats()
+    if speculative is not None:
+        engine.prefill = SpeculativePlan(engine, engine.prefill.max_num_batched_tokens, engine.proposer, k)
+        engine.runner = VerifyingRunner(engine.runner, engine, engine.spec_stats)
+        engine.sampler = VerifyingSampler(engine.sampler, engine.runner, engine.proposer, engine.spec_stats)
+
+
+def speculation_summary(stats: SpecStats) -> dict:
+    """What the speculation counted, as `summary()` keys."""
+    return {f"spec_{k}": v for k, v in stats.as_dict().items()}
+
+
 class SpeculativeEngine(PreemptingEngine):
-    """Phase 4.4's engine; decoding sequences verify up to k proposed tokens per step (`speculative=None`: the
-    plan stays phase 3.8's token budget, and nothing is proposed)."""
+    """Phase 4.4's engine; decoding sequences verify up to k proposed tokens per step (`speculative=None`:
+    nothing is proposed, and the engine is phase 4.4's)."""
 
     def __init__(self, lm, speculative=None, num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
                  draft_layers: int | None = None, **engine_kwargs):
-        k = num_speculative_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
         super().__init__(lm, **engine_kwargs)
-        self.proposer = make_proposer(lm, speculative, draft_layers, self.allocator.n_blocks)
-        self.num_speculative_tokens = k
-        self.spec_stats = SpecStats()
-        if speculative is not None:
-            self.prefill = SpeculativePlan(self, self.prefill.max_num_batched_tokens, self.proposer, k)
+        use_speculation(self, speculative, num_speculative_tokens, draft_layers)
 
-    def retire(self, seq: Sequence) -> None:
-        """Leaving the running set (finished, preempted for recomputation, aborted): the proposer's state goes."""
-        super().retire(seq)
-        self.proposer.release(seq)
-
-    def close(self, seq: Sequence) -> None:
-        """DONE from anywhere (a swapped-out sequence is aborted without retiring)."""
-        super().close(seq)
-        self.proposer.release(seq)
-
-    # --- run: verify, roll the KV back, emit ---------------------------------------------------
-    def run_batch(self, batch: Batch) -> list[StepOutput]:
-        verifying = [c for c in batch.chunks if isinstance(c, Verify)]
-        if not verifying:
-            return super().run_batch(batch)
-        logits = self.runner.run(batch)                  # rows: each chunk's rows_kept in order, then decode rows
-        plain_rows, verify_rows, r = [], [], 0
-        for c in batch.chunks:
-            n = len(c.rows_kept)
-            (verify_rows if isinstance(c, Verify) else plain_rows).extend(range(r, r + n))
-            r += n
-        plain_rows += range(r, r + len(batch.decode))
-        seqs = [c.seq for c in verifying]
-        new_tokens = accept(seqs, [c.proposal for c in verifying], logits[verify_rows],
-                            [self.sampler.seed(s) for s in seqs])
-        for c, tokens in zip(verifying, new_tokens):
-            # Positions c.start .. c.start + len(tokens) - 1 hold real tokens (the last one and the kept
-            # guesses); the rejected guesses' slots go, before anything is published.
-            self.spec_stats.blocks_rolled_back += truncate(c.seq.kv, self.allocator, c.start + len(tokens))
-        self.kv.written(batch.seqs)
-        plain = [c.seq for c in batch.chunks if c.last and not isinstance(c, Verify)] + batch.decode
-        outputs = self.emit(plain, logits[plain_rows]) if plain else []
-        return outputs + self.take_tokens(seqs, [c.proposal for c in verifying], new_tokens)
-
-    def take_tokens(self, seqs: list[Sequence], proposals: list[Proposal], new_tokens: list[list[int]]
-                    ) -> list[StepOutput]:
-        """Each sequence takes its new tokens in order (phase 3.6's update, one round per position); one that
-        finishes part-way (EOS, max_new_tokens) drops the rest."""
-        st = self.spec_stats
-        st.n_verify_passes += 1
-        st.n_verified += len(seqs)
-        for p, tokens in zip(proposals, new_tokens):
-            st.proposed += len(p)
-            st.accepted += len(tokens) - 1
-        t = now(self.lm.device)
-        pending = list(zip(seqs, new_tokens))
-        outputs: list[StepOutput] = []
-        for j in range(max(len(tokens) for tokens in new_tokens)):
-            pending = [(s, tokens) for s, tokens in pending if len(tokens) > j and s.status is not Status.DONE]
-            outputs += self.update([s for s, _ in pending], [tokens[j] for _, tokens in pending], t)
-        st.emitted += len(outputs)
-        return outputs
-
-    # --- what the speculation counted ----------------------------------------------------------------
     def summary(self) -> dict:
-        out = super().summary()
-        out.update({f"spec_{k}": v for k, v in self.spec_stats.as_dict().items()})
-        return out
+        return super().summary() | speculation_summary(self.spec_stats)

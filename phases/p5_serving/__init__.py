@@ -1,9 +1,10 @@
-"""Phase 5 adds serving to phase 4.5's engine: the last engine of the line (samples, prefix caching, preemption, speculation) behind an OpenAI-compatible HTTP API, with streaming, aborts, a bounded queue, and failures isolated to the request that caused them.
+"""Phase 5 adds serving to phase 4.4's engine with 4.5's speculation: the last engine of the line (samples, prefix caching, preemption, speculation) behind an OpenAI-compatible HTTP API, with streaming, aborts, a bounded queue, and failures isolated to the request that caused them.
 
 Files, in reading order:
 - detokenize.py    token ids -> text deltas (incremental detokenization) and stop strings
-- isolation.py     `ServingEngine(SpeculativeEngine)`: a step that raises fails only its culprit (rollback by
-                   recomputation, narrower passes until the culprit fails alone); finished requests forgotten
+- isolation.py     `ServingEngine(PreemptingEngine)`, speculating with phase 4.5's parts when asked: a step
+                   that raises fails only its culprit (rollback by recomputation, narrower passes until the
+                   culprit fails alone); finished requests forgotten
 - samples.py       `n` samples of one prompt behind one adapter
 - metrics.py       the engine snapshot behind /health, and /metrics with prometheus-client
 - async_engine.py  `AsyncEngine`: one thread steps the engine; requests come and go on an asyncio loop

@@ -1,6 +1,6 @@
 """`AsyncEngine`: the served engine, stepped by one thread while requests come and go on an asyncio loop.
 
-The engine (phase 4.5's, the last of the line: samples.py) is synchronous: `add_group()` queues, `step()`
+The engine (the last of the line: samples.py) is synchronous: `add_group()` queues, `step()`
 runs one forward pass, decode tokens and prefill chunks together, and returns the tokens it made. A server
 has many clients at once, each waiting on its own tokens, on an asyncio event loop that must never block
 for a forward pass. So the engine lives in its own thread and nothing else touches it:
@@ -8,7 +8,7 @@ for a forward pass. So the engine lives in its own thread and nothing else touch
   event loop (HTTP handlers)                 engine thread
   --------------------------                 -------------
   submit()  -> inbox ("add") -----------.
-  abort()   -> inbox ("abort") ---------+->  drain the inbox: engine.add / engine.abort
+  abort()   -> inbox ("abort") ---------+->  drain the inbox: engine.add_group / abort
                                         |    engine.step()  (one batched pass for all)
   req.events  <- call_soon_threadsafe --+--  route each StepOutput to its request
                                              nothing to do? sleep on an Event (no spin)

@@ -1,4 +1,4 @@
-"""`ServingEngine`: phase 4.5's engine, where a step that raises fails only the request that caused it.
+"""`ServingEngine`: phase 4.4's engine with 4.5's speculation, where a step that raises fails only its culprit.
 
 A server steps one engine for every client at once, so an exception in a step (a kernel that trips on one
 prompt's shape, a bad value that slipped past validation, a CUDA error) would otherwise fail every request
@@ -27,8 +27,8 @@ from bisect import bisect_left
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_6_batched_engine.runner import Batch
 from phases.p4_1_copy_on_write.engine import SequenceGroup
-from phases.p4_4_preemption.engine import PREEMPTED
-from phases.p4_5_speculative_decoding.engine import SpeculativeEngine
+from phases.p4_4_preemption.engine import PREEMPTED, PreemptingEngine
+from phases.p4_5_speculative_decoding.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, speculation_summary, use_speculation
 
 # a group's roles in a forward pass: prefilling a chunk, decoding, or both (a recomputed group's members)
 PREFILL_PASS, DECODE_PASS = "prefill", "decode"
@@ -46,12 +46,15 @@ class StepFailed(RuntimeError):
         self.retried = retried      # groups rolled back, to be recomputed in narrower passes
 
 
-class ServingEngine(SpeculativeEngine):
-    """The served engine: phase 4.5's, with failures isolated to their culprit, and a request's records
-    forgotten once it is over (a server runs for days; a run's report reads them, a server never does)."""
+class ServingEngine(PreemptingEngine):
+    """The served engine: phase 4.4's, speculating with phase 4.5's parts when asked (`speculative`), with
+    failures isolated to their culprit, and a request's records forgotten once it is over (a server runs for
+    days; a run's report reads them, a server never does)."""
 
-    def __init__(self, lm, **engine_kwargs):
+    def __init__(self, lm, speculative=None, num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
+                 draft_layers: int | None = None, **engine_kwargs):
         super().__init__(lm, **engine_kwargs)
+        use_speculation(self, speculative, num_speculative_tokens, draft_layers)
         self.isolation_width: int | None = None   # while isolating: groups per forward pass at most
         self.suspects: dict[SequenceGroup, frozenset[str] | None] = {}  # group -> roles to come through a pass in
         self.n_step_failures = 0
@@ -87,12 +90,12 @@ class ServingEngine(SpeculativeEngine):
             self._fail(group)
         self.n_groups_failed += len(failed)
         self.n_groups_retried += len(retried) + len(unrun)
-        if len(retried) > 1 or (retried and self.isolation_width is not None):
+        if retried:                        # several suspects (one alone is the culprit, failed above)
             width = math.ceil(len(involved) / 2)   # a narrower pass that fails again halves it, down to one
             self.isolation_width = width if self.isolation_width is None else min(self.isolation_width, width)
             self.suspects.update({g: in_pass[g] for g in retried})
         else:
-            self._end_isolation()          # the culprit is found (or the only suspect is retried): a new round
+            self._end_isolation()          # the culprit failed alone: a new round
         return StepFailed(error, list(self._made), failed, retried + unrun)
 
     def _groups(self, seqs) -> list[SequenceGroup]:
@@ -145,10 +148,10 @@ class ServingEngine(SpeculativeEngine):
 
     # --- the passes of a step: one, or narrower ones while isolating ---------------------------
     def run_batch(self, batch: Batch) -> list[StepOutput]:
-        """Phase 3.6's pass; while isolating, one pass per `isolation_width` groups (in arrival order, a
-        group's members together), each a slice of the step's batch: the narrower passes share its one token
-        budget. Should one fail, the groups of the passes not yet run (`_unrun`) are rolled back too: they
-        claimed slots that hold nothing."""
+        """Phase 3.6's pass (with speculation, its runner checks the guesses); while isolating, one pass per
+        `isolation_width` groups (in arrival order, a group's members together), each a slice of the step's
+        batch: the narrower passes share its one token budget. Should one fail, the groups of the passes not
+        yet run (`_unrun`) are rolled back too: they claimed slots that hold nothing."""
         if not self.isolating:
             return self._watched(batch)
         groups = self._groups(batch.seqs)
@@ -198,6 +201,10 @@ class ServingEngine(SpeculativeEngine):
     @property
     def isolating(self) -> bool:
         return self.isolation_width is not None
+
+    def summary(self) -> dict:
+        """Phase 4.4's counters, and what the speculation counted."""
+        return super().summary() | speculation_summary(self.spec_stats)
 
     # --- a server runs for days: a request's records go once it is over ------------------------
     def group_or_none(self, seq) -> SequenceGroup | None:

@@ -1,8 +1,8 @@
 """The served engine, and `n` samples of one prompt (the OpenAI `n` parameter) behind one small adapter.
 
-`ServingEngine` (isolation.py) is the last engine of the line, phase 4.5's
-`SpeculativeEngine` (samples over shared blocks, prefix caching, preemption,
-and speculative decoding when asked for), plus two things a server needs: a
+`ServingEngine` (isolation.py) is the last engine of the line: phase 4.4's
+(samples over shared blocks, prefix caching, preemption) with phase 4.5's
+speculative decoding when asked for, plus two things a server needs: a
 failing step fails only the request that caused it, and it forgets a request
 once it is over.
 
