@@ -16,6 +16,7 @@ from phases.p4_5_speculative_decoding.acceptance import Proposal, _accept_greedy
 from phases.p4_5_speculative_decoding.engine import SpeculativeEngine, Verify
 from phases.p4_5_speculative_decoding.proposers import (DraftProposer, NgramProposer, common_prefix, lookup,
                                                         self_draft, truncate)
+from phases.p5_serving.isolation import ServingEngine
 from tests.oracles import hf_greedy
 
 # chi-square critical values at significance 0.001 (df -> value): a correct sampler fails 1 run in 1,000.
@@ -341,9 +342,13 @@ def test_packaged_model_greedy_equals_hf(smol32, speculative):
 
 # --- bad input ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("k", [0, -1, True, 2.0])
-def test_bad_number_of_speculative_tokens_is_refused(tiny32, k):
-    with pytest.raises(ValueError, match="num_speculative_tokens"):
-        SpeculativeEngine(tiny32, speculative="ngram", num_speculative_tokens=k, n_blocks=8)
+def test_bad_number_of_speculative_tokens_is_refused_before_a_pool_is_taken(tiny32, k, monkeypatch):
+    pools = []
+    monkeypatch.setattr(BlockAllocator, "__init__", lambda *a, **kw: pools.append(a))
+    for engine_class in (SpeculativeEngine, ServingEngine):
+        with pytest.raises(ValueError, match="num_speculative_tokens"):
+            engine_class(tiny32, speculative="ngram", num_speculative_tokens=k, n_blocks=8)
+    assert pools == []
 
 
 def test_unknown_method_and_bad_self_draft_are_refused(tiny32):
@@ -375,3 +380,35 @@ def test_spec_demo_quick_runs_and_every_output_equals_plain():
     assert all(r["identical"] == r["n"] for r in report.data["acceptance"])
     assert all(r["identical"] == r["batch"] and r["plain_tok_s"] > 0 for r in report.data["speed"])
     assert any(r["proposed"] > 0 for r in report.data["acceptance"])
+
+
+# --- the parts around the engine's own ----------------------------------------------------------------------
+def test_the_verifying_parts_hand_reads_and_writes_to_the_parts_they_wrap(tiny32):
+    engine = SpeculativeEngine(tiny32, speculative="ngram", n_blocks=64, block_size=4)
+    runner, sampler = engine.runner.inner, engine.sampler.inner
+    forward, calls = runner.forward, []
+    engine.runner.forward = lambda *a, **kw: (calls.append(1), forward(*a, **kw))[1]   # a spy, as tests set one
+    assert runner.forward is engine.runner.forward and engine.sampler.seeds is sampler.seeds
+    engine.add([5, 6, 7, 8] * 4, 8)
+    engine.run()
+    assert calls and engine.n_forward_passes == runner.n_forward_passes > 0
+
+
+@dataclasses.dataclass
+class _Seq:
+    seq_id: int
+    all_ids: list
+    sampling: SamplingParams = SamplingParams()
+
+
+def test_a_full_draft_pool_gives_up_idle_sequences_first(tiny32):
+    """A preempted sequence keeps its draft state (its tokens do not change), until the draft's pool runs dry:
+    then the states of the sequences not proposing go back before a proposing one goes without."""
+    proposer = DraftProposer(tiny32, self_draft(tiny32, 1), n_blocks=6, block_size=4)
+    idle, asking = _Seq(0, list(range(10, 27))), _Seq(1, list(range(40, 57)))     # 17 tokens: 5 blocks each
+    proposer.propose([idle], 2, [0])
+    assert proposer.allocator.n_free < 5
+    tokens = proposer.propose([asking], 2, [1])[0].tokens
+    assert len(tokens) == 2 and list(proposer.states) == [1] and proposer.n_out_of_blocks == 0
+    proposer.release(asking)
+    assert proposer.allocator.n_free == proposer.allocator.n_blocks

@@ -138,23 +138,43 @@ class SpeculativePlan(TokenBudget):
         return seq.kv.capacity - seq.kv.n_filled + free * allocator.block_size
 
 
-class VerifyingRunner:
+class Around:
+    """A part around the engine's own part of the same kind (`inner`): it does its one more job and calls `inner`
+    for the rest. Any other attribute, read or written, is the inner part's (counters, graphs, buffers, seeds)."""
+
+    OWN: tuple[str, ...] = ("inner",)
+
+    def __init__(self, inner):
+        object.__setattr__(self, "inner", inner)
+
+    def __getattr__(self, name):
+        if name in self.OWN or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name, value):
+        if name in self.OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.inner, name, value)
+
+
+class VerifyingRunner(Around):
     """The engine's runner, then the check: each `Verify` chunk's guesses are accepted or rejected against the
     pass's logits, the rejected guesses' slots go back, and the chunk keeps one row per token it made."""
 
+    OWN = ("inner", "engine", "stats", "decided")
+
     def __init__(self, runner, engine, stats: SpecStats):
-        self.runner = runner          # the engine's own runner: it runs every pass
+        super().__init__(runner)      # the engine's own runner: it runs every pass
         self.engine = engine          # read only: its sampler's seeds, its pool, the model's EOS ids
         self.stats = stats
         self.decided: dict[int, list[int]] = {}    # seq_id -> the tokens this pass's check made for it
 
-    def __getattr__(self, name):
-        return getattr(self.runner, name)          # counters, graphs, buffers: the runner's own
-
     def run(self, batch: Batch) -> torch.Tensor:
         """Logits [len(batch.emitting), V] once the check has run (a `Verify` chunk's rows are then its tokens')."""
-        logits = self.runner.run(batch)            # rows: each chunk's rows_kept in order, then the decode rows
         self.decided = {}
+        logits = self.inner.run(batch)             # rows: each chunk's rows_kept in order, then the decode rows
         verifying = [c for c in batch.chunks if isinstance(c, Verify)]
         if not verifying:
             return logits
@@ -195,40 +215,44 @@ def until_stop(seq: Sequence, tokens: list[int], eos_ids: set[int]) -> list[int]
     return tokens
 
 
-class VerifyingSampler:
+class VerifyingSampler(Around):
     """The engine's sampler for every row but a checked one: that row gets the token the check made. A sequence
     that is DONE also leaves the proposer (a preempted one keeps its state there: its tokens do not change)."""
 
+    OWN = ("inner", "runner", "proposer", "stats")
+
     def __init__(self, sampler, runner: VerifyingRunner, proposer, stats: SpecStats):
-        self.sampler = sampler        # the engine's own sampler: it samples every other row
+        super().__init__(sampler)     # the engine's own sampler: it samples every other row
         self.runner = runner          # its `decided`: this pass's checked tokens
         self.proposer = proposer
         self.stats = stats
 
-    def __getattr__(self, name):
-        return getattr(self.sampler, name)         # seeds, the last draw: the sampler's own
-
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         decided = self.runner.decided
         if not decided:
-            return self.sampler.sample(seqs, logits)
+            return self.inner.sample(seqs, logits)
         plain = [i for i, s in enumerate(seqs) if s.seq_id not in decided]
-        drawn = iter(self.sampler.sample([seqs[i] for i in plain], logits[plain]) if plain else [])
+        drawn = iter(self.inner.sample([seqs[i] for i in plain], logits[plain]) if plain else [])
         made = {seq_id: iter(tokens) for seq_id, tokens in decided.items()}
         self.stats.emitted += len(seqs) - len(plain)
         return [next(made[s.seq_id]) if s.seq_id in made else next(drawn) for s in seqs]
 
     def forget(self, seq: Sequence) -> None:
-        self.sampler.forget(seq)
+        self.inner.forget(seq)
         self.proposer.release(seq)
+
+
+def check_num_speculative_tokens(k) -> None:
+    """k, the guesses a sequence may verify per step, is an int >= 1 (checked before an engine takes its pool)."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
 
 
 def use_speculation(engine, speculative, num_speculative_tokens: int, draft_layers: int | None) -> None:
     """Give `engine` (phase 4.4's, or one built on it) speculation's parts: a proposer, the plan, the runner and
     the sampler. `speculative=None` picks none of them: the engine keeps its parts, and proposes nothing."""
     k = num_speculative_tokens
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
+    check_num_speculative_tokens(k)
     engine.proposer = make_proposer(engine.lm, speculative, draft_layers, engine.allocator.n_blocks)
     engine.num_speculative_tokens = k
     engine.spec_stats = SpecStats()
@@ -249,6 +273,7 @@ class SpeculativeEngine(PreemptingEngine):
 
     def __init__(self, lm, speculative=None, num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
                  draft_layers: int | None = None, **engine_kwargs):
+        check_num_speculative_tokens(num_speculative_tokens)
         super().__init__(lm, **engine_kwargs)
         use_speculation(self, speculative, num_speculative_tokens, draft_layers)
 

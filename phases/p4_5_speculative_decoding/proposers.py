@@ -143,16 +143,17 @@ class DraftProposer:
             for seq, state in list(active):
                 n_new = len(state.all_ids) - state.kv.n_filled
                 try:
-                    slots = state.kv.append_slots(self.allocator, n_new)
+                    slots = self._append_slots(state, n_new, seqs)
                 except OutOfBlocks:      # the draft's pool is full: this sequence proposes what it has
                     self.n_out_of_blocks += 1
                     active.remove((seq, state))
                     continue
                 chunks.append(Chunk(state, state.kv.n_filled - n_new, n_new, slots))
-                state.fed = list(state.all_ids)
             if not chunks:
                 break
             logits = self.runner.run(Batch(chunks=chunks))                       # [len(chunks), V]
+            for c in chunks:
+                c.seq.fed = list(c.seq.all_ids)    # only now: a pass that raised wrote nothing
             picked, q = self._draw(active, logits, seed_of)
             for (seq, state), token, row in zip(active, picked, q):
                 tokens[seq.seq_id].append(token)
@@ -164,6 +165,20 @@ class DraftProposer:
             rows = probs[seq.seq_id]
             out.append(Proposal(tokens[seq.seq_id], torch.stack(rows) if rows else None))
         return out
+
+    def _append_slots(self, state: DraftState, n: int, proposing: list) -> list[int]:
+        """`n` slots of the draft's pool for `state`. A full pool first gives up the states of the sequences not
+        proposing now (preempted, or prefilling again: rebuilt when they next propose)."""
+        try:
+            return state.kv.append_slots(self.allocator, n)
+        except OutOfBlocks:
+            asking = {s.seq_id for s in proposing}
+            idle = [seq_id for seq_id in self.states if seq_id not in asking]
+            if not idle:
+                raise
+            for seq_id in idle:
+                self.states.pop(seq_id).kv.release(self.allocator)
+            return state.kv.append_slots(self.allocator, n)
 
     def _state(self, seq) -> DraftState:
         """`seq`'s draft state, its table cut back to the longest prefix the sequence still agrees with."""

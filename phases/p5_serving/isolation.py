@@ -28,9 +28,11 @@ from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_6_batched_engine.runner import Batch
 from phases.p4_1_copy_on_write.engine import SequenceGroup
 from phases.p4_4_preemption.engine import PREEMPTED, PreemptingEngine
-from phases.p4_5_speculative_decoding.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, speculation_summary, use_speculation
+from phases.p4_5_speculative_decoding.engine import (DEFAULT_NUM_SPECULATIVE_TOKENS, Verify,
+                                                     check_num_speculative_tokens, speculation_summary,
+                                                     use_speculation)
 
-# a group's roles in a forward pass: prefilling a chunk, decoding, or both (a recomputed group's members)
+# a group's roles in a forward pass: prefilling a chunk, decoding (verifying guesses too), or both
 PREFILL_PASS, DECODE_PASS = "prefill", "decode"
 
 
@@ -53,6 +55,7 @@ class ServingEngine(PreemptingEngine):
 
     def __init__(self, lm, speculative=None, num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
                  draft_layers: int | None = None, **engine_kwargs):
+        check_num_speculative_tokens(num_speculative_tokens)
         super().__init__(lm, **engine_kwargs)
         use_speculation(self, speculative, num_speculative_tokens, draft_layers)
         self.isolation_width: int | None = None   # while isolating: groups per forward pass at most
@@ -171,7 +174,7 @@ class ServingEngine(PreemptingEngine):
         """Run one forward pass, noting who is in it and in what role (the suspects, should it raise)."""
         roles: dict[SequenceGroup, set[str]] = {}
         for c in batch.chunks:
-            roles.setdefault(self.group_of(c.seq), set()).add(PREFILL_PASS)
+            roles.setdefault(self.group_of(c.seq), set()).add(DECODE_PASS if isinstance(c, Verify) else PREFILL_PASS)
         for s in batch.decode:
             roles.setdefault(self.group_of(s), set()).add(DECODE_PASS)
         self.in_pass = {g: frozenset(r) for g, r in roles.items()}
