@@ -16,7 +16,6 @@ from phases.p4_5_speculative_decoding.acceptance import Proposal, _accept_greedy
 from phases.p4_5_speculative_decoding.engine import SpeculativeEngine, Verify
 from phases.p4_5_speculative_decoding.proposers import (DraftProposer, NgramProposer, common_prefix, lookup,
                                                         self_draft, truncate)
-from phases.p5_serving.isolation import ServingEngine
 from tests.oracles import hf_greedy
 
 # chi-square critical values at significance 0.001 (df -> value): a correct sampler fails 1 run in 1,000.
@@ -345,9 +344,8 @@ def test_packaged_model_greedy_equals_hf(smol32, speculative):
 def test_bad_number_of_speculative_tokens_is_refused_before_a_pool_is_taken(tiny32, k, monkeypatch):
     pools = []
     monkeypatch.setattr(BlockAllocator, "__init__", lambda *a, **kw: pools.append(a))
-    for engine_class in (SpeculativeEngine, ServingEngine):
-        with pytest.raises(ValueError, match="num_speculative_tokens"):
-            engine_class(tiny32, speculative="ngram", num_speculative_tokens=k, n_blocks=8)
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        SpeculativeEngine(tiny32, speculative="ngram", num_speculative_tokens=k, n_blocks=8)
     assert pools == []
 
 

@@ -92,6 +92,15 @@ def test_the_engine_refuses_a_seed_its_samples_would_overflow_before_queueing_an
         engine.add([5, 6, 7], 4, sampling={"temperature": 1.0})
 
 
+@pytest.mark.parametrize("k", [0, True])
+def test_the_served_engine_refuses_a_bad_number_of_speculative_tokens_before_taking_a_pool(tiny32, k, monkeypatch):
+    pools = []
+    monkeypatch.setattr(BlockAllocator, "__init__", lambda *a, **kw: pools.append(a))
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        ServingEngine(tiny32, speculative="ngram", num_speculative_tokens=k, n_blocks=8)
+    assert pools == []
+
+
 def test_seed_overflow_with_n_samples_is_a_400_naming_seed(srv):
     h0 = health(srv)
     cases = [

@@ -116,7 +116,8 @@ class ServingEngine(PreemptingEngine):
         samples are un-forked (phase 4.1's `unfork`) and its parent is WAITING again, its random stream started
         afresh, so a seeded request still draws what it would have drawn. Seeded samples need nothing more:
         each draw is keyed on (seed, token index), not taken from a generator's state, so a pass whose sampling
-        raised part-way leaves nothing drawn behind."""
+        raised part-way leaves nothing drawn behind. (With speculation on, which guesses a step checks changes
+        which token a draw picks, so a seeded request's tokens may differ, distributed the same.)"""
         if any(s.output_ids for s in group.seqs):
             members = [s for s in group.seqs if s in self.running]
             for s in members:
