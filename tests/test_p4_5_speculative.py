@@ -340,13 +340,19 @@ def test_packaged_model_greedy_equals_hf(smol32, speculative):
 
 
 # --- bad input ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("k", [0, -1, True, 2.0])
-def test_bad_number_of_speculative_tokens_is_refused_before_a_pool_is_taken(tiny32, k, monkeypatch):
+def refused_before_a_pool_is_taken(make_engine, monkeypatch) -> None:
+    """`make_engine()` raises a ValueError naming num_speculative_tokens, and no KV pool was made first."""
     pools = []
     monkeypatch.setattr(BlockAllocator, "__init__", lambda *a, **kw: pools.append(a))
     with pytest.raises(ValueError, match="num_speculative_tokens"):
-        SpeculativeEngine(tiny32, speculative="ngram", num_speculative_tokens=k, n_blocks=8)
+        make_engine()
     assert pools == []
+
+
+@pytest.mark.parametrize("k", [0, -1, True, 2.0])
+def test_bad_number_of_speculative_tokens_is_refused_before_a_pool_is_taken(tiny32, k, monkeypatch):
+    refused_before_a_pool_is_taken(
+        lambda: SpeculativeEngine(tiny32, speculative="ngram", num_speculative_tokens=k, n_blocks=8), monkeypatch)
 
 
 def test_unknown_method_and_bad_self_draft_are_refused(tiny32):

@@ -27,6 +27,7 @@ from phases.p5_serving.launch import BackgroundServer
 from phases.p5_serving.samples import SAMPLES, ServingEngine
 from phases.p5_serving.server import create_app
 from tests.oracles import hf_greedy
+from tests.test_p4_5_speculative import refused_before_a_pool_is_taken
 from tests.test_p5_serving import CLIENT_TIMEOUT_S, PROMPT, client, health, post, wait_idle
 
 POISON_MAX_TOKENS = 13     # a request with this max_tokens makes every forward pass it is in raise
@@ -93,12 +94,9 @@ def test_the_engine_refuses_a_seed_its_samples_would_overflow_before_queueing_an
 
 
 @pytest.mark.parametrize("k", [0, True])
-def test_the_served_engine_refuses_a_bad_number_of_speculative_tokens_before_taking_a_pool(tiny32, k, monkeypatch):
-    pools = []
-    monkeypatch.setattr(BlockAllocator, "__init__", lambda *a, **kw: pools.append(a))
-    with pytest.raises(ValueError, match="num_speculative_tokens"):
-        ServingEngine(tiny32, speculative="ngram", num_speculative_tokens=k, n_blocks=8)
-    assert pools == []
+def test_the_served_engine_refuses_a_bad_k_before_taking_a_pool(tiny32, k, monkeypatch):
+    refused_before_a_pool_is_taken(
+        lambda: ServingEngine(tiny32, speculative="ngram", num_speculative_tokens=k, n_blocks=8), monkeypatch)
 
 
 def test_seed_overflow_with_n_samples_is_a_400_naming_seed(srv):

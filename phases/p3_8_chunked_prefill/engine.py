@@ -6,9 +6,9 @@ with its own SDPA call per layer. A long prompt arriving mid-stream took one
 long prefill pass, and every running stream waited that long for its next token.
 This phase picks two new parts (vLLM's scheduler with chunked prefill):
 
-prefill plan   `TokenBudget`: every step runs at most `max_num_batched_tokens` tokens (vLLM's
-               name). Decode tokens come first: one per decoding sequence, always
-               all of them. What is left goes to prefill chunks: the sequences
+prefill plan   `TokenBudget`: every step runs at most `max_num_batched_tokens`
+               tokens (vLLM's name). Decode tokens come first: one per decoding
+               sequence, always all of them. What is left goes to prefill chunks: the sequences
                already part-way through their prefill first, then the newly
                admitted, in admission order. Each takes min(what it still needs,
                what is left); a longer prompt is prefilled over several steps, a
@@ -21,7 +21,8 @@ prefill plan   `TokenBudget`: every step runs at most `max_num_batched_tokens` t
                least one token.
 the runner     `MixedRunner` (runner.py): the step's one mixed pass.
 
-`WholePromptEngine` (`WholePromptBudget`): the same step, prompts never cut; chunking's baseline in prefill_bench.
+`WholePromptEngine` (`WholePromptBudget`): the same step, prompts never cut;
+chunking's baseline in prefill_bench.
 """
 
 from __future__ import annotations
