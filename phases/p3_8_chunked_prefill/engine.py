@@ -21,8 +21,7 @@ prefill plan   `TokenBudget`: every step runs at most `max_num_batched_tokens`
                least one token.
 the runner     `MixedRunner` (runner.py): the step's one mixed pass.
 
-`WholePromptEngine` (`WholePromptBudget`): the same step, prompts never cut;
-chunking's baseline in prefill_bench.
+`WholePromptEngine` (`WholePromptBudget`): the same step, prompts never cut (prefill_bench's baseline).
 """
 
 from __future__ import annotations
