@@ -18,6 +18,9 @@ JSON/markdown/PNG under results/, named by GPU and model.
   the smallest settings, `--demos "sweep tput"` for a subset.
 - Tests: `modal run modal_run.py::gpu_check` runs the gpu test tier
   (`pytest -m gpu`) in this image and saves its summary under results/.
+- Tensor parallelism: `tp_demo` runs in a container with TP_GPUS GPUs, and
+  `modal run modal_run.py::tensor_parallel` runs phase 4.6's tests there (on
+  NCCL, one GPU per worker) and then `tp_demo`, saving both under results/.
 - Serving: `modal serve modal_run.py` runs the OpenAI-compatible server of
   phase 5 (`serve_api` below) on the GPU and prints its URL; point any OpenAI
   client at `<url>/v1`. ENGINE_SERVE_MODEL picks the model (default: the
@@ -68,10 +71,9 @@ image = (
 app = modal.App(APP_NAME, image=image)
 
 
-@app.function(gpu=GPU, volumes={HF_CACHE_PATH: hf_cache}, timeout=REMOTE_TIMEOUT_S)
-def run_remote(demo: str, model: str = DEFAULT_REMOTE_MODEL, options: dict | None = None,
-               device: str | None = None, dtype: str | None = None, quick: bool = False) -> dict:
-    """Run one demo where this function runs (a GPU container, or in-process via `.local()`)."""
+def run_here(demo: str, model: str = DEFAULT_REMOTE_MODEL, options: dict | None = None,
+             device: str | None = None, dtype: str | None = None, quick: bool = False) -> dict:
+    """Run one demo in this process (a container of `run_remote` or `run_remote_multi`, or a test)."""
     from measure.cli import run_demo
 
     # A hub model downloads into the Volume on first use, at the revision
@@ -80,6 +82,58 @@ def run_remote(demo: str, model: str = DEFAULT_REMOTE_MODEL, options: dict | Non
     if modal.is_local() is False:
         hf_cache.commit()
     return report.to_dict()
+
+
+@app.function(gpu=GPU, volumes={HF_CACHE_PATH: hf_cache}, timeout=REMOTE_TIMEOUT_S)
+def run_remote(demo: str, model: str = DEFAULT_REMOTE_MODEL, options: dict | None = None,
+               device: str | None = None, dtype: str | None = None, quick: bool = False) -> dict:
+    """Run one demo where this function runs (a GPU container, or in-process via `.local()`)."""
+    return run_here(demo, model, options, device, dtype, quick)
+
+
+# Tensor parallelism (phase 4.6) needs one GPU per worker: its demo and tests run in a container with TP_GPUS.
+TP_GPUS = 2
+MULTI_GPU_DEMOS = {"tp_demo"}
+TP_TESTS = ["tests/test_p4_6_tensor_parallel.py", "tests/gpu/test_p4_6_tensor_parallel_gpu.py"]
+
+
+@app.function(gpu=f"{GPU}:{TP_GPUS}", volumes={HF_CACHE_PATH: hf_cache}, timeout=REMOTE_TIMEOUT_S)
+def run_remote_multi(demo: str, model: str = DEFAULT_REMOTE_MODEL, options: dict | None = None,
+                     device: str | None = None, dtype: str | None = None, quick: bool = False) -> dict:
+    """`run_remote` in a container with TP_GPUS GPUs."""
+    return run_here(demo, model, options, device, dtype, quick)
+
+
+def remote_for(demo: str):
+    return run_remote_multi if demo in MULTI_GPU_DEMOS else run_remote
+
+
+@app.function(gpu=f"{GPU}:{TP_GPUS}", volumes={HF_CACHE_PATH: hf_cache}, timeout=REMOTE_TIMEOUT_S)
+def tensor_parallel_remote(model: str = "dummy:qwen3-0.6b", device: str | None = None, quick: bool = False,
+                           tests: list[str] | None = None) -> dict:
+    """Phase 4.6's tests (the gpu tier's TP test on this machine's device), then `tp_demo`; returns
+    {"tests": pytest's exit code and last lines, "report": tp_demo's report}."""
+    import subprocess
+
+    env = dict(os.environ)
+    if device == "cpu":
+        env["ENGINE_TEST_DEVICE"] = "cpu"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *(tests or TP_TESTS)],
+                          cwd=REMOTE_REPO if modal.is_local() is False else str(REPO), env=env,
+                          capture_output=True, text=True)
+    tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+    return {"tests": {"returncode": done.returncode, "tail": tail},
+            "report": run_here("tp_demo", model, device=device, quick=quick)}
+
+
+@app.local_entrypoint(name="tensor_parallel")
+def tensor_parallel(model: str = "dummy:qwen3-0.6b", reference: bool = False):
+    """`modal run modal_run.py::tensor_parallel`: phase 4.6's tests and `tp_demo` on TP_GPUS GPUs."""
+    out = tensor_parallel_remote.remote(model)
+    print(out["tests"]["tail"])
+    show_and_save("tp_demo", out["report"], reference=reference)
+    if out["tests"]["returncode"]:
+        raise SystemExit(f"tensor-parallel tests failed (pytest exit code {out['tests']['returncode']})")
 
 
 def show_and_save(demo: str, report_dict: dict, results_dir: Path | str | None = None,
@@ -133,7 +187,12 @@ def all_demos(model: str = GPU_RESULTS_MODEL, demos: str = "", quick: bool = Fal
     unknown = set(names) - set(registry.names())
     if unknown:
         raise SystemExit(f"unknown demo(s) {sorted(unknown)}; demos: {' '.join(registry.names())}")
-    outputs = run_remote.map(names, kwargs=dict(model=model, device="cuda", quick=quick), return_exceptions=True)
+    kwargs = dict(model=model, device="cuda", quick=quick)
+    single = [n for n in names if n not in MULTI_GPU_DEMOS]
+    multi = [n for n in names if n in MULTI_GPU_DEMOS]
+    by_name = dict(zip(single, run_remote.map(single, kwargs=kwargs, return_exceptions=True)))
+    by_name |= dict(zip(multi, run_remote_multi.map(multi, kwargs=kwargs, return_exceptions=True)))
+    outputs = [by_name[n] for n in names]
     failed = save_each(names, outputs, reference=reference)
     print(f"[all_demos] {len(names) - len(failed)}/{len(names)} demos saved from {GPU} containers with {model}"
           + (f"; failed: {', '.join(failed)}" if failed else ""))
@@ -155,7 +214,7 @@ def _make_entrypoint(demo_name: str):
     def entrypoint(model: str = DEFAULT_REMOTE_MODEL, opts: str = "", dtype: str = "", reference: bool = False):
         """opts: JSON of demo options, e.g. '{"batch_sizes": [1, 2, 4]}'; reference: save under results/."""
         options = json.loads(opts) if opts else {}
-        report = run_remote.remote(demo_name, model=model, options=options, dtype=dtype or None)
+        report = remote_for(demo_name).remote(demo_name, model=model, options=options, dtype=dtype or None)
         show_and_save(demo_name, report, reference=reference)
     entrypoint.__name__ = entrypoint.__qualname__ = demo_name
     return entrypoint

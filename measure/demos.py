@@ -57,6 +57,7 @@ DEMO_MODULES: dict[str, str] = {
     "stress_demo": "phases.p4_4_preemption.demo",
     "rate_sweep": "phases.p4_4_preemption.demo",
     "spec_demo": "phases.p4_5_speculative_decoding.demo",
+    "tp_demo": "phases.p4_6_tensor_parallel.demo",
     "bench_serve": "phases.p5_serving.demo",
     "serve_workload": "phases.p5_serving.workload_demo",
 }

@@ -502,6 +502,8 @@ QUICK: dict[str, list[str]] = {
              "tests/test_p4_4_reservation.py::test_a_request_never_writes_past_its_reservation"],
     "p4_5": ["tests/test_p4_5_speculative.py::test_greedy_outputs_equal_hf_at_any_acceptance",
              "tests/test_p4_5_speculative.py::test_seeded_acceptance_draws_are_reproducible"],
+    "p4_6": ["tests/test_p4_6_tensor_parallel.py::test_split_cuts_contiguous_ranges_that_cover_everything",
+             "tests/test_p4_6_tensor_parallel.py::test_a_pass_message_decodes_to_the_batch_it_encoded"],
     "p5": ["tests/test_p5_serving.py::test_completion_equals_hf_greedy_and_streamed_text_equals_plain",
            "tests/test_p5_serving.py::test_invalid_requests_get_openai_error_bodies",
            "tests/test_p5_isolation.py::test_a_poisoned_request_fails_alone_beside_a_valid_stream"],

@@ -1,0 +1,138 @@
+"""The driver's side: its model call broadcasts the pass, and its pool's block moves are sent too.
+
+Tensor parallelism refines the model runner at the one place it touches the
+model: `lm.model(input_ids=..., position_ids=..., paged=batch, ...)`. On the
+driver `lm.model` is a `DriverModel`: it sends the pass to the workers
+(message.py), then runs rank 0's shard. Every worker runs its own shard on
+the same batch over its own pool, and the shards meet in their all-reduces
+(shard.py). So every runner of the earlier phases (3.6's two passes, 3.8's
+mixed pass, 3.10's static decode step, 4.5's verifying runner) runs under
+tensor parallelism unchanged.
+
+Memory management stays on the driver: the scheduler, the block allocator,
+the block tables, the prefix cache and the sampler exist once, there. A
+worker never decides anything; it only hears which slots to write and which
+blocks to read (in every PASS), and which whole blocks to move: the copies of
+copy-on-write (`BroadcastCopyQueue`) and the swaps of preemption
+(`BroadcastSwapSpace`). Each of them runs on the driver's pool as before and
+is sent first, so every worker's pool changes the same way.
+
+`use_tensor_parallel(engine, group)` picks these parts on an engine built on
+the `lm` that `launch` returned. Refused, by name: CUDA graphs (a replay would
+skip the broadcast), and a self-draft proposer (it would run the target's cut
+layers on the driver alone).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from phases.p4_1_copy_on_write.block_ops import CopyQueue
+from phases.p4_4_preemption.swap import SwapSpace
+from phases.p4_5_speculative_decoding.engine import SpeculativeEngine
+from phases.p4_5_speculative_decoding.proposers import DraftProposer
+from phases.p4_6_tensor_parallel.message import COPY, SWAP_IN, SWAP_OUT, encode_pass
+
+
+class DriverModel(nn.Module):
+    """Rank 0's shard behind the model's own call: each call first sends the pass to the workers."""
+
+    def __init__(self, shard: nn.Module, group):
+        super().__init__()
+        self.shard = shard
+        self.group = group    # a WorkerGroup (workers.py)
+        self.n_passes = 0
+
+    # What the runners and transformers read of a model, from the shard (one config: switching the attention
+    # implementation on the driver's model switches it on the shard).
+    @property
+    def config(self):
+        return self.shard.config
+
+    @property
+    def generation_config(self):
+        return self.shard.generation_config
+
+    def set_attn_implementation(self, name: str) -> None:
+        self.shard.set_attn_implementation(name)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, paged, use_cache: bool = False,
+                logits_to_keep=1):
+        self.group.send(*encode_pass(input_ids, position_ids, paged, logits_to_keep,
+                                     self.config._attn_implementation))
+        try:
+            out = self.shard(input_ids=input_ids, position_ids=position_ids, paged=paged, use_cache=use_cache,
+                             logits_to_keep=logits_to_keep)
+        except RuntimeError as error:
+            if self.group.alive() == [True] * self.group.world_size and self.group.error is None:
+                raise                  # not a collective's failure: the pass itself is at fault
+            raise self.group.failed(error) from error
+        self.n_passes += 1
+        return out
+
+
+@dataclass
+class BroadcastCopyQueue(CopyQueue):
+    """Phase 4.1's copies, sent to every worker before the driver makes them on its own pool."""
+    group: Any = field(default=None, repr=False)
+
+    def flush(self, kv_store: torch.Tensor) -> int:
+        if self.src:
+            self.group.send_ids(COPY, self.src, self.dst)
+        return super().flush(kv_store)
+
+
+class BroadcastSwapSpace(SwapSpace):
+    """Phase 4.4's CPU pool; every batch of blocks moved is sent first, and each worker moves its heads' share
+    between its own two pools."""
+
+    def __init__(self, gpu, n_blocks: int, group):
+        super().__init__(gpu, n_blocks, batched=True)   # one indexed copy per move: one message per move
+        self.group = group
+
+    def _copy(self, src_store, dst_store, src_ids, dst_ids) -> None:
+        if src_ids:
+            self.group.send_ids(SWAP_OUT if src_store is self.gpu.kv_store else SWAP_IN, src_ids, dst_ids)
+        super()._copy(src_store, dst_store, src_ids, dst_ids)
+
+
+def check_tensor_parallel(engine) -> None:
+    """Refuse, by name, the parts that cannot run under tensor parallelism."""
+    runner = getattr(engine.runner, "inner", engine.runner)
+    if getattr(runner, "cuda_graphs", False):
+        raise ValueError("tensor parallelism needs cuda_graphs=False: a CUDA graph replays the driver's kernels "
+                         "without the broadcast that starts the workers' pass")
+    if isinstance(getattr(engine, "proposer", None), DraftProposer):
+        raise ValueError("speculative='draft' is not supported under tensor parallelism (the self-draft would run "
+                         "the target's cut layers on the driver alone); use 'ngram', or tensor_parallel_size=1")
+
+
+def use_tensor_parallel(engine, group) -> None:
+    """Give `engine` (built on the lm that `launch` returned with `group`) the broadcasting block moves, and have
+    every worker build its pool for the engine's blocks."""
+    model = engine.lm.model
+    if not isinstance(model, DriverModel) or model.group is not group:
+        raise ValueError("the engine must be built on the lm that launch() returned with this group")
+    check_tensor_parallel(engine)
+    engine.kv.copies = BroadcastCopyQueue(group=group)
+    cpu_blocks = 0
+    if isinstance(engine.swap_space, SwapSpace):
+        cpu_blocks = engine.swap_space.cpu.n_blocks
+        engine.swap_space = BroadcastSwapSpace(engine.allocator, cpu_blocks, group)
+    group.setup(engine.allocator.n_blocks, engine.block_size, cpu_blocks)
+    engine.tensor_parallel = group
+
+
+class TensorParallelEngine(SpeculativeEngine):
+    """Phase 4.5's engine over a tensor-parallel group: the model cut across its workers, everything else on the
+    driver."""
+
+    def __init__(self, lm, group, speculative=None, **engine_kwargs):
+        if speculative == "draft":
+            raise ValueError("speculative='draft' is not supported under tensor parallelism; use 'ngram'")
+        super().__init__(lm, speculative=speculative, cuda_graphs=False, **engine_kwargs)
+        use_tensor_parallel(self, group)

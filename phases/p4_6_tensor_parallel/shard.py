@@ -1,0 +1,237 @@
+"""Cut an unmodified Hugging Face model into one worker's shard, Megatron-style.
+
+Each decoder layer holds two pairs of matmuls, and each pair is cut so that the
+workers need to talk only once, at its end:
+
+    attention   q/k/v_proj   column-parallel: a worker computes only its heads
+                             (its rows of each weight, [heads_r * head_dim, hidden])
+                attention    on those heads alone, against its own KV heads in its own pool
+                o_proj       row-parallel: its columns [hidden, heads_r * head_dim] give a
+                             partial sum [.., hidden]; ONE all-reduce adds the workers' sums
+    MLP         gate/up_proj column-parallel: its slice of the intermediate features
+                down_proj    row-parallel, then ONE all-reduce
+
+Between the two all-reduces every worker holds the same full hidden state
+[.., hidden], so norms, residuals and rotary run unchanged on every worker.
+
+Heads are cut by KV-head group (a KV head and the query heads that read it),
+so a worker's attention never needs another worker's K/V. Groups need not
+split evenly: SmolLM2-135M's 3 KV heads run on 2 workers as 2 + 1 (`split`).
+A world larger than the KV heads is refused (vLLM replicates KV heads instead).
+
+The vocabulary is cut too: the embedding looks up its own rows (an all-reduce
+fills in the rest), and the LM head computes its own columns of the logits,
+which the driver gathers whole. Tied embeddings keep one shared slice.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+class UnsupportedTensorParallel(ValueError):
+    """The model or the world size cannot be cut as this phase cuts it."""
+
+
+def split(n: int, parts: int) -> list[tuple[int, int]]:
+    """n items into `parts` contiguous ranges, as even as can be (the first ones one larger)."""
+    size, extra = divmod(n, parts)
+    bounds, start = [], 0
+    for r in range(parts):
+        end = start + size + (r < extra)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def check_world_size(world_size, n_kv_heads: int) -> None:
+    """A world of 1 .. n_kv_heads workers (each needs at least one KV-head group)."""
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise UnsupportedTensorParallel(f"tensor_parallel_size must be an integer >= 1, got {world_size!r}")
+    if world_size > n_kv_heads:
+        raise UnsupportedTensorParallel(
+            f"tensor_parallel_size={world_size} is more than the model's {n_kv_heads} KV heads: each worker "
+            f"holds whole KV-head groups, so at most {n_kv_heads} workers can share this model")
+
+
+@dataclass
+class CommStats:
+    """What the model's own communication cost on this worker: all-reduces, and the logits gathered."""
+    n_all_reduce: int = 0
+    all_reduce_bytes: int = 0       # bytes of each tensor reduced (what one worker contributes)
+    all_reduce_seconds: float = 0.0
+    n_gather: int = 0
+    gather_bytes: int = 0           # bytes of every shard gathered
+    gather_seconds: float = 0.0
+
+
+class Comm:
+    """The collectives a shard calls, on one process group, counted."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank, self.world_size = rank, world_size
+        self.stats = CommStats()
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum `x` over the workers, in place; every worker gets the sum."""
+        start = time.perf_counter()
+        dist.all_reduce(x)
+        self.stats.n_all_reduce += 1
+        self.stats.all_reduce_bytes += x.numel() * x.element_size()
+        self.stats.all_reduce_seconds += time.perf_counter() - start
+        return x
+
+    def gather_to_driver(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0 gets every worker's `x` concatenated along the last axis; the others get theirs back."""
+        start = time.perf_counter()
+        parts = [torch.empty_like(x) for _ in range(self.world_size)] if self.rank == 0 else None
+        dist.gather(x.contiguous(), parts, dst=0)
+        self.stats.n_gather += 1
+        self.stats.gather_bytes += x.numel() * x.element_size() * self.world_size
+        self.stats.gather_seconds += time.perf_counter() - start
+        return torch.cat(parts, dim=-1) if self.rank == 0 else x
+
+
+def _rows(linear: nn.Linear, lo: int, hi: int) -> nn.Linear:
+    """Column-parallel: output features lo .. hi-1 (a copy, so the full weight can be freed)."""
+    out = nn.Linear(linear.in_features, hi - lo, bias=linear.bias is not None,
+                    device=linear.weight.device, dtype=linear.weight.dtype)
+    out.weight.data.copy_(linear.weight.data[lo:hi])
+    if linear.bias is not None:
+        out.bias.data.copy_(linear.bias.data[lo:hi])
+    return out
+
+
+class RowParallelLinear(nn.Module):
+    """Input features lo .. hi-1 of a linear layer, then one all-reduce: x [.., hi-lo] -> [.., out].
+
+    A bias is added once, after the sum, or every worker would add it."""
+
+    def __init__(self, linear: nn.Linear, lo: int, hi: int, comm: Comm):
+        super().__init__()
+        self.weight = nn.Parameter(linear.weight.data[:, lo:hi].clone(), requires_grad=False)   # [out, hi - lo]
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.data.clone(), requires_grad=False)
+        self.comm = comm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.comm.all_reduce(F.linear(x, self.weight))
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rows lo .. lo + per_rank - 1 of the embedding (padded with zeros past the vocabulary), then one all-reduce:
+    ids [..] -> [.., hidden]. An id outside this worker's rows looks up zeros; its owner fills it in."""
+
+    def __init__(self, weight: torch.Tensor, lo: int, comm: Comm):
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)       # [per_rank, hidden]
+        self.lo, self.comm = lo, comm
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.lo
+        mine = (local >= 0) & (local < self.weight.shape[0])
+        out = F.embedding(local.clamp(0, self.weight.shape[0] - 1), self.weight) * mine.unsqueeze(-1)
+        return self.comm.all_reduce(out)
+
+
+class VocabParallelHead(nn.Module):
+    """Columns lo .. lo + per_rank - 1 of the logits, gathered whole on the driver: h [.., hidden] -> [.., V] on
+    rank 0 (the padding past the vocabulary cut off), [.., per_rank] elsewhere."""
+
+    def __init__(self, weight: nn.Parameter, vocab_size: int, comm: Comm):
+        super().__init__()
+        self.weight = weight                                          # [per_rank, hidden]
+        self.vocab_size, self.comm = vocab_size, comm
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        logits = self.comm.gather_to_driver(F.linear(h, self.weight))
+        return logits[..., :self.vocab_size] if self.comm.rank == 0 else logits
+
+
+def _vocab_slice(weight: torch.Tensor, rank: int, world_size: int) -> tuple[torch.Tensor, int]:
+    """This worker's rows of a [V, hidden] weight, padded to ceil(V / world) rows so every shard has one shape
+    (a gather needs equal parts). Returns (rows, first vocabulary id)."""
+    vocab = weight.shape[0]
+    per_rank = -(-vocab // world_size)
+    lo = rank * per_rank
+    rows = weight.new_zeros(per_rank, weight.shape[1])
+    take = weight[lo:min(lo + per_rank, vocab)]
+    rows[:take.shape[0]] = take
+    return rows, lo
+
+
+@dataclass
+class ShardInfo:
+    """What one worker holds."""
+    rank: int
+    world_size: int
+    kv_heads: tuple[int, int]       # [lo, hi) of the model's KV heads
+    heads: tuple[int, int]          # [lo, hi) of its query heads
+    intermediate: tuple[int, int]   # [lo, hi) of the MLP's features
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.kv_heads[1] - self.kv_heads[0]
+
+    @property
+    def n_heads(self) -> int:
+        return self.heads[1] - self.heads[0]
+
+
+def decoder_layers(model) -> list[nn.Module]:
+    """The model's decoder layers, each with `self_attn` and `mlp` cut as the module docstring says; refused by
+    name otherwise."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise UnsupportedTensorParallel(f"{type(model).__name__}: no `model.layers` to shard")
+    for layer in layers:
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        missing = [n for n in ATTENTION_PROJECTIONS if not isinstance(getattr(attn, n, None), nn.Linear)] + \
+                  [n for n in MLP_PROJECTIONS if not isinstance(getattr(mlp, n, None), nn.Linear)]
+        if missing:
+            raise UnsupportedTensorParallel(f"{type(model).__name__}: a decoder layer lacks the linear layers "
+                                            f"{missing} that tensor parallelism cuts")
+    return list(layers)
+
+
+def shard_model(model, rank: int, world_size: int, comm: Comm) -> ShardInfo:
+    """Cut `model` (a causal LM, loaded whole) in place down to worker `rank`'s shard; returns what it kept."""
+    cfg = model.config
+    n_heads = cfg.num_attention_heads
+    n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
+    check_world_size(world_size, n_kv)
+    group = n_heads // n_kv                                       # query heads per KV head
+    layers = decoder_layers(model)
+    head_dim = layers[0].self_attn.head_dim
+    kv_lo, kv_hi = split(n_kv, world_size)[rank]
+    ff = layers[0].mlp.gate_proj.out_features
+    ff_lo, ff_hi = split(ff, world_size)[rank]
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        attn.q_proj = _rows(attn.q_proj, kv_lo * group * head_dim, kv_hi * group * head_dim)
+        attn.k_proj = _rows(attn.k_proj, kv_lo * head_dim, kv_hi * head_dim)
+        attn.v_proj = _rows(attn.v_proj, kv_lo * head_dim, kv_hi * head_dim)
+        attn.o_proj = RowParallelLinear(attn.o_proj, kv_lo * group * head_dim, kv_hi * group * head_dim, comm)
+        mlp.gate_proj = _rows(mlp.gate_proj, ff_lo, ff_hi)
+        mlp.up_proj = _rows(mlp.up_proj, ff_lo, ff_hi)
+        mlp.down_proj = RowParallelLinear(mlp.down_proj, ff_lo, ff_hi, comm)
+    embed, head = model.get_input_embeddings(), model.get_output_embeddings()
+    tied = head is not None and head.weight is embed.weight
+    if head is not None and getattr(head, "bias", None) is not None:
+        raise UnsupportedTensorParallel(f"{type(model).__name__}: an LM head with a bias is not cut here")
+    rows, lo = _vocab_slice(embed.weight.data, rank, world_size)
+    new_embed = VocabParallelEmbedding(rows, lo, comm)
+    head_rows = new_embed.weight if tied else nn.Parameter(_vocab_slice(head.weight.data, rank, world_size)[0],
+                                                           requires_grad=False)
+    model.set_input_embeddings(new_embed)
+    model.set_output_embeddings(VocabParallelHead(head_rows, cfg.vocab_size, comm))
+    return ShardInfo(rank, world_size, (kv_lo, kv_hi), (kv_lo * group, kv_hi * group), (ff_lo, ff_hi))

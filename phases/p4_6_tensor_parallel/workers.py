@@ -1,0 +1,349 @@
+"""The workers: one process per rank, on torch.distributed; rank 0 is the driver (this process).
+
+    driver (rank 0)                        worker (rank r = 1 .. N-1)
+    ---------------                        --------------------------
+    load the model, check the world        load the same model, cut its shard
+    start the workers, wait for "ready"    say "ready" (or the error) on a queue
+    init_process_group  <----- rendezvous on a free port ----->  init_process_group
+    each step: schedule, send PASS    -->  receive, build the batch over its pool
+               run its own shard      <->  run its shard (the all-reduces meet here)
+               gather the logits      <--  send its columns of the logits
+               sample, update
+    close: send STOP                  -->  leave the loop, exit
+
+The backend follows the device: gloo on CPUs (so all of this runs on a
+laptop), NCCL on GPUs, one GPU per rank. The same code runs across machines
+given an address other than 127.0.0.1; nothing here is a transport of ours.
+
+No process outlives the driver: workers are daemons (ended when the driver
+exits normally or on Ctrl-C), and on Linux each asks the kernel to kill it
+when its parent dies (PR_SET_PDEATHSIG), which covers a driver killed with
+SIGKILL. A worker that dies is seen before the next message (`is_alive`) or
+by the collective it breaks, and every later call raises `WorkerDied`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import multiprocessing as mp
+import os
+import queue
+import signal
+import socket
+import sys
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, replace
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from common.model import load_model, pick_device, pick_dtype
+from phases.p3_1_block_allocator.allocator import BlockAllocator
+from phases.p3_6_batched_engine.attention import use_paged_attention
+from phases.p4_1_copy_on_write.block_ops import CopyQueue
+from phases.p4_4_preemption.swap import SwapSpace
+from phases.p4_6_tensor_parallel.message import (COPY, HEADER_LEN, PASS, SETUP, STOP, SWAP_IN, SWAP_OUT,
+                                                 MessageStats, decode_pass, header, payload_len)
+from phases.p4_6_tensor_parallel.shard import Comm, ShardInfo, check_world_size, shard_model
+
+READY_TIMEOUT_S = 300          # a worker loads and cuts its model in this long, or the launch fails
+# Collectives wait this long. A worker idles inside a broadcast between requests, so this is long; a dead
+# peer is noticed at once anyway, since its sockets close.
+COLLECTIVE_TIMEOUT = timedelta(days=1)
+JOIN_TIMEOUT_S = 10            # after STOP, a worker exits in this long or is killed
+PR_SET_PDEATHSIG = 1           # prctl option (linux/prctl.h)
+
+
+class WorkerDied(RuntimeError):
+    """A tensor-parallel worker exited or broke a collective: this group can run nothing more."""
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (the OS picks it), for the rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def backend_for(device: str) -> str:
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def rank_device(device: str, rank: int) -> str:
+    """One GPU per rank on CUDA; every rank on the CPU otherwise."""
+    return f"cuda:{rank}" if torch.device(device).type == "cuda" else "cpu"
+
+
+@dataclass
+class Spec:
+    """What a worker needs to start: the same model as the driver's, and where to meet."""
+    model: str
+    device: str
+    dtype: torch.dtype
+    world_size: int
+    port: int
+    threads: int
+
+
+def check_launch(world_size, n_kv_heads: int, device: str) -> None:
+    """Refuse a world the model or the machine cannot hold, before any worker starts."""
+    check_world_size(world_size, n_kv_heads)
+    if torch.device(device).type == "cuda":
+        if world_size > torch.cuda.device_count():
+            raise ValueError(f"tensor_parallel_size={world_size} needs one GPU per worker; "
+                             f"torch sees {torch.cuda.device_count()}")
+    elif world_size > (os.cpu_count() or 1):
+        warnings.warn(f"tensor_parallel_size={world_size} on {os.cpu_count()} CPU cores: the workers share cores, "
+                      "so this shows the mechanism, not a speed-up", stacklevel=3)
+
+
+class WorkerGroup:
+    """The driver's end: the worker processes, the control messages, and what the driver's shard sent."""
+
+    def __init__(self, spec: Spec, processes: list, comm: Comm, info: ShardInfo, threads_before: int):
+        self.spec = spec
+        self.processes = processes              # ranks 1 .. N-1
+        self.comm = comm                        # the driver's collectives (the all-reduces of its shard)
+        self.info = info                        # what the driver's shard holds
+        self.messages = MessageStats()
+        self.message_device = rank_device(spec.device, 0)
+        self.error: BaseException | None = None
+        self.closed = False
+        self._threads_before = threads_before
+        atexit.register(self.close)
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.world_size
+
+    def alive(self) -> list[bool]:
+        """Whether each rank is alive: the driver, then the workers."""
+        return [not self.closed] + [p.is_alive() for p in self.processes]
+
+    def health(self) -> dict:
+        """What /health says of the group: its size, which ranks are alive, and the error that broke it."""
+        alive = self.alive()
+        return {"world_size": self.world_size, "alive": alive,
+                "error": None if self.error is None and all(alive) else str(self.error or "a worker exited")}
+
+    def check(self) -> None:
+        """Raise WorkerDied if this group can run nothing more."""
+        if self.error is not None:
+            raise WorkerDied(f"tensor-parallel group is broken: {self.error}") from self.error
+        if self.closed:
+            raise WorkerDied("tensor-parallel group is closed")
+        dead = [(r + 1, p) for r, p in enumerate(self.processes) if not p.is_alive()]
+        if dead:
+            self.error = WorkerDied(", ".join(f"worker rank {r} (pid {p.pid}) exited with code {p.exitcode}"
+                                              for r, p in dead))
+            raise self.error
+
+    def failed(self, error: BaseException) -> WorkerDied:
+        """The WorkerDied that a collective's `error` means (a dead worker, named if one is)."""
+        try:
+            self.check()
+        except WorkerDied as died:
+            return died
+        self.error = WorkerDied(f"a collective failed: {error}")
+        return self.error
+
+    def send(self, head: torch.Tensor, payload: torch.Tensor | None = None) -> None:
+        """Broadcast one message (header, then its payload) to every worker."""
+        self.check()
+        try:
+            dist.broadcast(head.to(self.message_device), src=0)
+            if payload is not None and payload.numel():
+                dist.broadcast(payload.to(self.message_device), src=0)
+        except RuntimeError as error:
+            raise self.failed(error) from error
+        n_payload = 0 if payload is None else payload.numel()
+        self.messages.add(int(head[0]), 8 * (HEADER_LEN + n_payload))
+
+    def send_ids(self, op: int, src: list[int], dst: list[int]) -> None:
+        """A COPY, SWAP_OUT or SWAP_IN of blocks src[i] -> dst[i]."""
+        self.send(header(op, len(src)), torch.tensor(src + dst, dtype=torch.int64))
+
+    def setup(self, n_blocks: int, block_size: int, cpu_blocks: int) -> None:
+        """Every worker (re)builds its pool: the driver's block count and size, its own KV heads."""
+        self.send(header(SETUP, n_blocks, block_size, cpu_blocks))
+
+    def close(self) -> None:
+        """Stop every worker, then make sure each has exited (killed if it must be). Safe to call twice."""
+        if self.closed:
+            return
+        if self.error is None and all(p.is_alive() for p in self.processes):
+            try:
+                self.send(header(STOP))
+            except WorkerDied:
+                pass
+        self.closed = True
+        for p in self.processes:
+            p.join(JOIN_TIMEOUT_S if self.error is None else 0.5)
+            if p.is_alive():
+                p.kill()
+                p.join(JOIN_TIMEOUT_S)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        torch.set_num_threads(self._threads_before)
+        atexit.unregister(self.close)
+
+
+def launch(model: str, world_size: int, device: str | None = None, dtype=None):
+    """Start a tensor-parallel group of `world_size` ranks for `model`.
+
+    Returns (group, lm): lm is the driver's LoadedModel, its model cut to rank 0's shard (its n_heads and
+    n_kv_heads are the shard's, so a pool built for it holds rank 0's heads)."""
+    from phases.p4_6_tensor_parallel.engine import DriverModel   # the driver's model wraps its shard
+
+    if dist.is_initialized():
+        raise RuntimeError("this process already runs a torch.distributed group (one tensor-parallel group per "
+                           "process): close it first")
+    device = pick_device(device)
+    torch_dtype = pick_dtype(dtype, device)
+    lm = load_model(model, device=rank_device(device, 0), dtype=torch_dtype)
+    check_launch(world_size, lm.n_kv_heads, device)
+    threads_before = torch.get_num_threads()
+    threads = max(1, threads_before // world_size) if torch.device(device).type == "cpu" else threads_before
+    spec = Spec(model, device, torch_dtype, world_size, free_port(), threads)
+    ctx = mp.get_context("spawn")
+    ready = ctx.Queue()
+    processes = [ctx.Process(target=worker_main, args=(rank, spec, ready), daemon=True,
+                             name=f"tp-worker-{rank}") for rank in range(1, world_size)]
+    for p in processes:
+        p.start()
+    try:
+        held = wait_ready(processes, ready)
+        torch.set_num_threads(threads)
+        init(spec, 0)
+    except BaseException:
+        for p in processes:
+            p.kill()
+        raise
+    comm = Comm(0, world_size)
+    info = shard_model(lm.model, 0, world_size, comm)
+    group = WorkerGroup(spec, processes, comm, info, threads_before)
+    group.held = {0: dict(param_bytes=param_bytes(lm.model), n_heads=info.n_heads, n_kv_heads=info.n_kv_heads,
+                          intermediate=info.intermediate)} | held
+    lm = replace(lm, model=DriverModel(lm.model, group), n_heads=info.n_heads, n_kv_heads=info.n_kv_heads)
+    return group, lm
+
+
+def param_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def wait_ready(processes: list, ready) -> dict[int, dict]:
+    """Wait until every worker has its shard, or fail with the first worker's error or death. Returns what each
+    worker holds, by rank."""
+    waiting = {rank for rank in range(1, len(processes) + 1)}
+    held = {}
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while waiting:
+        try:
+            status, rank, detail = ready.get(timeout=0.2)
+        except queue.Empty:
+            dead = [p for p in processes if not p.is_alive()]
+            if dead:
+                raise WorkerDied(f"{dead[0].name} exited with code {dead[0].exitcode} while starting")
+            if time.monotonic() > deadline:
+                raise WorkerDied(f"workers {sorted(waiting)} not ready after {READY_TIMEOUT_S} s")
+            continue
+        if status == "error":
+            raise WorkerDied(f"worker rank {rank} failed to start:\n{detail}")
+        waiting.discard(rank)
+        held[rank] = detail
+    return held
+
+
+def init(spec: Spec, rank: int) -> None:
+    if torch.device(spec.device).type == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend_for(spec.device), init_method=f"tcp://127.0.0.1:{spec.port}", rank=rank,
+                            world_size=spec.world_size, timeout=COLLECTIVE_TIMEOUT)
+
+
+def die_with_parent() -> None:
+    """Linux: the kernel sends this process SIGKILL when its parent dies, however the parent died."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def worker_main(rank: int, spec: Spec, ready) -> None:
+    """A worker's whole life: load, cut, say ready, meet the others, serve messages until STOP."""
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)    # Ctrl-C is the driver's to handle: it stops the workers
+    torch.set_num_threads(spec.threads)
+    try:
+        lm = load_model(spec.model, device=rank_device(spec.device, rank), dtype=spec.dtype)
+        comm = Comm(rank, spec.world_size)
+        info = shard_model(lm.model, rank, spec.world_size, comm)
+    except BaseException:
+        ready.put(("error", rank, traceback.format_exc()))
+        return
+    ready.put(("ready", rank, dict(param_bytes=param_bytes(lm.model), n_heads=info.n_heads,
+                                   n_kv_heads=info.n_kv_heads, intermediate=info.intermediate)))
+    init(spec, rank)
+    try:
+        Worker(lm, info).serve()
+    finally:
+        dist.destroy_process_group()
+
+
+class Worker:
+    """A rank other than the driver: its shard, its pool, and the loop that obeys the driver's messages."""
+
+    def __init__(self, lm, info: ShardInfo):
+        self.lm, self.info = lm, info
+        self.device = rank_device(lm.device, 0) if lm.device == "cpu" else lm.device
+        self.swap: SwapSpace | None = None     # its pool (.gpu) and its CPU pool (.cpu), from SETUP
+
+    def receive(self) -> tuple[list[int], torch.Tensor]:
+        head = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)
+        dist.broadcast(head, src=0)
+        h = head.tolist()
+        payload = torch.empty(payload_len(h), dtype=torch.int64, device=self.device)
+        if payload.numel():
+            dist.broadcast(payload, src=0)
+        return h, payload
+
+    def serve(self) -> None:
+        while True:
+            h, payload = self.receive()
+            op = h[0]
+            if op == STOP:
+                return
+            if op == SETUP:
+                self.setup(*h[1:4])
+            elif op == PASS:
+                self.run_pass(h, payload)
+            else:
+                src, dst = payload.view(2, -1).tolist()
+                self.move(op, src, dst)
+
+    def setup(self, n_blocks: int, block_size: int, cpu_blocks: int) -> None:
+        lm = self.lm
+        pool = BlockAllocator(n_blocks, lm.n_layers, self.info.n_kv_heads, lm.head_dim, block_size, lm.device,
+                              lm.dtype)
+        self.swap = SwapSpace(pool, cpu_blocks) if cpu_blocks else None
+        self.pool = pool.kv_store       # [n_blocks, n_layers, 2, its n_kv_heads, block_size, head_dim]
+
+    @torch.inference_mode()
+    def run_pass(self, h: list[int], payload: torch.Tensor) -> None:
+        p = decode_pass(h, payload, self.pool)
+        with use_paged_attention(self.lm.model, p.attention):
+            self.lm.model(input_ids=p.input_ids, position_ids=p.position_ids, paged=p.batch, use_cache=False,
+                          logits_to_keep=p.logits_to_keep)
+
+    def move(self, op: int, src: list[int], dst: list[int]) -> None:
+        """The driver's block copies, on this worker's pool: inside the pool, or to and from its CPU pool."""
+        if op == COPY:
+            copies = CopyQueue(list(src), list(dst))
+            copies.flush(self.pool)
+        elif op == SWAP_OUT:
+            self.swap._copy(self.pool, self.swap.cpu.kv_store, src, dst)
+        elif op == SWAP_IN:
+            self.swap._copy(self.swap.cpu.kv_store, self.pool, src, dst)
