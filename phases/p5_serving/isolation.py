@@ -16,7 +16,8 @@ cause before a request is queued; this is the second line, for what is left:
    failed (prefilling a chunk, decoding, or both), or has finished.
 
 The KV of a failed pass is never trusted: it is dropped, never swapped. A failure with no group to blame
-(nothing running) is raised as it is: the caller must fail everything.
+(nothing running), or one that is no request's fault (a tensor-parallel worker died: `WorkerDied`), is raised
+as it is: the caller must fail everything.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from phases.p4_4_preemption.engine import PREEMPTED, PreemptingEngine
 from phases.p4_5_speculative_decoding.engine import (DEFAULT_NUM_SPECULATIVE_TOKENS, Verify,
                                                      check_num_speculative_tokens, speculation_summary,
                                                      use_speculation)
+from phases.p4_6_tensor_parallel.workers import WorkerDied
 
 # a group's roles in a forward pass: prefilling a chunk, decoding (verifying guesses too), or both
 PREFILL_PASS, DECODE_PASS = "prefill", "decode"
@@ -72,6 +74,8 @@ class ServingEngine(PreemptingEngine):
         self._made, self._unrun = [], []
         try:
             return super().step()
+        except WorkerDied:
+            raise                          # the engine's fault, not a request's: nothing to isolate
         except Exception as error:
             raise self._recover(error) from error
         finally:

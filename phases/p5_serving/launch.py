@@ -102,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"tokens proposed per sequence and step at most (default {DEFAULT_NUM_SPECULATIVE_TOKENS})")
     p.add_argument("--draft-layers", type=int, default=None,
                    help="layers of the self-draft (--speculative draft; default half of the model's)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="workers the model is cut across (phase 4.6: gloo on CPUs, one GPU each on CUDA)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -110,20 +112,29 @@ def main(argv: list[str] | None = None) -> int:
     from common.model import load_model
     from phases.p5_serving.server import create_app
 
-    args = build_parser().parse_args(argv)
-    lm = load_model(args.model, device=args.device, dtype=args.dtype)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    group = None
+    if args.tensor_parallel_size < 1:
+        parser.error(f"--tensor-parallel-size must be >= 1, got {args.tensor_parallel_size}")
+    if args.tensor_parallel_size == 1:
+        lm = load_model(args.model, device=args.device, dtype=args.dtype)
+    else:
+        from phases.p4_6_tensor_parallel.workers import launch
+        group, lm = launch(args.model, args.tensor_parallel_size, device=args.device, dtype=args.dtype)
     app = create_app(lm, max_running=args.max_running, max_waiting=args.max_waiting,
                      block_size=args.block_size, n_blocks=args.n_blocks, prefix_caching=not args.no_prefix_caching,
                      preemption_mode=args.preemption_mode, max_num_batched_tokens=args.max_num_batched_tokens,
                      speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
-                     draft_layers=args.draft_layers)
+                     draft_layers=args.draft_layers, tensor_parallel=group)
     pool = app.state.engine.engine.allocator
     print(f"serving '{lm.name}' ({lm.device}, {str(lm.dtype).removeprefix('torch.')}) on "
           f"http://{args.host}:{args.port}/v1  - KV pool {pool.n_blocks} blocks x {pool.block_size} tokens, "
           f"max_running {args.max_running}, max_waiting {args.max_waiting}, "
           f"max_num_batched_tokens {args.max_num_batched_tokens}, "
           f"prefix caching {'off' if args.no_prefix_caching else 'on'}, preemption by {args.preemption_mode}, "
-          f"speculative decoding {args.speculative or 'off'}",
+          f"speculative decoding {args.speculative or 'off'}, "
+          f"tensor parallel size {args.tensor_parallel_size}",
           flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)

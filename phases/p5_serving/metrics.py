@@ -126,6 +126,12 @@ class EngineCollector:
         ]
         for name, doc, value in counters:
             yield CounterMetricFamily(f"{p}_{name}", doc, value=value)
+        group = getattr(self.aengine.engine, "tensor_parallel", None)
+        if group is not None:
+            alive = group.health()["alive"]
+            yield GaugeMetricFamily(f"{p}_tensor_parallel_workers", "Ranks of the tensor-parallel group", len(alive))
+            yield GaugeMetricFamily(f"{p}_tensor_parallel_workers_alive", "Ranks of the tensor-parallel group "
+                                    "alive (below the size: the engine can run nothing more)", sum(alive))
 
 
 def metrics_registry(aengine) -> CollectorRegistry:

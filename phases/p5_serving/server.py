@@ -38,6 +38,7 @@ from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_6_batched_engine.engine import DEFAULT_MAX_RUNNING
 from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from phases.p4_5_speculative_decoding.engine import DEFAULT_NUM_SPECULATIVE_TOKENS
+from phases.p4_6_tensor_parallel.engine import use_tensor_parallel
 from phases.p5_serving import protocol as P
 from phases.p5_serving.async_engine import DEFAULT_MAX_WAITING, AsyncEngine, EngineFailed, QueueFull
 from phases.p5_serving.formats import ChatFormat, CompletionFormat
@@ -111,11 +112,17 @@ router = APIRouter()
 
 # --- small routes ----------------------------------------------------------------------
 @router.get("/health")
-async def health(request: Request) -> dict:
+async def health(request: Request):
     state = _state(request)
     s, aengine = state.aengine.stats, state.aengine
-    return {"status": "ok", "model": state.served, **s.as_dict(), "queued_requests": aengine.n_queued,
+    body = {"status": "ok", "model": state.served, **s.as_dict(), "queued_requests": aengine.n_queued,
             "max_waiting": aengine.max_waiting, "tokens_per_s": aengine.token_rate.per_second()}
+    group = getattr(aengine.engine, "tensor_parallel", None)
+    if group is not None:
+        body["tensor_parallel"] = workers = group.health()
+        if workers["error"]:          # the engine can run nothing more: a load balancer should stop sending
+            return JSONResponse(body | {"status": "unhealthy"}, status_code=503)
+    return body
 
 
 @router.get("/metrics", response_class=Response)
@@ -192,6 +199,9 @@ def _max_tokens_for(state: ServerState, n_prompt: int, requested: int | None, de
 async def _generate(request: Request, state: ServerState, body: P._Sampling, prompt_ids: list[int],
                     max_tokens: int, fmt_cls):
     fmt = fmt_cls(state.served, P.new_id(fmt_cls.prefix), int(time.time()))
+    group = getattr(state.aengine.engine, "tensor_parallel", None)
+    if group is not None and group.health()["error"]:
+        raise APIError(503, f"the engine cannot run: {group.health()['error']}", "server_error")
     try:
         req = await state.aengine.submit(prompt_ids, n=body.n_samples, max_tokens=max_tokens,
                                          sampling=body.sampling_params(), ignore_eos=bool(body.ignore_eos),
@@ -259,6 +269,9 @@ async def lifespan(app: FastAPI):
     aengine.start()
     yield
     await aengine.stop()
+    group = getattr(aengine.engine, "tensor_parallel", None)
+    if group is not None:
+        group.close()                 # the workers go with the server
 
 
 def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DEFAULT_MAX_WAITING,
@@ -267,17 +280,25 @@ def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DE
                preemption_mode: str = "recompute",
                max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, speculative: str | None = None,
                num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
-               draft_layers: int | None = None) -> FastAPI:
+               draft_layers: int | None = None, tensor_parallel=None) -> FastAPI:
     """The app for one loaded model.
 
     The engine is the last of the line (samples.py) unless one is given: prefix caching on unless
     `prefix_caching=False`, preemption by recomputation unless `preemption_mode="swap"`, long prompts
     prefilled in chunks of at most `max_num_batched_tokens` tokens per step (decode tokens included), and
-    speculative decoding when `speculative` names a method ("ngram", or "draft": a self-draft of `draft_layers`)."""
-    engine = engine or SAMPLES.engine_class(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks,
-                                            prefix_caching=prefix_caching, preemption_mode=preemption_mode,
-                                            max_num_batched_tokens=max_num_batched_tokens, speculative=speculative,
-                                            num_speculative_tokens=num_speculative_tokens, draft_layers=draft_layers)
+    speculative decoding when `speculative` names a method ("ngram", or "draft": a self-draft of `draft_layers`).
+    With `tensor_parallel` (the group that `launch` of phase 4.6 returned with `lm`), the model runs across its
+    workers; the server closes the group when it stops."""
+    if engine is None:
+        if tensor_parallel is not None and speculative == "draft":
+            raise ValueError("speculative='draft' is not supported under tensor parallelism; use 'ngram'")
+        engine = SAMPLES.engine_class(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks,
+                                      prefix_caching=prefix_caching, preemption_mode=preemption_mode,
+                                      max_num_batched_tokens=max_num_batched_tokens, speculative=speculative,
+                                      num_speculative_tokens=num_speculative_tokens, draft_layers=draft_layers,
+                                      **({} if tensor_parallel is None else {"cuda_graphs": False}))
+        if tensor_parallel is not None:
+            use_tensor_parallel(engine, tensor_parallel)
     aengine = AsyncEngine(engine, max_waiting=max_waiting)
     app = FastAPI(title="inference-engine-phases: OpenAI-compatible server", lifespan=lifespan)
     app.state.server = ServerState(lm, aengine, model_name or lm.name, int(time.time()), metrics_registry(aengine))
