@@ -10,7 +10,7 @@ Names it understands:
   with fixed output lengths (ignore EOS).
 - `tiny`: a 2-layer, hidden-64 random Llama for unit tests (GQA: 4 query heads
   over 2 KV heads), seeded, so every run builds the same weights.
-- `tiny-sliding` (a Mistral), `tiny-softcap` (a Gemma 2), `tiny-qwen3`: the same
+- `tiny-sliding` (a Mistral), `tiny-softcap` (a Gemma 2), `tiny-qwen3`, `tiny-qwen2`: the same
   size in other architectures, for the tests that check the paged engines honour
   attention that is not plain causal, and the fused kernels on Qwen3's layer
   (TINY_MODELS says what each one changes).
@@ -78,16 +78,19 @@ TINY_SOFTCAP_CONFIG: dict[str, Any] = dict(
     # an echo of the current one whatever attention computes. Untied, attention decides the tokens.
     tie_word_embeddings=False)
 TINY_QWEN3_CONFIG: dict[str, Any] = dict(TINY_CONFIG, model_type="qwen3")
+TINY_QWEN2_CONFIG: dict[str, Any] = dict(TINY_CONFIG, model_type="qwen2")   # biases on q/k/v, as Qwen2.5's
 # Test models by name: (architecture, the attention implementation transformers must use for it).
 # tiny-sliding: a Mistral whose every layer has a sliding window of TINY_WINDOW tokens (shorter than the test
 # prompts). tiny-softcap: a Gemma 2 (attention logit softcapping, a windowed layer then a full one, scaling by
 # query_pre_attn_scalar), run with transformers' eager attention, its only path that computes the softcap.
 # tiny-qwen3: a Qwen3 (an RMSNorm on every head's queries and keys), for the fused kernels on Qwen3's layer.
+# tiny-qwen2: a Qwen2 (a bias on the q, k and v projections), for the tensor-parallel cut of a biased layer.
 TINY_MODELS: dict[str, tuple[dict[str, Any], str | None]] = {
     "tiny": (TINY_CONFIG, None),
     "tiny-sliding": (TINY_SLIDING_CONFIG, None),
     "tiny-softcap": (TINY_SOFTCAP_CONFIG, "eager"),   # transformers has no SDPA path for a softcap
     "tiny-qwen3": (TINY_QWEN3_CONFIG, None),
+    "tiny-qwen2": (TINY_QWEN2_CONFIG, None),
 }
 # Hub models the project runs by default, pinned so a result names exact weights.
 PINNED_REVISIONS = {"Qwen/Qwen3-0.6B": "c1899de289a04d12100db370d81485cdf75e47ca"}

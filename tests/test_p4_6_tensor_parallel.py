@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from common.model import load_model
 from common.sampling import SamplingParams
 from measure.harness import drive, outputs_of
 from measure.workload import TracedRequest, burst
@@ -24,7 +25,7 @@ from phases.p4_6_tensor_parallel import (TensorParallelEngine, UnsupportedTensor
 from phases.p4_6_tensor_parallel.demo import QUICK
 from phases.p4_6_tensor_parallel.message import HEADER_LEN, decode_pass, encode_pass, payload_len
 from phases.p4_5_speculative_decoding.engine import SpeculativeEngine
-from tests.oracles import hf_greedy
+from tests.oracles import hf_greedy, run_ignoring_eos
 
 PACKAGED_PROMPTS = ["What is the capital of France?", "Name three colours.", "Count from one to five."]
 PACKAGED_NEW_TOKENS = 16
@@ -198,6 +199,19 @@ class TestTinyOnTwoWorkers:
         group, _ = tp
         with pytest.raises(ValueError, match="launch"):
             use_tensor_parallel(served(tiny32, n_blocks=16), group)
+
+
+# --- every test architecture: biases, untied embeddings, windows, softcaps, per-head norms ----------------
+@pytest.mark.parametrize("name", ["tiny-qwen2", "tiny-softcap", "tiny-sliding", "tiny-qwen3"])
+def test_every_test_architecture_makes_one_workers_tokens_on_two(name):
+    one_lm = load_model(name, device="cpu", dtype=torch.float32)
+    prompts = [list(range(40 + 9 * i, 52 + 9 * i + 3 * i)) for i in range(3)]   # longer than tiny's window
+    expected = run_ignoring_eos(served(one_lm, n_blocks=32, block_size=4), prompts, 10)
+    group, lm = launch(name, 2, device="cpu", dtype="fp32")
+    try:
+        assert run_ignoring_eos(served(lm, group, n_blocks=32, block_size=4), prompts, 10) == expected
+    finally:
+        group.close()
 
 
 # --- two workers on the packaged model: 3 KV heads cut 2 + 1 --------------------------------------------

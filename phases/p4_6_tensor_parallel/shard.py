@@ -129,17 +129,21 @@ class RowParallelLinear(nn.Module):
 
 class VocabParallelEmbedding(nn.Module):
     """Rows lo .. lo + per_rank - 1 of the embedding (padded with zeros past the vocabulary), then one all-reduce:
-    ids [..] -> [.., hidden]. An id outside this worker's rows looks up zeros; its owner fills it in."""
+    ids [..] -> [.., hidden]. An id outside this worker's rows looks up zeros; its owner fills it in. A model
+    that scales its embeddings (Gemma's sqrt(hidden), `embed_scale`) keeps its scale."""
 
-    def __init__(self, weight: torch.Tensor, lo: int, comm: Comm):
+    def __init__(self, weight: torch.Tensor, lo: int, comm: Comm, scale: torch.Tensor | None = None):
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)       # [per_rank, hidden]
         self.lo, self.comm = lo, comm
+        self.scale = scale
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.lo
         mine = (local >= 0) & (local < self.weight.shape[0])
         out = F.embedding(local.clamp(0, self.weight.shape[0] - 1), self.weight) * mine.unsqueeze(-1)
+        if self.scale is not None:
+            out = out * self.scale.to(out.dtype)
         return self.comm.all_reduce(out)
 
 
@@ -229,7 +233,7 @@ def shard_model(model, rank: int, world_size: int, comm: Comm) -> ShardInfo:
     if head is not None and getattr(head, "bias", None) is not None:
         raise UnsupportedTensorParallel(f"{type(model).__name__}: an LM head with a bias is not cut here")
     rows, lo = _vocab_slice(embed.weight.data, rank, world_size)
-    new_embed = VocabParallelEmbedding(rows, lo, comm)
+    new_embed = VocabParallelEmbedding(rows, lo, comm, getattr(embed, "embed_scale", None))
     head_rows = new_embed.weight if tied else nn.Parameter(_vocab_slice(head.weight.data, rank, world_size)[0],
                                                            requires_grad=False)
     model.set_input_embeddings(new_embed)
