@@ -429,6 +429,24 @@ COMPARISONS: dict[str, Comparison] = {
     ], "The blog stops before speculative decoding; the anchors are gpt-fast's 1.9x at batch 1 on a GPU, "
        "Leviathan et al.'s 2-3x and EAGLE's 2.7-3.5x, and a nano-vllm fork that measured it 2.65-2.74% slower in "
        "batched offline decoding (the measurements page sets them beside ours)."),
+    "p4_6_tensor_parallel": Comparison([
+        Figure("outputs identical, 2 workers against 1 (fp32)", "beyond the blog",
+               cpu("tp-demo", "Same requests", ("2",), "outputs identical"), None),
+        Figure("ms per step, 1 worker", "beyond the blog",
+               cpu("tp-demo", "Same requests", ("1", "2"), "ms/step"), None),
+        Figure("ms per step, 1 worker on 1 thread (each worker's share)", "beyond the blog",
+               cpu("tp-demo", "Same requests", ("1", "1"), "ms/step"), None),
+        Figure("ms per step, 2 workers", "beyond the blog",
+               cpu("tp-demo", "Same requests", ("2",), "ms/step"), None),
+        Figure("blocks at equal memory, rank 0 (2 of 3 KV heads)", "beyond the blog",
+               cpu("tp-demo", "What each worker holds", ("0",), "blocks at equal memory"), None),
+        Figure("all-reduces per forward pass", "beyond the blog",
+               cpu("tp-demo", "Communication per forward pass", (), "all-reduces"), None),
+        Figure("control message per pass (bytes)", "beyond the blog",
+               cpu("tp-demo", "Communication per forward pass", (), "control message (bytes)"), None),
+    ], "The blog stops at one device and the paper's §4.6 describes this design without a figure of its own; "
+       "the one-worker pool here holds 256 blocks, so rank 0, holding 2 of SmolLM2's 3 KV heads, fits 1.5x as "
+       "many in the same memory."),
     "p5_serving": Comparison([
         Figure("completed req/s at 0.5 req/s offered", "beyond the blog",
                cpu("bench-serve", "streaming chat requests", ("0.50",), "req/s"), None),

@@ -43,6 +43,7 @@ def ring_all_reduce_s(n_bytes: int, world: int, gb_s: float) -> float:
 def _run(engine, prompts: list[str], max_new_tokens: int, label: str) -> dict:
     steps_before = engine.n_steps
     t0, seqs = run_prompts(engine, prompts, max_new_tokens, label, ignore_eos=True)
+    seqs = seqs[-len(prompts):]          # an engine's run returns every sequence it has finished
     wall = now(engine.lm.device) - t0
     steps = engine.n_steps - steps_before
     return dict(outputs=[s.output_ids for s in seqs], wall_s=wall, steps=steps, ms_per_step=1000 * wall / steps,
@@ -74,7 +75,16 @@ def tp_demo(cfg: RunConfig) -> Report:
 
     one = SpeculativeEngine(lm, cuda_graphs=False, **kwargs)
     _run(one, prompts[:2], WARMUP_NEW_TOKENS, "warm-up, 1 worker")
+    threads = torch.get_num_threads()
     r1 = _run(one, prompts, opts["max_new_tokens"], "1 worker")
+    r1_thread = None
+    if not cfg.on_gpu and threads > 1:
+        # What one worker does on one core: each worker of the group below gets threads // tp of them.
+        torch.set_num_threads(max(1, threads // tp))
+        try:
+            r1_thread = _run(one, prompts, opts["max_new_tokens"], "1 worker, fewer threads")
+        finally:
+            torch.set_num_threads(threads)
     group, tlm = launch(cfg.model, tp, device=lm.device, dtype=lm.dtype)
     try:
         many = TensorParallelEngine(tlm, group, **kwargs)
@@ -95,18 +105,25 @@ def tp_demo(cfg: RunConfig) -> Report:
         group.close()
 
     runs = report.table("Same requests, 1 worker and a tensor-parallel group",
-                        ["workers", "backend", "outputs identical", "steps", "ms/step", "tok/s"])
-    runs.add_row(1, "-", True, r1["steps"], r1["ms_per_step"], r1["tok_s"])
+                        ["workers", "threads each", "backend", "outputs identical", "steps", "ms/step", "tok/s"])
+    each = "-" if cfg.on_gpu else threads
+    runs.add_row(1, each, "-", True, r1["steps"], r1["ms_per_step"], r1["tok_s"])
+    if r1_thread is not None:
+        runs.add_row(1, max(1, threads // tp), "-", r1_thread["outputs"] == r1["outputs"], r1_thread["steps"],
+                     r1_thread["ms_per_step"], r1_thread["tok_s"])
     same = sum(a == b for a, b in zip(r1["outputs"], rn["outputs"]))
-    runs.add_row(tp, backend_for(lm.device), same == len(prompts), rn["steps"], rn["ms_per_step"], rn["tok_s"])
+    runs.add_row(tp, "-" if cfg.on_gpu else max(1, threads // tp), backend_for(lm.device), same == len(prompts),
+                 rn["steps"], rn["ms_per_step"], rn["tok_s"])
     runs.notes += [f"{len(prompts)} requests, {opts['max_new_tokens']} new tokens each (EOS ignored), "
-                   f"{opts['max_running']} running at once; {same}/{len(prompts)} outputs identical",
-                   f"CPU threads: {torch.get_num_threads()} in one process; {tp} processes share them under "
-                   "tensor parallelism" if not cfg.on_gpu else f"GPU: {report.meta.get('device_name')}"]
+                   f"{opts['max_running']} running at once; {same}/{len(prompts)} outputs identical to 1 worker's",
+                   f"{report.meta.get('cpu_count')} CPU cores: the group's {tp} processes split the threads of one"
+                   if not cfg.on_gpu else f"GPU: {report.meta.get('device_name')}, one per worker",
+                   "in bf16 a row-parallel layer rounds each worker's partial sum before adding them, so a near-tie "
+                   "can break the other way than in one matmul; in fp32 the tests require identical tokens"]
 
     workers = report.table("What each worker holds",
                            ["rank", "query heads", "KV heads", "MLP features", "weights (MB)", "KV bytes/block",
-                            f"blocks in {pool_bytes_one / 2**20:.1f} MB"])
+                            "blocks at equal memory"])
     whole_params = sum(p.numel() * p.element_size() for p in {id(p): p for p in lm.model.parameters()}.values())
     workers.add_row("1 worker", lm.n_heads, lm.n_kv_heads, lm.model.config.intermediate_size,
                     whole_params / 2**20, pool_bytes_one // opts["n_blocks"], opts["n_blocks"])
@@ -114,8 +131,11 @@ def tp_demo(cfg: RunConfig) -> Report:
         lo, hi = h["intermediate"]
         workers.add_row(rank, h["n_heads"], h["n_kv_heads"], hi - lo, h["param_bytes"] / 2**20, block_bytes[rank],
                         pool_bytes_one // block_bytes[rank])
-    workers.notes.append("heads are cut by KV-head group (a query head stays with the KV head it reads); the "
-                         "vocabulary rows of the tied embedding and LM head are cut evenly")
+    workers.notes += [f"blocks at equal memory: how many of its blocks fit in the {pool_bytes_one / 2**20:.1f} MB of "
+                      f"the one-worker pool ({opts['n_blocks']} blocks); the group holds as many as its fullest "
+                      "worker allows",
+                      "heads are cut by KV-head group (a query head stays with the KV head it reads); the "
+                      "vocabulary rows of the embedding and LM head are cut evenly"]
 
     per_pass = report.table("Communication per forward pass (measured on the driver)",
                             ["all-reduces", "bytes each (mean)", "all-reduce ms", "logits gathered (bytes)",
@@ -137,6 +157,8 @@ def tp_demo(cfg: RunConfig) -> Report:
     paper.notes.append(f"ring all-reduce over {tp} GPUs, latency left out: a lower bound; a small all-reduce "
                        "costs a few microseconds of latency on any link")
     report.data.update(one=dict((k, v) for k, v in r1.items() if k != "outputs"),
+                       one_fewer_threads=None if r1_thread is None else
+                       dict((k, v) for k, v in r1_thread.items() if k != "outputs"),
                        many=dict((k, v) for k, v in rn.items() if k != "outputs"), tp=tp, identical=same,
                        held={str(k): v for k, v in held.items()}, all_reduce_per_pass=n_ar / passes,
                        all_reduce_ms_per_pass=1000 * ar_s / passes, message_bytes_per_pass=msg_bytes / passes)
