@@ -266,3 +266,51 @@ def test_the_modal_entrypoint_runs_the_tests_then_the_demo_here():
     report = out["report"]
     assert report["data"]["tp"] == 2 and report["data"]["identical"] == QUICK["n_requests"]
     assert multiprocessing.active_children() == []
+
+
+def test_a_world_larger_than_the_gpus_is_refused_and_more_than_the_cores_warned(monkeypatch):
+    from phases.p4_6_tensor_parallel import workers
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match="one GPU per worker; torch sees 1"):
+        workers.check_launch(2, 8, "cuda")
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    with pytest.warns(UserWarning, match="3 on 2 CPU cores"):
+        workers.check_launch(3, 3, "cpu")
+
+
+DRIVER = """
+import sys, time
+from phases.p4_6_tensor_parallel import launch
+group, lm = launch("tiny", 2, device="cpu", dtype="fp32")
+print(group.processes[0].pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
+def test_no_worker_outlives_a_driver_stopped_by_ctrl_c_or_killed(how):
+    import subprocess
+    import sys
+
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER], cwd=os.path.dirname(os.path.dirname(__file__)),
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        worker = int(driver.stdout.readline())
+        os.kill(driver.pid, how)
+        driver.wait(30)
+        deadline = time.monotonic() + 30
+        while pid_alive(worker):
+            assert time.monotonic() < deadline, f"worker {worker} outlived its driver"
+            time.sleep(0.1)
+    finally:
+        driver.kill()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` is a live process (a zombie, dead but not yet reaped by init, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
