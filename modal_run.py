@@ -109,8 +109,8 @@ def remote_for(demo: str):
 
 
 @app.function(gpu=f"{GPU}:{TP_GPUS}", volumes={HF_CACHE_PATH: hf_cache}, timeout=REMOTE_TIMEOUT_S)
-def tensor_parallel_remote(model: str = "dummy:qwen3-0.6b", device: str | None = None, quick: bool = False,
-                           tests: list[str] | None = None) -> dict:
+def tensor_parallel_remote(model: str = "dummy:qwen3-0.6b", device: str | None = None, dtype: str | None = None,
+                           quick: bool = False, tests: list[str] | None = None) -> dict:
     """Phase 4.6's tests (the gpu tier's TP test on this machine's device), then `tp_demo`; returns
     {"tests": pytest's exit code and last lines, "report": tp_demo's report}."""
     import subprocess
@@ -123,7 +123,7 @@ def tensor_parallel_remote(model: str = "dummy:qwen3-0.6b", device: str | None =
                           capture_output=True, text=True)
     tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
     return {"tests": {"returncode": done.returncode, "tail": tail},
-            "report": run_here("tp_demo", model, device=device, quick=quick)}
+            "report": run_here("tp_demo", model, device=device, dtype=dtype, quick=quick)}
 
 
 @app.local_entrypoint(name="tensor_parallel")

@@ -22,7 +22,6 @@ from phases.p3_10_cuda_graphs.attention import StaticDecodeBatch
 from phases.p4_5_speculative_decoding.acceptance import Proposal
 from phases.p4_6_tensor_parallel import (TensorParallelEngine, UnsupportedTensorParallel, WorkerDied, launch, split,
                                          use_tensor_parallel)
-from phases.p4_6_tensor_parallel.demo import QUICK
 from phases.p4_6_tensor_parallel.message import HEADER_LEN, decode_pass, encode_pass, payload_len
 from phases.p4_5_speculative_decoding.engine import SpeculativeEngine
 from tests.oracles import hf_greedy, run_ignoring_eos
@@ -253,19 +252,6 @@ def test_a_killed_worker_fails_the_engine_clearly_and_leaves_no_process():
         group.close()
     assert multiprocessing.active_children() == []
     assert not dist.is_initialized()
-
-
-def test_the_modal_entrypoint_runs_the_tests_then_the_demo_here():
-    import modal_run
-
-    assert "tp_demo" in modal_run.MULTI_GPU_DEMOS and modal_run.remote_for("tp_demo") is modal_run.run_remote_multi
-    out = modal_run.tensor_parallel_remote.local(
-        model="tiny", device="cpu", quick=True,
-        tests=["tests/test_p4_6_tensor_parallel.py::test_split_cuts_contiguous_ranges_that_cover_everything"])
-    assert out["tests"]["returncode"] == 0 and "1 passed" in out["tests"]["tail"]
-    report = out["report"]
-    assert report["data"]["tp"] == 2 and report["data"]["identical"] == QUICK["n_requests"]
-    assert multiprocessing.active_children() == []
 
 
 def test_a_world_larger_than_the_gpus_is_refused_and_more_than_the_cores_warned(monkeypatch):
