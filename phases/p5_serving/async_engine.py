@@ -28,6 +28,7 @@ import asyncio
 import itertools
 import logging
 import threading
+import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import AsyncIterator
@@ -35,7 +36,7 @@ from typing import AsyncIterator
 from common.sampling import GREEDY, SamplingParams
 from phases.p5_serving.detokenize import TextStream
 from phases.p5_serving.isolation import StepFailed
-from phases.p5_serving.metrics import EngineStats, RateMeter, snapshot
+from phases.p5_serving.metrics import EngineStats, LatencyStats, RateMeter, snapshot
 from phases.p5_serving.samples import SAMPLES
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,8 @@ class Request:
         self.waiting = True          # loop side: counts against max_waiting until its first token
         self.ticket = None           # engine side: what SAMPLES.add returned
         self.ended: set[int] = set() # engine side: samples finished or aborted
+        self.arrival = time.monotonic()        # loop side: for time to first token
+        self.last_token_at: list[float | None] = [None] * n   # loop side: per sample, for inter-token latency
 
 
 class AsyncEngine:
@@ -107,6 +110,7 @@ class AsyncEngine:
         self.n_generated = 0                           # engine side: tokens routed to requests
         self.n_requests_failed = 0                     # engine side: requests a failed step failed
         self.token_rate = RateMeter()
+        self.latency = LatencyStats()                  # loop side: time to first token, inter-token latency
         self.stats: EngineStats = self._snapshot()
 
     # --- lifecycle (event loop) -------------------------------------------------------
@@ -211,10 +215,21 @@ class AsyncEngine:
             req.accepted.set_exception(error)
 
     def _deliver(self, batch: dict[Request, list]) -> None:
+        now = time.monotonic()
         for req, events in batch.items():
             self._started(req)
             for ev in events:
+                if isinstance(ev, TokenEvent):
+                    self._time(req, ev.index, now)
                 req.events.put_nowait(ev)
+
+    def _time(self, req: Request, index: int, now: float) -> None:
+        """Time to first token (a request's first token, any sample), inter-token latency (per sample)."""
+        if all(t is None for t in req.last_token_at):
+            self.latency.ttft.observe(now - req.arrival)
+        elif req.last_token_at[index] is not None:
+            self.latency.itl.observe(now - req.last_token_at[index])
+        req.last_token_at[index] = now
 
     # --- engine thread ----------------------------------------------------------------
     def _post(self, op: str, req: Request, index: int | None = None) -> None:

@@ -2,7 +2,7 @@
 
 Routes: `POST /v1/completions`, `POST /v1/chat/completions` (both with
 `stream: true` as server-sent events ending in `data: [DONE]`),
-`GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus).
+`GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus, our names and vLLM's).
 
 What a request goes through:
   1. validation (protocol.py)        -> 400 with an OpenAI error body, `param` naming the field
@@ -43,6 +43,7 @@ from phases.p5_serving.async_engine import DEFAULT_MAX_WAITING, AsyncEngine, Eng
 from phases.p5_serving.formats import ChatFormat, CompletionFormat
 from phases.p5_serving.metrics import exposition, metrics_registry
 from phases.p5_serving.samples import SAMPLES
+from phases.p5_serving.vllm_metrics import VllmCollector
 
 DISCONNECT_POLL_S = 0.25   # how often a non-streamed request checks that its client is still there
 RETRY_AFTER_S = 1          # what a 503 suggests
@@ -279,8 +280,10 @@ def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DE
                                             max_num_batched_tokens=max_num_batched_tokens, speculative=speculative,
                                             num_speculative_tokens=num_speculative_tokens, draft_layers=draft_layers)
     aengine = AsyncEngine(engine, max_waiting=max_waiting)
+    served = model_name or lm.name
     app = FastAPI(title="inference-engine-phases: OpenAI-compatible server", lifespan=lifespan)
-    app.state.server = ServerState(lm, aengine, model_name or lm.name, int(time.time()), metrics_registry(aengine))
+    app.state.server = ServerState(lm, aengine, served, int(time.time()),
+                                   metrics_registry(aengine, VllmCollector(aengine, served)))
     app.state.engine = aengine
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_invalid_request)
