@@ -64,7 +64,7 @@ DEMO_MODULES: dict[str, str] = {
 REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements.txt"
 # Import names whose PyPI distribution has another name (or comes with another package).
 DISTRIBUTION_OF = {"starlette": "fastapi", "pydantic": "fastapi", "yaml": "pyyaml", "PIL": "pillow",
-                   "prometheus_client": "prometheus-client"}
+                   "prometheus_client": "prometheus-client", "zmq": "pyzmq"}
 
 
 @dataclass

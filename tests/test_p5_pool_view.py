@@ -1,5 +1,7 @@
-"""Phase 5's windows on the pool and the engine: vLLM's metric names.
+"""Phase 5's windows on the pool: KV events in vLLM's format, and vLLM's metric names.
 
+- a ZMQ subscriber decodes the events and rebuilds the prefix cache's set of blocks, which must equal the
+  engine's, through evictions and a reset;
 - /metrics parses with prometheus-client's parser, and each vLLM-named series equals ours.
 """
 
@@ -10,8 +12,10 @@ import threading
 import time
 
 import httpx
+import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
+from phases.p5_serving.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 from phases.p5_serving.launch import BackgroundServer
 from phases.p5_serving.server import create_app
 
@@ -30,6 +34,68 @@ def serve(lm, **kw) -> BackgroundServer:
     srv = BackgroundServer(create_app(lm, **kw))
     srv.served = lm.name
     return srv
+
+
+def on_engine(srv, fn):
+    """`fn()` run on the engine thread between two steps; its result."""
+    done = threading.Event()
+    out = []
+    srv.app.state.engine.call_on_engine(lambda: (out.append(fn()), done.set()))
+    assert done.wait(TIMEOUT_S), "the engine thread did not run the call"
+    return out[0]
+
+
+def cached_hashes(allocator) -> set[int]:
+    """The prefix cache's blocks, by hash, read from the allocator's public methods."""
+    return {e.block_hash for b in range(allocator.n_blocks) if (e := allocator.cached_entry(b)) is not None}
+
+
+# --- KV events --------------------------------------------------------------------------------
+def test_a_zmq_subscriber_rebuilds_the_prefix_cache_from_the_events(tiny32):
+    # 16 blocks of 16 tokens: the requests below fill more than that, so cached blocks are evicted too.
+    srv = serve(tiny32, n_blocks=16, block_size=16, max_running=2, kv_events_endpoint="tcp://127.0.0.1:0",
+                kv_events_topic="kv")
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+    sub.connect(srv.app.state.server.kv_events.publisher.endpoint)
+    time.sleep(0.5)   # the subscription reaches the publisher before the first event (ZMQ drops until then)
+    blocks: set[int] = set()
+    seen = {BlockStored: 0, BlockRemoved: 0, AllBlocksCleared: 0}
+    numbers = []
+
+    def drain():
+        while sub.poll(200):
+            topic, number, payload = sub.recv_multipart()
+            assert topic == b"kv"
+            numbers.append(int.from_bytes(number, "big"))
+            for event in decode_batch(payload).events:
+                seen[type(event)] += 1
+                if isinstance(event, BlockStored):
+                    assert event.block_size == 16 and len(event.token_ids) == 16 * len(event.block_hashes)
+                    assert event.parent_block_hash is None or event.parent_block_hash in blocks
+                    blocks.update(event.block_hashes)
+                elif isinstance(event, BlockRemoved):
+                    assert set(event.block_hashes) <= blocks, "a block removed that was never stored"
+                    blocks.difference_update(event.block_hashes)
+                else:
+                    blocks.clear()
+
+    with srv:
+        allocator = srv.app.state.engine.engine.allocator
+        for i in range(8):
+            complete(srv, SYSTEM + f"Question {i}: what is {i} + {i}?", 40, ignore_eos=True)
+            drain()
+            assert blocks == on_engine(srv, lambda: cached_hashes(allocator))
+        assert seen[BlockStored] and seen[BlockRemoved], seen     # both kinds went by
+        assert allocator.n_evictions > 0
+        assert httpx.post(srv.url + "/reset_prefix_cache", timeout=TIMEOUT_S, trust_env=False).json() == {"reset": True}
+        drain()
+        assert seen[AllBlocksCleared] == 1 and blocks == set() == on_engine(srv, lambda: cached_hashes(allocator))
+        complete(srv, SYSTEM + "Again?", 8)
+        drain()
+        assert blocks and blocks == on_engine(srv, lambda: cached_hashes(allocator))
+    assert numbers == list(range(len(numbers))), "a batch was lost or sent out of order"
+    sub.close(linger=0)
 
 
 # --- vLLM's metric names -----------------------------------------------------------------------

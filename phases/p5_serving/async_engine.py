@@ -112,6 +112,10 @@ class AsyncEngine:
         self.token_rate = RateMeter()
         self.latency = LatencyStats()                  # loop side: time to first token, inter-token latency
         self.stats: EngineStats = self._snapshot()
+        # Callables (engine, outputs) the engine thread runs after each step: the pool view while a page
+        # watches, the KV events while they are on. A tuple, replaced whole (never mutated), so the engine
+        # thread reads the old one or the new one; empty, the step pays one loop over nothing.
+        self.step_observers: tuple = ()
 
     # --- lifecycle (event loop) -------------------------------------------------------
     def start(self) -> None:
@@ -231,6 +235,11 @@ class AsyncEngine:
             self.latency.itl.observe(now - req.last_token_at[index])
         req.last_token_at[index] = now
 
+    def call_on_engine(self, fn) -> None:
+        """Run `fn()` on the engine thread between two steps (reading or changing the engine safely)."""
+        self._inbox.append(("call", fn, None))
+        self._wake.set()
+
     # --- engine thread ----------------------------------------------------------------
     def _post(self, op: str, req: Request, index: int | None = None) -> None:
         self._inbox.append((op, req, index))  # deque.append is atomic: no lock needed
@@ -267,17 +276,38 @@ class AsyncEngine:
                 self._fail_all(EngineFailed(f"engine step failed: {type(e).__name__}: {e}"))
                 continue
             self._dispatch(outputs)
+            for observe in self.step_observers:
+                self._observe(observe, outputs)
             # The engine keeps every finished Sequence for `run()`'s answer; a server
             # that runs for days must not, and has already routed their tokens.
             self.engine.finished.clear()
         self._fail_all(EngineFailed("the server is shutting down"))
         self.stats = self._snapshot()
 
+    def _observe(self, observe, outputs) -> None:
+        try:
+            observe(self.engine, outputs)
+        except Exception:  # noqa: BLE001 - a broken watcher must not stop the engine: it is dropped
+            log.exception("a step observer raised; it is removed")
+            self.remove_step_observer(observe)
+
+    def add_step_observer(self, observe) -> None:
+        self.step_observers = (*self.step_observers, observe)
+
+    def remove_step_observer(self, observe) -> None:
+        # `!=`, not `is not`: a bound method is a new object at each access (equal, never identical)
+        self.step_observers = tuple(o for o in self.step_observers if o != observe)
+
     def _drain(self) -> None:
         while self._inbox:
             op, req, index = self._inbox.popleft()
             if op == "add":
                 self._add(req)
+            elif op == "call":    # (call_on_engine: the second item is the function)
+                try:
+                    req()
+                except Exception:  # noqa: BLE001 - a failed call fails alone, never the engine thread
+                    log.exception("a call on the engine thread raised")
             elif req.ticket is not None:
                 self._abort(req, index)
 

@@ -102,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"tokens proposed per sequence and step at most (default {DEFAULT_NUM_SPECULATIVE_TOKENS})")
     p.add_argument("--draft-layers", type=int, default=None,
                    help="layers of the self-draft (--speculative draft; default half of the model's)")
+    p.add_argument("--kv-events-endpoint", default=None,
+                   help="publish KV events in vLLM's format (msgpack over ZMQ) on this address, e.g. tcp://*:5557 "
+                        "(off by default; needs prefix caching)")
+    p.add_argument("--kv-events-topic", default="", help="the ZMQ topic of the KV events (default: none)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -116,14 +120,16 @@ def main(argv: list[str] | None = None) -> int:
                      block_size=args.block_size, n_blocks=args.n_blocks, prefix_caching=not args.no_prefix_caching,
                      preemption_mode=args.preemption_mode, max_num_batched_tokens=args.max_num_batched_tokens,
                      speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
-                     draft_layers=args.draft_layers)
+                     draft_layers=args.draft_layers, kv_events_endpoint=args.kv_events_endpoint,
+                     kv_events_topic=args.kv_events_topic)
     pool = app.state.engine.engine.allocator
     print(f"serving '{lm.name}' ({lm.device}, {str(lm.dtype).removeprefix('torch.')}) on "
           f"http://{args.host}:{args.port}/v1  - KV pool {pool.n_blocks} blocks x {pool.block_size} tokens, "
           f"max_running {args.max_running}, max_waiting {args.max_waiting}, "
           f"max_num_batched_tokens {args.max_num_batched_tokens}, "
           f"prefix caching {'off' if args.no_prefix_caching else 'on'}, preemption by {args.preemption_mode}, "
-          f"speculative decoding {args.speculative or 'off'}",
+          f"speculative decoding {args.speculative or 'off'}, "
+          f"KV events {'on ' + args.kv_events_endpoint if args.kv_events_endpoint else 'off'}",
           flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)

@@ -2,7 +2,9 @@
 
 Routes: `POST /v1/completions`, `POST /v1/chat/completions` (both with
 `stream: true` as server-sent events ending in `data: [DONE]`),
-`GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus, our names and vLLM's).
+`GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus, our names and vLLM's),
+`POST /reset_prefix_cache`.
+KV events in vLLM's format go out on a ZMQ socket when `kv_events_endpoint` is given (kv_events.py).
 
 What a request goes through:
   1. validation (protocol.py)        -> 400 with an OpenAI error body, `param` naming the field
@@ -41,6 +43,8 @@ from phases.p4_5_speculative_decoding.engine import DEFAULT_NUM_SPECULATIVE_TOKE
 from phases.p5_serving import protocol as P
 from phases.p5_serving.async_engine import DEFAULT_MAX_WAITING, AsyncEngine, EngineFailed, QueueFull
 from phases.p5_serving.formats import ChatFormat, CompletionFormat
+from phases.p5_serving.kv_events import (DEFAULT_KV_EVENTS_TOPIC, EventRecordingAllocator, KVEvents,
+                                         ZmqEventPublisher, reset_prefix_cache)
 from phases.p5_serving.metrics import exposition, metrics_registry
 from phases.p5_serving.samples import SAMPLES
 from phases.p5_serving.vllm_metrics import VllmCollector
@@ -58,6 +62,7 @@ class ServerState:
     served: str              # the model name clients must send
     started: int             # unix time, for /v1/models
     metrics: object          # its prometheus-client registry
+    kv_events: KVEvents | None = None   # None: events off
 
 
 def _state(request: Request) -> ServerState:
@@ -123,6 +128,28 @@ async def health(request: Request) -> dict:
 async def metrics(request: Request) -> Response:
     body, content_type = exposition(_state(request).metrics)
     return Response(body, media_type=content_type)
+
+
+@router.post("/reset_prefix_cache", include_in_schema=False)   # an operator's route, not the OpenAI API
+async def reset_cache(request: Request) -> dict:
+    """Forget every cached block (vLLM's route), on the engine thread; refused while a block is in use."""
+    state = _state(request)
+    allocator = state.aengine.engine.allocator
+    if not hasattr(allocator, "evictor"):
+        raise APIError(400, "prefix caching is off on this server")
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def reset() -> None:   # engine thread
+        cleared = reset_prefix_cache(allocator)
+        if state.kv_events is not None:
+            state.kv_events(state.aengine.engine, [])   # AllBlocksCleared goes out now, not after the next step
+        loop.call_soon_threadsafe(done.set_result, cleared)
+
+    state.aengine.call_on_engine(reset)
+    if not await done:
+        raise APIError(409, "blocks are in use; reset the prefix cache when no request runs", code="blocks_in_use")
+    return {"reset": True}
 
 
 @router.get("/v1/models")
@@ -256,10 +283,12 @@ async def _collect(request: Request, aengine: AsyncEngine, req, body: P._Samplin
 @asynccontextmanager
 async def lifespan(app: FastAPI):
     """The engine thread starts and stops with the app."""
-    aengine = app.state.server.aengine
-    aengine.start()
+    state = app.state.server
+    state.aengine.start()
     yield
-    await aengine.stop()
+    await state.aengine.stop()
+    if state.kv_events is not None:
+        state.kv_events.close()
 
 
 def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DEFAULT_MAX_WAITING,
@@ -268,22 +297,35 @@ def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DE
                preemption_mode: str = "recompute",
                max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, speculative: str | None = None,
                num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
-               draft_layers: int | None = None) -> FastAPI:
+               draft_layers: int | None = None, kv_events_endpoint: str | None = None,
+               kv_events_topic: str = DEFAULT_KV_EVENTS_TOPIC) -> FastAPI:
     """The app for one loaded model.
 
     The engine is the last of the line (samples.py) unless one is given: prefix caching on unless
     `prefix_caching=False`, preemption by recomputation unless `preemption_mode="swap"`, long prompts
     prefilled in chunks of at most `max_num_batched_tokens` tokens per step (decode tokens included), and
-    speculative decoding when `speculative` names a method ("ngram", or "draft": a self-draft of `draft_layers`)."""
+    speculative decoding when `speculative` names a method ("ngram", or "draft": a self-draft of `draft_layers`).
+    `kv_events_endpoint` (a ZMQ address such as "tcp://*:5557") turns on KV events in vLLM's format: the engine
+    then runs on an `EventRecordingAllocator`; without it, on phase 4.3's allocator, doing nothing for events."""
+    events_on = kv_events_endpoint is not None
+    if events_on and (engine is not None or not prefix_caching):
+        raise ValueError("KV events come from the prefix cache of the engine create_app builds: "
+                         "leave prefix caching on and pass no engine")
+    allocator = EventRecordingAllocator.for_model(lm, block_size=block_size, n_blocks=n_blocks) if events_on else None
     engine = engine or SAMPLES.engine_class(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks,
                                             prefix_caching=prefix_caching, preemption_mode=preemption_mode,
                                             max_num_batched_tokens=max_num_batched_tokens, speculative=speculative,
-                                            num_speculative_tokens=num_speculative_tokens, draft_layers=draft_layers)
+                                            num_speculative_tokens=num_speculative_tokens, draft_layers=draft_layers,
+                                            allocator=allocator)
     aengine = AsyncEngine(engine, max_waiting=max_waiting)
     served = model_name or lm.name
+    kv_events = None
+    if events_on:
+        kv_events = KVEvents(allocator, ZmqEventPublisher(kv_events_endpoint, kv_events_topic))
+        aengine.add_step_observer(kv_events)
     app = FastAPI(title="inference-engine-phases: OpenAI-compatible server", lifespan=lifespan)
     app.state.server = ServerState(lm, aengine, served, int(time.time()),
-                                   metrics_registry(aengine, VllmCollector(aengine, served)))
+                                   metrics_registry(aengine, VllmCollector(aengine, served)), kv_events)
     app.state.engine = aengine
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_invalid_request)
