@@ -1,20 +1,30 @@
-"""Phase 5's windows on the pool: KV events in vLLM's format, and vLLM's metric names.
+"""Phase 5's windows on the pool: KV events in vLLM's format, vLLM's metric names, and the /pool page.
 
 - a ZMQ subscriber decodes the events and rebuilds the prefix cache's set of blocks, which must equal the
   engine's, through evictions and a reset;
-- /metrics parses with prometheus-client's parser, and each vLLM-named series equals ours.
+- /metrics parses with prometheus-client's parser, and each vLLM-named series equals ours;
+- with the view and the events off, the engine runs phase 4.3's allocator and no step observer; a page
+  that stops reading never holds the engine up;
+- headless Chromium (Debian's `chromium`, driven by Playwright) loads /pool while requests run: a paused
+  step draws the allocator's state, the page updates when requests finish, and logs no console error.
+  `make test` installs chromium where it is missing; without it this test fails rather than skips.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import threading
 import time
+from pathlib import Path
 
 import httpx
+import pytest
 import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
+from phases.p4_3_prefix_caching.prefix_cache import PrefixCachingAllocator
 from phases.p5_serving.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 from phases.p5_serving.launch import BackgroundServer
 from phases.p5_serving.server import create_app
@@ -98,6 +108,28 @@ def test_a_zmq_subscriber_rebuilds_the_prefix_cache_from_the_events(tiny32):
     sub.close(linger=0)
 
 
+def test_events_and_view_off_leave_the_engine_as_phase_4_3_built_it(tiny32):
+    srv = serve(tiny32, n_blocks=32, block_size=16)
+    with srv:
+        aengine = srv.app.state.engine
+        assert type(aengine.engine.allocator) is PrefixCachingAllocator
+        assert aengine.step_observers == () and srv.app.state.server.kv_events is None
+        # a page that opens the stream and never reads it: the engine serves on, and forgets the page
+        with httpx.stream("GET", srv.url + "/pool/stream", timeout=TIMEOUT_S, trust_env=False) as stream:
+            deadline = time.monotonic() + TIMEOUT_S
+            while len(aengine.step_observers) != 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            for i in range(3):
+                complete(srv, SYSTEM + f"Question {i}?", 100, ignore_eos=True)   # far more frames than it queues
+            assert stream.status_code == 200
+        deadline = time.monotonic() + TIMEOUT_S
+        while aengine.step_observers:
+            assert time.monotonic() < deadline, "the stream's observer stayed after the page left"
+            complete(srv, "hi", 2)   # the server notices a gone client when it next writes to it
+            time.sleep(0.05)
+
+
 # --- vLLM's metric names -----------------------------------------------------------------------
 VLLM_EQUALS_OURS = {   # vLLM's series -> ours, as a function of our samples
     "vllm:num_requests_running": lambda o: o["engine_running_sequences"],
@@ -152,3 +184,86 @@ def test_metrics_parse_and_vllms_names_hold_our_values(tiny32):
     assert end["vllm:time_to_first_token_seconds_count"] == 3
     assert end["vllm:inter_token_latency_seconds_count"] == 3 * 2 * 59
     assert end["vllm:num_requests_running"] == 0 and end["vllm:kv_cache_usage_perc"] == 0
+
+
+# --- the page, in a real browser ---------------------------------------------------------------
+def chromium_path() -> str:
+    path = os.environ.get("CHROMIUM") or shutil.which("chromium")
+    if path is None:
+        pytest.fail("the /pool browser test needs Debian's chromium: `make test` installs it "
+                    "(apt-get install chromium), or set CHROMIUM to a Chromium binary")
+    return path
+
+
+def truth_recorder(truth: dict):
+    """A step observer that records the allocator's state after each step, read straight from the engine."""
+    def record(engine, outputs):
+        a = engine.allocator
+        owners = {b: [] for b in range(a.n_blocks)}
+        for seq in engine.running:
+            for b in seq.kv.block_ids:
+                owners[b].append(seq.seq_id)
+        truth[engine.n_steps] = [
+            {"ref": a.refcount(b), "cached": a.cached_entry(b) is not None, "evictable": b in a.evictor,
+             "owners": sorted(owners[b])} for b in range(a.n_blocks)]
+    return record
+
+
+DRAWN_JS = """() => [...document.querySelectorAll('#grid .cell')].map(c => ({
+    ref: +c.dataset.ref, state: c.dataset.state, cached: c.dataset.cached === '1',
+    owners: c.dataset.owners ? c.dataset.owners.split(',').map(Number) : []}))"""
+
+
+def as_drawn(state: list[dict]) -> list[dict]:
+    return [{"ref": s["ref"], "cached": s["cached"], "owners": s["owners"],
+             "state": "owned" if s["ref"] else "cached-free" if s["evictable"] else "free"} for s in state]
+
+
+def test_the_pool_page_in_chromium(tiny32, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    executable = chromium_path()
+    shot = Path(os.environ.get("POOL_SCREENSHOT") or tmp_path / "pool.png")
+    srv = serve(tiny32, n_blocks=48, block_size=16, max_running=4)
+    truth: dict[int, list] = {}
+    errors: list[str] = []
+    with srv, sync_playwright() as p:
+        srv.app.state.engine.add_step_observer(truth_recorder(truth))
+        browser = p.chromium.launch(executable_path=executable, headless=True, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 800})
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.goto(srv.url + "/pool")
+        page.wait_for_function("document.body.dataset.step !== undefined", timeout=TIMEOUT_S * 1000)
+
+        answers = []
+        threads = [threading.Thread(target=lambda i=i: answers.append(
+            complete(srv, SYSTEM + f"Question {i}?", 150, ignore_eos=True, n=1 + i % 2))) for i in range(4)]
+        for t in threads:
+            t.start()
+        page.wait_for_function("document.querySelectorAll('#running li').length >= 2", timeout=TIMEOUT_S * 1000)
+        page.click("#pause")
+        step = int(page.evaluate("document.body.dataset.step"))
+        assert page.evaluate(DRAWN_JS) == as_drawn(truth[step])
+        page.screenshot(path=str(shot))
+        time.sleep(0.3)                                     # the engine runs on; the paused page does not move
+        assert int(page.evaluate("document.body.dataset.step")) == step
+        page.click("#prev")
+        before = int(page.evaluate("document.body.dataset.step"))
+        assert before < step and page.evaluate(DRAWN_JS) == as_drawn(truth[before])
+        assert any(s["ref"] > 1 for s in truth[step]), "the paused step shows shared blocks (n=2 samples)"
+
+        page.click("#pause")                                # live again
+        for t in threads:
+            t.join(TIMEOUT_S)
+        labels = sorted(a["id"] for a in answers)
+        assert len(labels) == 4
+        page.wait_for_function(
+            "labels => labels.every(l => document.querySelector(`#finished li[data-label='${l}']`)) && "
+            "document.querySelectorAll('#running li').length === 0", arg=labels, timeout=TIMEOUT_S * 1000)
+        drawn = page.evaluate(DRAWN_JS)
+        assert all(c["ref"] == 0 and c["state"] != "owned" for c in drawn)
+        assert any(c["state"] == "cached-free" for c in drawn), "finished prompts stay cached-free"
+        browser.close()
+    assert shot.stat().st_size > 0
+    assert not errors, errors

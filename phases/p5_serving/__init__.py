@@ -10,6 +10,7 @@ Files, in reading order:
 - vllm_metrics.py  vLLM's metric names on /metrics, beside ours
 - async_engine.py  `AsyncEngine`: one thread steps the engine; requests come and go on an asyncio loop
 - kv_events.py     KV events in vLLM's format (msgpack over ZMQ) from the prefix cache, off by default
+- pool_stream.py   one frame of the pool per step, to the /pool page (pool_page/) while one watches
 - protocol.py      the OpenAI request/response bodies (pydantic), error bodies
 - formats.py       completion vs chat answers and stream chunks
 - server.py        `create_app(lm)` and its module-level routes

@@ -336,6 +336,12 @@ class AsyncEngine:
                 self._owner.pop(key, None)
             self.samples.forget(self.engine, req.ticket)
 
+    def label_of(self, seq) -> str | None:
+        """The label (the API's response id) of the request `seq` serves; None once it is over. Engine thread."""
+        key = self.samples.key_of(self.engine, seq)
+        req = self._owner.get(key) if key is not None else None
+        return req.label if req is not None else None
+
     @staticmethod
     def _labels(reqs) -> list[str]:
         return sorted({r.label for r in reqs})

@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
           f"max_num_batched_tokens {args.max_num_batched_tokens}, "
           f"prefix caching {'off' if args.no_prefix_caching else 'on'}, preemption by {args.preemption_mode}, "
           f"speculative decoding {args.speculative or 'off'}, "
-          f"KV events {'on ' + args.kv_events_endpoint if args.kv_events_endpoint else 'off'}",
+          f"KV events {'on ' + args.kv_events_endpoint if args.kv_events_endpoint else 'off'}; "
+          f"the pool: http://{args.host}:{args.port}/pool",
           flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)

@@ -3,7 +3,7 @@
 Routes: `POST /v1/completions`, `POST /v1/chat/completions` (both with
 `stream: true` as server-sent events ending in `data: [DONE]`),
 `GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus, our names and vLLM's),
-`POST /reset_prefix_cache`.
+`GET /pool` (the KV pool, live: pool_page/, fed by `GET /pool/stream`), `POST /reset_prefix_cache`.
 KV events in vLLM's format go out on a ZMQ socket when `kv_events_endpoint` is given (kv_events.py).
 
 What a request goes through:
@@ -30,10 +30,11 @@ import json
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
@@ -46,12 +47,15 @@ from phases.p5_serving.formats import ChatFormat, CompletionFormat
 from phases.p5_serving.kv_events import (DEFAULT_KV_EVENTS_TOPIC, EventRecordingAllocator, KVEvents,
                                          ZmqEventPublisher, reset_prefix_cache)
 from phases.p5_serving.metrics import exposition, metrics_registry
+from phases.p5_serving.pool_stream import PoolWatch
 from phases.p5_serving.samples import SAMPLES
 from phases.p5_serving.vllm_metrics import VllmCollector
 
 DISCONNECT_POLL_S = 0.25   # how often a non-streamed request checks that its client is still there
 RETRY_AFTER_S = 1          # what a 503 suggests
 SSE_DONE = "data: [DONE]\n\n"
+POOL_PAGE = Path(__file__).resolve().parent / "pool_page"   # index.html, pool.css, pool.js
+POOL_FILES = {"pool.css": "text/css", "pool.js": "text/javascript"}
 
 
 @dataclass
@@ -62,6 +66,7 @@ class ServerState:
     served: str              # the model name clients must send
     started: int             # unix time, for /v1/models
     metrics: object          # its prometheus-client registry
+    pool: PoolWatch          # the /pool pages' frames
     kv_events: KVEvents | None = None   # None: events off
 
 
@@ -128,6 +133,26 @@ async def health(request: Request) -> dict:
 async def metrics(request: Request) -> Response:
     body, content_type = exposition(_state(request).metrics)
     return Response(body, media_type=content_type)
+
+
+# --- the pool, live ----------------------------------------------------------------------
+@router.get("/pool", response_class=FileResponse, include_in_schema=False)   # a page, not the API
+async def pool_page(request: Request) -> FileResponse:
+    return FileResponse(POOL_PAGE / "index.html", media_type="text/html")
+
+
+@router.get("/pool/stream", include_in_schema=False)
+async def pool_stream(request: Request) -> StreamingResponse:
+    """One frame per engine step, as server-sent events, while the page is open (pool_stream.py)."""
+    return StreamingResponse(_state(request).pool.frames(request.is_disconnected), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/pool/{name}", response_class=FileResponse, include_in_schema=False)
+async def pool_file(name: str) -> FileResponse:
+    if name not in POOL_FILES:
+        raise APIError(404, f"no file '{name}' here", "not_found_error")
+    return FileResponse(POOL_PAGE / name, media_type=POOL_FILES[name])
 
 
 @router.post("/reset_prefix_cache", include_in_schema=False)   # an operator's route, not the OpenAI API
@@ -325,7 +350,8 @@ def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DE
         aengine.add_step_observer(kv_events)
     app = FastAPI(title="inference-engine-phases: OpenAI-compatible server", lifespan=lifespan)
     app.state.server = ServerState(lm, aengine, served, int(time.time()),
-                                   metrics_registry(aengine, VllmCollector(aengine, served)), kv_events)
+                                   metrics_registry(aengine, VllmCollector(aengine, served)), PoolWatch(aengine),
+                                   kv_events)
     app.state.engine = aengine
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_invalid_request)
