@@ -267,3 +267,52 @@ def test_the_pool_page_in_chromium(tiny32, tmp_path):
         browser.close()
     assert shot.stat().st_size > 0
     assert not errors, errors
+
+
+# --- a replay: one HTML file, offline ----------------------------------------------------------
+def drawn_from(frame: dict) -> list[dict]:
+    """What the page must draw for a frame of pool_replay's report."""
+    owners = {b: [] for b in range(frame["n_blocks"])}
+    for s in frame["seqs"]:
+        for b in s["blocks"]:
+            owners[b].append(s["id"])
+    evictable, cached = set(frame["evictable"]), set(frame["cached"])
+    return [{"ref": r, "cached": b in cached, "owners": sorted(owners[b]),
+             "state": "owned" if r else "cached-free" if b in evictable else "free"}
+            for b, r in enumerate(frame["refs"])]
+
+
+@pytest.mark.parametrize("scene", ["cow_demo", "prefix_demo", "preempt_demo"])
+def test_pool_replay_writes_one_file_that_draws_every_step_offline(scene, tmp_path):
+    import json
+
+    from playwright.sync_api import sync_playwright
+
+    from measure.cli import main
+
+    assert main(["pool_replay", scene, "--model", "tiny", "--dtype", "fp32", "--quick",
+                 "--results-dir", str(tmp_path)]) == 0
+    html = tmp_path / f"pool-replay-{scene.replace('_', '-')}_cpu_tiny.html"
+    frames = json.loads(html.with_suffix(".json").read_text())["data"]["frames"]
+    assert len(frames) > 2 and frames[-1]["queues"]["running"] == []
+    if scene == "cow_demo":
+        assert frames[-1]["totals"]["cow_copies"] > 0
+    elif scene == "prefix_demo":
+        assert frames[-1]["totals"]["prefix_hit_blocks"] > 0
+    errors, fetched = [], []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium_path(), headless=True, args=["--no-sandbox"])
+        page = browser.new_page()
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("request", lambda r: fetched.append(r.url) if not r.url.startswith(("file:", "data:")) else None)
+        page.goto(html.as_uri())
+        for i in (0, 1, 2):
+            assert int(page.evaluate("document.body.dataset.step")) == frames[i]["step"]
+            assert page.evaluate(DRAWN_JS) == drawn_from(frames[i])
+            page.click("#next")
+        page.click("#pause")                                   # "Live": the last frame
+        assert int(page.evaluate("document.body.dataset.step")) == frames[-1]["step"]
+        assert page.evaluate(DRAWN_JS) == drawn_from(frames[-1])
+        browser.close()
+    assert not errors and not fetched, (errors, fetched)

@@ -20,4 +20,5 @@ Files, in reading order:
                    (prefix caching on vs off) and undersized (preemption); the harness is measure/'s
 - workload_demo.py `serve_workload`: the served engine on workload_bench's equal and mixed work, beside
                    phases 3.6 and 3.10 (no HTTP stack)
+- pool_replay.py   `pool_replay <demo>`: a demo's run as one HTML file that draws its pool step by step
 """
