@@ -114,7 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     from common.model import load_model
     from phases.p5_serving.server import create_app
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.kv_events_endpoint and args.no_prefix_caching:
+        parser.error("--kv-events-endpoint needs the prefix cache: the events are its blocks")
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     app = create_app(lm, max_running=args.max_running, max_waiting=args.max_waiting,
                      block_size=args.block_size, n_blocks=args.n_blocks, prefix_caching=not args.no_prefix_caching,

@@ -92,7 +92,7 @@ function queueItem(s) {
   li.dataset.seq = s.id;
   li.dataset.label = s.label;
   li.style.setProperty("--c", colour(s.req));
-  const name = s.label + (s.sample ? ` #${s.sample}` : "");
+  const name = (s.sample ? `#${s.sample} ` : "") + s.label;   // the sample first: a long label is cut at its end
   const pct = s.max ? Math.min(100, (100 * s.out) / s.max) : 0;
   li.innerHTML = `<span class="swatch"></span><span class="name"></span>` +
                  `<span class="bar"><span style="width:${pct}%"></span></span><span class="num"></span>`;
