@@ -230,7 +230,7 @@ def test_the_pool_page_in_chromium(tiny32, tmp_path):
     with srv, sync_playwright() as p:
         srv.app.state.engine.add_step_observer(truth_recorder(truth))
         browser = p.chromium.launch(executable_path=executable, headless=True, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1400, "height": 800})
+        page = browser.new_page(viewport={"width": 1280, "height": 520})
         page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
         page.on("pageerror", lambda e: errors.append(str(e)))
         page.goto(srv.url + "/pool")
@@ -282,7 +282,7 @@ def drawn_from(frame: dict) -> list[dict]:
             for b, r in enumerate(frame["refs"])]
 
 
-@pytest.mark.parametrize("scene", ["cow_demo", "prefix_demo", "preempt_demo"])
+@pytest.mark.parametrize("scene", ["tput", "cow_demo", "prefix_demo", "preempt_demo"])
 def test_pool_replay_writes_one_file_that_draws_every_step_offline(scene, tmp_path):
     import json
 

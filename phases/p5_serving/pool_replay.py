@@ -5,6 +5,8 @@ block by block, takes `pool_frame` after every step, and writes `pool-replay-cow
 beside the report: the page's HTML, CSS and JavaScript with the frames inlined, nothing fetched. Open it,
 press the step buttons (or the arrow keys), and watch the paper's figures happen in the real engine:
 
+    tput          the blog's short and long prompts on phase 3.6's batched engine, four at a time: blocks claimed
+                  as sequences grow and given back as they finish (the paper's Fig. 6 and 7)
     cow_demo      n samples of one prompt (phase 4.1): one copy of the prompt's blocks, ref count n, then
                   the copy-on-write of the shared last block (the paper's Fig. 8)
     prefix_demo   requests behind one few-shot system prompt (phase 4.3): the first computes it, the next
@@ -18,12 +20,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from common.prompts import TABLE_DEMO_PROMPT
+from common.prompts import LATENCY_DEMO_MAX_RUNNING, LONG_PROMPTS, SHORT_PROMPTS, TABLE_DEMO_PROMPT
 from common.sampling import GREEDY, SamplingParams
 from measure.demos import Option, RunConfig, demo
 from measure.report import Report
 from measure.workload import Request, burst
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
+from phases.p3_6_batched_engine.engine import BatchedPagedEngine
 from phases.p4_1_copy_on_write.demo import COW_DEMO_SEED, COW_DEMO_TEMPERATURE
 from phases.p4_1_copy_on_write.engine import SharingEngine, worst_case_blocks
 from phases.p4_3_prefix_caching.demo import request_ids
@@ -31,12 +34,23 @@ from phases.p4_3_prefix_caching.engine import PrefixCachingEngine
 from phases.p4_4_preemption.engine import PREEMPTION_MODES, PreemptingEngine
 from phases.p5_serving.pool_stream import counters, pool_frame
 
-REPLAYS = ("cow_demo", "prefix_demo", "preempt_demo")
+REPLAYS = ("tput", "cow_demo", "prefix_demo", "preempt_demo")
 PAGE = Path(__file__).resolve().parent / "pool_page"
 MAX_STEPS = 5000            # a replay longer than this is cut (a page keeps 5000 frames)
+TPUT_POOL_BLOCKS = 64       # tput's pool: room for the four running, so nobody waits for blocks
 PREFIX_POOL_BLOCKS = 64     # prefix_demo's pool: room for a few prompts, so the oldest are evicted
 PREEMPT_POOL_BLOCKS = 24    # preempt_demo's pool: about a third of what its burst needs at once
 PREEMPT_BURST = dict(n=8, prompt_len=(16, 96), output_len=(32, 96))
+
+
+def tput_scene(lm, cfg: RunConfig):
+    """Short and long chat prompts in turn, greedy (short answers stop at EOS), four running at once."""
+    engine = BatchedPagedEngine(lm, max_running=LATENCY_DEMO_MAX_RUNNING, block_size=cfg.block_size,
+                                n_blocks=TPUT_POOL_BLOCKS)
+    for short, long in zip(SHORT_PROMPTS, LONG_PROMPTS):
+        for prompt in (short, long):
+            engine.add(prompt, cfg.max_new_tokens * 2)
+    return engine
 
 
 def cow_scene(lm, cfg: RunConfig):
@@ -66,7 +80,7 @@ def preempt_scene(lm, cfg: RunConfig):
     return engine
 
 
-SCENES = {"cow_demo": cow_scene, "prefix_demo": prefix_scene, "preempt_demo": preempt_scene}
+SCENES = {"tput": tput_scene, "cow_demo": cow_scene, "prefix_demo": prefix_scene, "preempt_demo": preempt_scene}
 
 
 def record(engine) -> list[dict]:
@@ -100,10 +114,11 @@ def write_replay(report: Report, folder: Path) -> Path:
 
 
 @demo("pool_replay", phase="p5", writes=write_replay,
-      help="a demo's run (cow_demo, prefix_demo, preempt_demo) as one HTML file that draws the pool step by step",
+      help="a demo's run (tput, cow_demo, prefix_demo, preempt_demo) as one HTML file that draws the pool step by step",
       options=[Option("of", str, cpu="cow_demo", choices=REPLAYS, positional=True, help="the demo to replay"),
                Option("n", int, cpu=3, help="samples (cow_demo), or requests beyond the first three (prefix_demo)"),
-               Option("max_new_tokens", int, cpu=24, help="tokens per sequence (EOS ignored but in cow_demo)"),
+               Option("max_new_tokens", int, cpu=24,
+                      help="tokens per sequence (tput: twice, to EOS; the others ignore EOS but cow_demo)"),
                Option("block_size", int, cpu=DEFAULT_BLOCK_SIZE, help="tokens per KV block"),
                Option("preemption_mode", str, cpu="recompute", choices=PREEMPTION_MODES,
                       help="preempt_demo: recompute or swap")])
