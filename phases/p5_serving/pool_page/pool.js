@@ -16,9 +16,9 @@ let live = true;               // follow the newest frame
 let drawPending = false;
 const $ = (id) => document.getElementById(id);
 
-function colour(req) {
-  // golden-angle hues: neighbouring request ids get far-apart colours
-  return `hsl(${(req * 137.508) % 360} 62% 48%)`;
+function colour(req, sample = 0) {
+  // golden-angle hues: neighbouring request ids get far-apart colours; a request's samples, lighter shades
+  return `hsl(${(req * 137.508) % 360} 62% ${Math.min(80, 40 + 12 * sample)}%)`;
 }
 
 function addFrame(frame) {
@@ -74,7 +74,7 @@ function drawBlocks(f) {
     cell.dataset.ref = ref;
     cell.dataset.cached = cached.has(b) ? "1" : "0";
     cell.dataset.owners = ids;
-    cell.style.setProperty("--c", own.length ? colour(own[0].req) : "");
+    cell.style.setProperty("--c", own.length ? colour(own[0].req, own[0].sample) : "");
     cell.textContent = ref > 1 ? ref : "";
     cell.title = `block ${b}: ` + (ref > 0 ? `ref ${ref}, ${own.map((s) => s.label).join(", ")}` : state) +
                  (cached.has(b) ? " (cached)" : "");
@@ -91,7 +91,7 @@ function queueItem(s) {
   const li = document.createElement("li");
   li.dataset.seq = s.id;
   li.dataset.label = s.label;
-  li.style.setProperty("--c", colour(s.req));
+  li.style.setProperty("--c", colour(s.req, s.sample));
   const name = (s.sample ? `#${s.sample} ` : "") + s.label;   // the sample first: a long label is cut at its end
   const pct = s.max ? Math.min(100, (100 * s.out) / s.max) : 0;
   li.innerHTML = `<span class="swatch"></span><span class="name"></span>` +
