@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 from prometheus_client.parser import text_string_to_metric_families
 
 from phases.p4_3_prefix_caching.prefix_cache import PrefixCachingAllocator
@@ -67,8 +68,13 @@ def test_a_zmq_subscriber_rebuilds_the_prefix_cache_from_the_events(tiny32):
                 kv_events_topic="kv")
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"kv")
+    monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
     sub.connect(srv.app.state.server.kv_events.publisher.endpoint)
-    time.sleep(0.5)   # the subscription reaches the publisher before the first event (ZMQ drops until then)
+    # A PUB socket drops what no subscriber has asked for yet: wait for the connection's handshake (the
+    # subscription goes out right after it), then a moment for the publisher to take it in.
+    assert monitor.poll(TIMEOUT_S * 1000), "the subscriber never connected"
+    recv_monitor_message(monitor)
+    time.sleep(0.2)
     blocks: set[int] = set()
     seen = {BlockStored: 0, BlockRemoved: 0, AllBlocksCleared: 0}
     numbers = []
@@ -105,6 +111,8 @@ def test_a_zmq_subscriber_rebuilds_the_prefix_cache_from_the_events(tiny32):
         drain()
         assert blocks and blocks == on_engine(srv, lambda: cached_hashes(allocator))
     assert numbers == list(range(len(numbers))), "a batch was lost or sent out of order"
+    sub.disable_monitor()
+    monitor.close(linger=0)
     sub.close(linger=0)
 
 
