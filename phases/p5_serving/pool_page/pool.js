@@ -38,10 +38,13 @@ function addFrame(frame) {
   }
 }
 
+let drawnKeys = [];             // per cell, what it shows now: only cells whose key changes are touched
+
 function ensureGrid(n) {
   const grid = $("grid");
   if (grid.children.length === n) return grid;
   grid.textContent = "";
+  drawnKeys = new Array(n).fill("");
   for (let b = 0; b < n; b++) {
     const cell = document.createElement("i");
     cell.className = "cell free";
@@ -58,26 +61,30 @@ function drawBlocks(f) {
   const cached = new Set(f.cached);
   const evictable = new Set(f.evictable);
   for (let b = 0; b < f.n_blocks; b++) {
-    const cell = grid.children[b];
     const ref = f.refs[b];
     const own = owners[b];
     if (own.length !== ref) {
       console.error(`step ${f.step}: block ${b} has ref count ${ref} but ${own.length} block tables list it`);
     }
     const state = ref > 0 ? "owned" : evictable.has(b) ? "cached-free" : "free";
+    const isCached = cached.has(b);
+    const ids = own.map((s) => s.id).sort((a, c) => a - c).join(",");
+    const key = `${state}|${ref}|${isCached}|${ids}|${own.length ? own[0].req + "." + own[0].sample : ""}`;
+    if (drawnKeys[b] === key) continue;   // a large pool changes in a few cells per step: touch only those
+    drawnKeys[b] = key;
+    const cell = grid.children[b];
     let cls = "cell " + state;
     if (ref > 1) cls += " shared";
-    if (cached.has(b) && ref > 0) cls += " cached";
-    if (cell.className !== cls) cell.className = cls;
-    const ids = own.map((s) => s.id).sort((a, c) => a - c).join(",");
+    if (isCached && ref > 0) cls += " cached";
+    cell.className = cls;
     cell.dataset.state = state;
     cell.dataset.ref = ref;
-    cell.dataset.cached = cached.has(b) ? "1" : "0";
+    cell.dataset.cached = isCached ? "1" : "0";
     cell.dataset.owners = ids;
     cell.style.setProperty("--c", own.length ? colour(own[0].req, own[0].sample) : "");
     cell.textContent = ref > 1 ? ref : "";
     cell.title = `block ${b}: ` + (ref > 0 ? `ref ${ref}, ${own.map((s) => s.label).join(", ")}` : state) +
-                 (cached.has(b) ? " (cached)" : "");
+                 (isCached ? " (cached)" : "");
   }
   const used = f.refs.filter((r) => r > 0).length;
   $("summary").textContent = `${f.n_blocks} blocks of ${f.block_size} tokens: ${used} in use, ` +
