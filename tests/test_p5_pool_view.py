@@ -290,15 +290,16 @@ def drawn_from(frame: dict) -> list[dict]:
             for b, r in enumerate(frame["refs"])]
 
 
-@pytest.mark.parametrize("scene", ["tput", "cow_demo", "prefix_demo", "preempt_demo"])
-def test_pool_replay_writes_one_file_that_draws_every_step_offline(scene, tmp_path):
+@pytest.mark.parametrize("scene, extra", [("tput", []), ("cow_demo", []), ("prefix_demo", []), ("preempt_demo", []),
+                                          ("preempt_demo", ["--preemption-mode", "swap"])])
+def test_pool_replay_writes_one_file_that_draws_every_step_offline(scene, extra, tmp_path):
     import json
 
     from playwright.sync_api import sync_playwright
 
     from measure.cli import main
 
-    assert main(["pool_replay", scene, "--model", "tiny", "--dtype", "fp32", "--quick",
+    assert main(["pool_replay", scene, *extra, "--model", "tiny", "--dtype", "fp32", "--quick",
                  "--results-dir", str(tmp_path)]) == 0
     html = tmp_path / f"pool-replay-{scene.replace('_', '-')}_cpu_tiny.html"
     frames = json.loads(html.with_suffix(".json").read_text())["data"]["frames"]
@@ -307,6 +308,11 @@ def test_pool_replay_writes_one_file_that_draws_every_step_offline(scene, tmp_pa
         assert frames[-1]["totals"]["cow_copies"] > 0
     elif scene == "prefix_demo":
         assert frames[-1]["totals"]["prefix_hit_blocks"] > 0
+    elif scene == "preempt_demo":
+        assert frames[-1]["totals"]["preemptions"] > 0
+        swapped = [s for f in frames for s in f["seqs"] if s["queue"] == "swapped"]
+        assert bool(swapped) == bool(extra)                  # swapped sequences: their blocks in the CPU pool only
+        assert all(s["cpu_blocks"] and not s["blocks"] for s in swapped)
     errors, fetched = [], []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium_path(), headless=True, args=["--no-sandbox"])
