@@ -290,7 +290,8 @@ def drawn_from(frame: dict) -> list[dict]:
             for b, r in enumerate(frame["refs"])]
 
 
-@pytest.mark.parametrize("scene, extra", [("tput", []), ("cow_demo", []), ("prefix_demo", []), ("preempt_demo", []),
+@pytest.mark.parametrize("scene, extra", [("tput", []), ("cow_demo", []), ("share_demo", []), ("prefix_demo", []),
+                                          ("preempt_demo", []),
                                           ("preempt_demo", ["--preemption-mode", "swap"])])
 def test_pool_replay_writes_one_file_that_draws_every_step_offline(scene, extra, tmp_path):
     import json
@@ -304,8 +305,9 @@ def test_pool_replay_writes_one_file_that_draws_every_step_offline(scene, extra,
     html = tmp_path / f"pool-replay-{scene.replace('_', '-')}_cpu_tiny.html"
     frames = json.loads(html.with_suffix(".json").read_text())["data"]["frames"]
     assert len(frames) > 2 and frames[-1]["queues"]["running"] == []
-    if scene == "cow_demo":
+    if scene in ("cow_demo", "share_demo"):
         assert frames[-1]["totals"]["cow_copies"] > 0
+        assert any(r > 1 for f in frames for r in f["refs"])   # blocks shared by samples, or by beams
     elif scene == "prefix_demo":
         assert frames[-1]["totals"]["prefix_hit_blocks"] > 0
     elif scene == "preempt_demo":

@@ -9,6 +9,8 @@ press the step buttons (or the arrow keys), and watch the paper's figures happen
                   as sequences grow and given back as they finish (the paper's Fig. 6 and 7)
     cow_demo      n samples of one prompt (phase 4.1): one copy of the prompt's blocks, ref count n, then
                   the copy-on-write of the shared last block (the paper's Fig. 8)
+    share_demo    beam search of width n (phase 4.2): beams that share a parent share every block up to the fork,
+                  and a pruned beam's blocks go back (the paper's Fig. 9)
     prefix_demo   requests behind one few-shot system prompt (phase 4.3): the first computes it, the next
                   map its cached blocks in; finished ones stay cached-free until evicted (Fig. 9's sharing)
     preempt_demo  a burst against a pool far too small (phase 4.4): the latest requests are preempted, their
@@ -29,12 +31,13 @@ from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_6_batched_engine.engine import BatchedPagedEngine
 from phases.p4_1_copy_on_write.demo import COW_DEMO_SEED, COW_DEMO_TEMPERATURE
 from phases.p4_1_copy_on_write.engine import SharingEngine, worst_case_blocks
+from phases.p4_2_beam_search.engine import BeamSearchEngine
 from phases.p4_3_prefix_caching.demo import request_ids
 from phases.p4_3_prefix_caching.engine import PrefixCachingEngine
 from phases.p4_4_preemption.engine import PREEMPTION_MODES, PreemptingEngine
 from phases.p5_serving.pool_stream import counters, pool_frame
 
-REPLAYS = ("tput", "cow_demo", "prefix_demo", "preempt_demo")
+REPLAYS = ("tput", "cow_demo", "share_demo", "prefix_demo", "preempt_demo")
 PAGE = Path(__file__).resolve().parent / "pool_page"
 MAX_STEPS = 5000            # a replay longer than this is cut (a page keeps 5000 frames)
 TPUT_POOL_BLOCKS = 64       # tput's pool: room for the four running, so nobody waits for blocks
@@ -63,6 +66,15 @@ def cow_scene(lm, cfg: RunConfig):
     return engine
 
 
+def share_scene(lm, cfg: RunConfig):
+    """share_demo's search: one prompt, n beams, in a pool of their worst case (every beam a private copy)."""
+    ids = lm.prompt_ids(TABLE_DEMO_PROMPT)
+    n_blocks = worst_case_blocks(Request(prompt_ids=ids, max_new_tokens=cfg.max_new_tokens), cfg.n, cfg.block_size)
+    engine = BeamSearchEngine(lm, max_running=cfg.n, block_size=cfg.block_size, n_blocks=n_blocks)
+    engine.add_beam_search(ids, cfg.max_new_tokens, beam_width=cfg.n)
+    return engine
+
+
 def prefix_scene(lm, cfg: RunConfig):
     """prefix_demo's few-shot requests, two running at a time, so the later ones find the prompt cached."""
     engine = PrefixCachingEngine(lm, max_running=2, block_size=cfg.block_size, n_blocks=PREFIX_POOL_BLOCKS)
@@ -80,7 +92,7 @@ def preempt_scene(lm, cfg: RunConfig):
     return engine
 
 
-SCENES = {"tput": tput_scene, "cow_demo": cow_scene, "prefix_demo": prefix_scene, "preempt_demo": preempt_scene}
+SCENES = {"tput": tput_scene, "cow_demo": cow_scene, "share_demo": share_scene, "prefix_demo": prefix_scene, "preempt_demo": preempt_scene}
 
 
 def record(engine) -> list[dict]:
@@ -114,9 +126,10 @@ def write_replay(report: Report, folder: Path) -> Path:
 
 
 @demo("pool_replay", phase="p5", writes=write_replay,
-      help="a demo's run (tput, cow_demo, prefix_demo, preempt_demo) as one HTML file that draws the pool step by step",
+      help="a demo's run (tput, cow_demo, share_demo, prefix_demo, preempt_demo) as one HTML file that draws the pool step by step",
       options=[Option("of", str, cpu="cow_demo", choices=REPLAYS, positional=True, help="the demo to replay"),
-               Option("n", int, cpu=3, help="samples (cow_demo), or requests beyond the first three (prefix_demo)"),
+               Option("n", int, cpu=3,
+                      help="samples (cow_demo), beams (share_demo), or requests beyond the first three (prefix_demo)"),
                Option("max_new_tokens", int, cpu=24,
                       help="tokens per sequence (tput: twice, to EOS; the others ignore EOS but cow_demo)"),
                Option("block_size", int, cpu=DEFAULT_BLOCK_SIZE, help="tokens per KV block"),
