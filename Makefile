@@ -10,9 +10,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-DEMOS  := decode_sweep sweep waste_demo latency_demo wall alloc_demo table_demo block_size_study vm_analogy snapshot grow_demo tput gather_bench stack_bench attn_bench workload_bench bench_serve prefix_demo cow_demo share_demo preempt_demo stress_demo rate_sweep spec_demo tp_demo varlen_bench prefill_bench decode_bench graph_bench graph_workload fused_bench fused_workload serve_workload vllm_cpu_peer
+DEMOS  := decode_sweep sweep waste_demo latency_demo wall alloc_demo table_demo block_size_study vm_analogy snapshot grow_demo tput gather_bench stack_bench attn_bench workload_bench bench_serve prefix_demo cow_demo share_demo preempt_demo stress_demo rate_sweep spec_demo tp_demo varlen_bench prefill_bench decode_bench graph_bench graph_workload fused_bench fused_workload serve_workload vllm_cpu_peer pool_replay
 
-.PHONY: peer-vllm install demo test notebooks lessons lessons-check gpu-check gpu-headline list serve $(DEMOS) clean-cache
+.PHONY: peer-vllm install browser demo test notebooks lessons lessons-check gpu-check gpu-headline list serve $(DEMOS) clean-cache
 
 install: $(VENV)/.installed
 
@@ -28,8 +28,18 @@ $(VENV)/.installed: requirements.txt
 demo: install
 	$(PY) -m common sweep
 
+# The /pool page's test drives Debian's chromium through Playwright (never a browser Playwright downloads):
+# installed here when it is missing, with apt-get (as root, or through sudo). CHROMIUM=<path> uses another.
+CHROMIUM ?= chromium
+browser:
+	@command -v $(CHROMIUM) >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -q && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } \
+	  || { echo "the browser test needs chromium: apt-get install chromium, or CHROMIUM=<its path>" >&2; exit 1; }
+
 # One pytest worker per core; the notebook tests share one worker (tests/conftest.py), which runs them side by side.
-test: install
+test: install browser
+	CHROMIUM=$$(command -v $(CHROMIUM)) \
 	$(PY) -m pytest -q -n auto --dist loadgroup
 
 # Each notebook is a pair: notebooks/NN_x.py (edit this) and NN_x.ipynb (executed, outputs kept).

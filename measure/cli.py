@@ -48,9 +48,13 @@ def build_parser(demo: registry.Demo) -> argparse.ArgumentParser:
         p.add_argument("--threads", type=int, default=0,
                        help="CPU intra-op threads (0: torch's default); 1 is steadier on a shared CPU")
     for o in demo.options:
+        help = f"{o.help} (default: {o.cpu} on CPU, {o.gpu if o.gpu is not None else o.cpu} on GPU)"
+        if o.positional:
+            p.add_argument(o.name, type=o.type, nargs="*" if o.many else "?", default=None, choices=o.choices, help=help)
+            continue
         flag = "--" + o.name.replace("_", "-")
         p.add_argument(flag, dest=o.name, type=o.type, nargs="+" if o.many else None, default=None, choices=o.choices,
-                       help=f"{o.help} (default: {o.cpu} on CPU, {o.gpu if o.gpu is not None else o.cpu} on GPU)")
+                       help=help)
     return p
 
 
@@ -97,6 +101,8 @@ def save_outputs(name: str, report, results_dir: Path | str = RUNS_DIR) -> list[
     except registry.MissingPackage as e:
         print(f"{e} (no plot; the tables are saved)", file=sys.stderr)
         return paths
+    if demo.writes is not None:
+        paths.append(demo.writes(report, Path(results_dir)))
     if demo.plot is not None:
         png = Path(results_dir) / f"{report.stem()}.png"
         try:

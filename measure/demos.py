@@ -61,12 +61,13 @@ DEMO_MODULES: dict[str, str] = {
     "bench_serve": "phases.p5_serving.demo",
     "serve_workload": "phases.p5_serving.workload_demo",
     "vllm_cpu_peer": "measure.vllm_cpu",
+    "pool_replay": "phases.p5_serving.pool_replay",
 }
 
 REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements.txt"
 # Import names whose PyPI distribution has another name (or comes with another package).
 DISTRIBUTION_OF = {"starlette": "fastapi", "pydantic": "fastapi", "yaml": "pyyaml", "PIL": "pillow",
-                   "prometheus_client": "prometheus-client"}
+                   "prometheus_client": "prometheus-client", "zmq": "pyzmq"}
 
 
 @dataclass
@@ -79,6 +80,7 @@ class Option:
     help: str = ""
     many: bool = False  # a list: `--batch-sizes 1 2 4`
     choices: tuple | None = None   # the values it takes, if a fixed set: refused at parsing otherwise
+    positional: bool = False       # given bare after the demo's name (`pool_replay cow_demo`), not as a flag
 
     def refusal(self, value: Any) -> str | None:
         """Why `value` (one, or a list for `many`) is not among the choices; None when it is, or when any goes."""
@@ -150,6 +152,7 @@ class Demo:
     options: list[Option] = field(default_factory=list)
     plot: Callable[[Report, Any], None] | None = None  # (report, png_path) -> None
     needs_model: bool = True
+    writes: Callable[[Report, Path], Path] | None = None  # (report, folder) -> one more file it saves there
 
     def resolve(self, on_gpu: bool, given: dict[str, Any] | None = None) -> dict[str, Any]:
         given = given or {}
@@ -191,7 +194,8 @@ def install_command(package: str) -> str:
 
 
 def demo(name: str, phase: str, help: str, options: list[Option] | None = None,
-         plot: Callable | None = None, needs_model: bool = True, extends: str | None = None):
+         plot: Callable | None = None, needs_model: bool = True, extends: str | None = None,
+         writes: Callable | None = None):
     """Register the decorated function `run(cfg) -> Report` as demo `name`.
 
     The module DEMO_MODULES names for `name` defines the demo the command
@@ -204,7 +208,7 @@ def demo(name: str, phase: str, help: str, options: list[Option] | None = None,
                          f"'\"{name}\": \"<its module>\"' there")
 
     def register(fn: Callable[[RunConfig], Report]):
-        entry = Demo(name, fn, phase, help, options or [], plot, needs_model)
+        entry = Demo(name, fn, phase, help, options or [], plot, needs_model, writes)
         if fn.__module__ == DEMO_MODULES[name]:
             DEMOS[name] = entry
         else:

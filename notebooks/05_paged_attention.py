@@ -146,3 +146,15 @@ if res.exists():
     plt.tight_layout(); plt.show()
 else:
     print("run `python -m common workload_bench` to measure the full comparison")
+
+# %% [markdown]
+# ### The pool, step by step
+#
+# `python -m common pool_replay tput` records this engine's pool after every step and writes it as one HTML
+# file; below, the reference run of it ([results/](../results/)): phase 3.6's engine claiming blocks as
+# sequences grow and giving them back as they finish. The step buttons (or the arrow keys) walk the steps.
+
+# %%
+from IPython.display import display_html
+
+display_html('<iframe src="../results/pool-replay-tput_cpu_smollm2-135m.html" width="100%" height="480" style="border: 0"></iframe>', raw=True)

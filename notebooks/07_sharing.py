@@ -203,3 +203,16 @@ print("engine:", repr(lm.decode(beams.best)))
 print("HF    :", repr(lm.decode(hf)))
 assert beams.best == hf
 print("free blocks after the search:", beam_engine.allocator.n_free, "of", beam_engine.allocator.n_blocks)
+
+# %% [markdown]
+# ### The pool, step by step
+#
+# `python -m common pool_replay cow_demo` records this engine's pool after every step and writes it as one
+# HTML file; below, the reference run of it ([results/](../results/)): the prompt's blocks shared by the
+# samples (ref count 3), then the copy-on-write of the last one. The step buttons (or the arrow keys) walk the
+# steps.
+
+# %%
+from IPython.display import display_html
+
+display_html('<iframe src="../results/pool-replay-cow-demo_cpu_smollm2-135m.html" width="100%" height="480" style="border: 0"></iframe>', raw=True)

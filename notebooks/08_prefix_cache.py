@@ -197,3 +197,16 @@ print(engine.cache_stats)
 #   gives it back, deepest-and-oldest first, the moment anyone needs a block.
 #
 # Run `python -m common prefix_demo` to measure what this buys on a one-shot and a few-shot system prompt.
+
+# %% [markdown]
+# ### The pool, step by step
+#
+# `python -m common pool_replay prefix_demo` records this engine's pool after every step and writes it as one
+# HTML file; below, the reference run of it ([results/](../results/)): the first request computes the system
+# prompt; the later ones map its cached blocks in, and finished prompts stay cached-free. The step buttons (or
+# the arrow keys) walk the steps.
+
+# %%
+from IPython.display import display_html
+
+display_html('<iframe src="../results/pool-replay-prefix-demo_cpu_smollm2-135m.html" width="100%" height="480" style="border: 0"></iframe>', raw=True)

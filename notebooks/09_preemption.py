@@ -294,3 +294,16 @@ for prompt, ids in zip(PROMPTS, hf):
 # finishes every request with the same output. Phase 4.5 adds speculative decoding to it, and phase 5 puts it
 # behind an OpenAI-compatible HTTP server, where requests arrive whenever clients send them and a preempted
 # request simply pauses its stream.
+
+# %% [markdown]
+# ### The pool, step by step
+#
+# `python -m common pool_replay preempt_demo` records this engine's pool after every step and writes it as one
+# HTML file; below, the reference run of it ([results/](../results/)): the latest requests preempted when the
+# 24-block pool runs dry, their blocks given back, and recomputed when room returns. The step buttons (or the
+# arrow keys) walk the steps.
+
+# %%
+from IPython.display import display_html
+
+display_html('<iframe src="../results/pool-replay-preempt-demo_cpu_smollm2-135m.html" width="100%" height="480" style="border: 0"></iframe>', raw=True)

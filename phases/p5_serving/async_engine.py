@@ -28,6 +28,7 @@ import asyncio
 import itertools
 import logging
 import threading
+import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import AsyncIterator
@@ -35,7 +36,7 @@ from typing import AsyncIterator
 from common.sampling import GREEDY, SamplingParams
 from phases.p5_serving.detokenize import TextStream
 from phases.p5_serving.isolation import StepFailed
-from phases.p5_serving.metrics import EngineStats, RateMeter, snapshot
+from phases.p5_serving.metrics import EngineStats, LatencyStats, RateMeter, snapshot
 from phases.p5_serving.samples import SAMPLES
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,8 @@ class Request:
         self.waiting = True          # loop side: counts against max_waiting until its first token
         self.ticket = None           # engine side: what SAMPLES.add returned
         self.ended: set[int] = set() # engine side: samples finished or aborted
+        self.arrival = time.monotonic()        # loop side: for time to first token
+        self.last_token_at: list[float | None] = [None] * n   # loop side: per sample, for inter-token latency
 
 
 class AsyncEngine:
@@ -107,7 +110,12 @@ class AsyncEngine:
         self.n_generated = 0                           # engine side: tokens routed to requests
         self.n_requests_failed = 0                     # engine side: requests a failed step failed
         self.token_rate = RateMeter()
+        self.latency = LatencyStats()                  # loop side: time to first token, inter-token latency
         self.stats: EngineStats = self._snapshot()
+        # Callables (engine, outputs) the engine thread runs after each step: the pool view while a page
+        # watches, the KV events while they are on. A tuple, replaced whole (never mutated), so the engine
+        # thread reads the old one or the new one; empty, the step pays one loop over nothing.
+        self.step_observers: tuple = ()
 
     # --- lifecycle (event loop) -------------------------------------------------------
     def start(self) -> None:
@@ -211,10 +219,26 @@ class AsyncEngine:
             req.accepted.set_exception(error)
 
     def _deliver(self, batch: dict[Request, list]) -> None:
+        now = time.monotonic()
         for req, events in batch.items():
             self._started(req)
             for ev in events:
+                if isinstance(ev, TokenEvent):
+                    self._time(req, ev.index, now)
                 req.events.put_nowait(ev)
+
+    def _time(self, req: Request, index: int, now: float) -> None:
+        """Time to first token (a request's first token, any sample), inter-token latency (per sample)."""
+        if all(t is None for t in req.last_token_at):
+            self.latency.ttft.observe(now - req.arrival)
+        elif req.last_token_at[index] is not None:
+            self.latency.itl.observe(now - req.last_token_at[index])
+        req.last_token_at[index] = now
+
+    def call_on_engine(self, fn) -> None:
+        """Run `fn()` on the engine thread between two steps (reading or changing the engine safely)."""
+        self._inbox.append(("call", fn, None))
+        self._wake.set()
 
     # --- engine thread ----------------------------------------------------------------
     def _post(self, op: str, req: Request, index: int | None = None) -> None:
@@ -252,17 +276,38 @@ class AsyncEngine:
                 self._fail_all(EngineFailed(f"engine step failed: {type(e).__name__}: {e}"))
                 continue
             self._dispatch(outputs)
+            for observe in self.step_observers:
+                self._observe(observe, outputs)
             # The engine keeps every finished Sequence for `run()`'s answer; a server
             # that runs for days must not, and has already routed their tokens.
             self.engine.finished.clear()
         self._fail_all(EngineFailed("the server is shutting down"))
         self.stats = self._snapshot()
 
+    def _observe(self, observe, outputs) -> None:
+        try:
+            observe(self.engine, outputs)
+        except Exception:  # noqa: BLE001 - a broken watcher must not stop the engine: it is dropped
+            log.exception("a step observer raised; it is removed")
+            self.remove_step_observer(observe)
+
+    def add_step_observer(self, observe) -> None:
+        self.step_observers = (*self.step_observers, observe)
+
+    def remove_step_observer(self, observe) -> None:
+        # `!=`, not `is not`: a bound method is a new object at each access (equal, never identical)
+        self.step_observers = tuple(o for o in self.step_observers if o != observe)
+
     def _drain(self) -> None:
         while self._inbox:
             op, req, index = self._inbox.popleft()
             if op == "add":
                 self._add(req)
+            elif op == "call":    # (call_on_engine: the second item is the function)
+                try:
+                    req()
+                except Exception:  # noqa: BLE001 - a failed call fails alone, never the engine thread
+                    log.exception("a call on the engine thread raised")
             elif req.ticket is not None:
                 self._abort(req, index)
 
@@ -290,6 +335,12 @@ class AsyncEngine:
             for key in self.samples.keys(req.ticket):
                 self._owner.pop(key, None)
             self.samples.forget(self.engine, req.ticket)
+
+    def label_of(self, seq) -> str | None:
+        """The label (the API's response id) of the request `seq` serves; None once it is over. Engine thread."""
+        key = self.samples.key_of(self.engine, seq)
+        req = self._owner.get(key) if key is not None else None
+        return req.label if req is not None else None
 
     @staticmethod
     def _labels(reqs) -> list[str]:

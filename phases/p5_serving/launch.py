@@ -104,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="layers of the self-draft (--speculative draft; default half of the model's)")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="workers the model is cut across (phase 4.6: gloo on CPUs, one GPU each on CUDA)")
+    p.add_argument("--kv-events-endpoint", default=None,
+                   help="publish KV events in vLLM's format (msgpack over ZMQ) on this address, e.g. tcp://*:5557 "
+                        "(off by default; needs prefix caching)")
+    p.add_argument("--kv-events-topic", default="", help="the ZMQ topic of the KV events (default: none)")
     p.add_argument("--log-level", default="info")
     return p
 
@@ -114,9 +118,11 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    group = None
     if args.tensor_parallel_size < 1:
         parser.error(f"--tensor-parallel-size must be >= 1, got {args.tensor_parallel_size}")
+    if args.kv_events_endpoint and args.no_prefix_caching:
+        parser.error("--kv-events-endpoint needs the prefix cache: the events are its blocks")
+    group = None
     if args.tensor_parallel_size == 1:
         lm = load_model(args.model, device=args.device, dtype=args.dtype)
     else:
@@ -126,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                      block_size=args.block_size, n_blocks=args.n_blocks, prefix_caching=not args.no_prefix_caching,
                      preemption_mode=args.preemption_mode, max_num_batched_tokens=args.max_num_batched_tokens,
                      speculative=args.speculative, num_speculative_tokens=args.num_speculative_tokens,
-                     draft_layers=args.draft_layers, tensor_parallel=group)
+                     draft_layers=args.draft_layers, kv_events_endpoint=args.kv_events_endpoint,
+                     kv_events_topic=args.kv_events_topic, tensor_parallel=group)
     pool = app.state.engine.engine.allocator
     print(f"serving '{lm.name}' ({lm.device}, {str(lm.dtype).removeprefix('torch.')}) on "
           f"http://{args.host}:{args.port}/v1  - KV pool {pool.n_blocks} blocks x {pool.block_size} tokens, "
@@ -134,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
           f"max_num_batched_tokens {args.max_num_batched_tokens}, "
           f"prefix caching {'off' if args.no_prefix_caching else 'on'}, preemption by {args.preemption_mode}, "
           f"speculative decoding {args.speculative or 'off'}, "
-          f"tensor parallel size {args.tensor_parallel_size}",
+          f"tensor parallel size {args.tensor_parallel_size}, "
+          f"KV events {'on ' + args.kv_events_endpoint if args.kv_events_endpoint else 'off'}; "
+          f"the pool: http://{args.host}:{args.port}/pool",
           flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)

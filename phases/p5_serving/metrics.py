@@ -8,24 +8,32 @@ package: a custom collector reads the snapshot at each scrape, the way that
 package exports values that live elsewhere. Counters only grow (a scraper
 derives rates from them); gauges are the state now, and
 `engine_generation_tokens_per_second` is the generation rate over the last
-`TOKEN_RATE_WINDOW_S` seconds, for a person reading /health.
+`TOKEN_RATE_WINDOW_S` seconds, for a person reading /health. Two histograms,
+time to first token and inter-token latency, are timed on the event loop as
+tokens reach their request. vllm_metrics.py adds vLLM's names beside ours.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+from bisect import bisect_left
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from phases.p4_4_preemption.engine import PREEMPTED
 
 TOKEN_RATE_WINDOW_S = 10.0
 METRIC_PREFIX = "engine"
+# Upper bounds (seconds) of the histograms' buckets: vLLM's, so its dashboards' quantiles read ours alike.
+TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+                 40.0, 80.0)
 
 
 @dataclass(frozen=True)
@@ -37,6 +45,8 @@ class EngineStats:
     total_blocks: int
     prefix_blocks_queried: int    # full prompt blocks looked up in the prefix cache
     prefix_blocks_hit: int        # ... and found there
+    prefix_tokens_queried: int    # prompt tokens of every admitted request (recomputed ones again)
+    prefix_tokens_hit: int        # ... whose prefill a prefix hit saved
     preemptions: int              # preemptions so far
     generated_tokens: int         # tokens handed to clients so far
     step_failures: int            # steps that raised
@@ -62,6 +72,7 @@ def snapshot(engine, generated_tokens: int, requests_failed: int) -> EngineStats
         running=len(engine.running), waiting=len(engine.waiting) + len(engine.swapped_seqs) - preempted,
         preempted=preempted, free_blocks=engine.allocator.n_free, total_blocks=engine.allocator.n_blocks,
         prefix_blocks_queried=cache.blocks_queried, prefix_blocks_hit=cache.blocks_hit,
+        prefix_tokens_queried=cache.prompt_tokens, prefix_tokens_hit=cache.tokens_skipped,
         preemptions=engine.stats.n_preemptions, generated_tokens=generated_tokens,
         step_failures=engine.n_step_failures, requests_failed=requests_failed, isolating=engine.isolating)
 
@@ -89,6 +100,41 @@ class RateMeter:
     def _trim(self, t: float) -> None:
         while self._events and self._events[0][0] < t - self.window_s:
             self._events.popleft()
+
+
+class Histogram:
+    """Counts per bucket, a sum and a count: what a Prometheus histogram exports. Observed on the event loop
+    only; a scrape (also on the loop) reads it whole."""
+
+    def __init__(self, bounds: tuple[float, ...]):
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)   # the last: above every bound (+Inf)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1   # bucket "le b" holds values <= b
+        self.sum += value
+        self.count += 1
+
+    def family(self, name: str, doc: str, labels: dict[str, str] | None = None) -> HistogramMetricFamily:
+        """Prometheus' cumulative buckets, `le` as text."""
+        labels = labels or {}
+        h = HistogramMetricFamily(name, doc, labels=list(labels))
+        cumulative, total = [], 0
+        for bound, n in zip([*map(str, self.bounds), "+Inf"], self.counts):
+            total += n
+            cumulative.append((bound, total))
+        h.add_metric(list(labels.values()), cumulative, self.sum)
+        return h
+
+
+class LatencyStats:
+    """Time to first token per request (any sample's first), and the time between a sample's tokens."""
+
+    def __init__(self):
+        self.ttft = Histogram(TTFT_BUCKETS_S)
+        self.itl = Histogram(ITL_BUCKETS_S)
 
 
 class EngineCollector:
@@ -121,11 +167,16 @@ class EngineCollector:
             ("preemptions", "Preemptions", s.preemptions),
             ("prefix_cache_queried_blocks", "Prompt blocks looked up in the prefix cache", s.prefix_blocks_queried),
             ("prefix_cache_hit_blocks", "Prompt blocks found in the prefix cache", s.prefix_blocks_hit),
+            ("prefix_cache_queried_tokens", "Prompt tokens of admitted requests", s.prefix_tokens_queried),
+            ("prefix_cache_hit_tokens", "Prompt tokens found in the prefix cache", s.prefix_tokens_hit),
             ("step_failures", "Engine steps that raised", s.step_failures),
             ("requests_failed", "Requests failed by an engine step", s.requests_failed),
         ]
         for name, doc, value in counters:
             yield CounterMetricFamily(f"{p}_{name}", doc, value=value)
+        latency = self.aengine.latency
+        yield latency.ttft.family(f"{p}_time_to_first_token_seconds", "Time from a request's arrival to its first token")
+        yield latency.itl.family(f"{p}_inter_token_latency_seconds", "Time between two tokens of one sample")
         group = getattr(self.aengine.engine, "tensor_parallel", None)
         if group is not None:
             alive = group.health()["alive"]
@@ -134,10 +185,12 @@ class EngineCollector:
                                     "alive (below the size: the engine can run nothing more)", sum(alive))
 
 
-def metrics_registry(aengine) -> CollectorRegistry:
-    """A registry of this server's own (not the process-wide default: tests start several servers)."""
+def metrics_registry(aengine, *collectors) -> CollectorRegistry:
+    """A registry of this server's own (not the process-wide default: tests start several servers): ours,
+    and the `collectors` given (vLLM's names)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineCollector(aengine))
+    for collector in (EngineCollector(aengine), *collectors):
+        registry.register(collector)
     return registry
 
 

@@ -2,7 +2,9 @@
 
 Routes: `POST /v1/completions`, `POST /v1/chat/completions` (both with
 `stream: true` as server-sent events ending in `data: [DONE]`),
-`GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus).
+`GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus, our names and vLLM's),
+`GET /pool` (the KV pool, live: pool_page/, fed by `GET /pool/stream`), `POST /reset_prefix_cache`.
+KV events in vLLM's format go out on a ZMQ socket when `kv_events_endpoint` is given (kv_events.py).
 
 What a request goes through:
   1. validation (protocol.py)        -> 400 with an OpenAI error body, `param` naming the field
@@ -28,10 +30,11 @@ import json
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
@@ -42,12 +45,18 @@ from phases.p4_6_tensor_parallel.engine import use_tensor_parallel
 from phases.p5_serving import protocol as P
 from phases.p5_serving.async_engine import DEFAULT_MAX_WAITING, AsyncEngine, EngineFailed, QueueFull
 from phases.p5_serving.formats import ChatFormat, CompletionFormat
+from phases.p5_serving.kv_events import (DEFAULT_KV_EVENTS_TOPIC, EventRecordingAllocator, KVEvents,
+                                         ZmqEventPublisher, reset_prefix_cache)
 from phases.p5_serving.metrics import exposition, metrics_registry
+from phases.p5_serving.pool_stream import PoolWatch
 from phases.p5_serving.samples import SAMPLES
+from phases.p5_serving.vllm_metrics import VllmCollector
 
 DISCONNECT_POLL_S = 0.25   # how often a non-streamed request checks that its client is still there
 RETRY_AFTER_S = 1          # what a 503 suggests
 SSE_DONE = "data: [DONE]\n\n"
+POOL_PAGE = Path(__file__).resolve().parent / "pool_page"   # index.html, pool.css, pool.js
+POOL_FILES = {"pool.css": "text/css", "pool.js": "text/javascript"}
 
 
 @dataclass
@@ -58,6 +67,8 @@ class ServerState:
     served: str              # the model name clients must send
     started: int             # unix time, for /v1/models
     metrics: object          # its prometheus-client registry
+    pool: PoolWatch          # the /pool pages' frames
+    kv_events: KVEvents | None = None   # None: events off
 
 
 def _state(request: Request) -> ServerState:
@@ -129,6 +140,48 @@ async def health(request: Request):
 async def metrics(request: Request) -> Response:
     body, content_type = exposition(_state(request).metrics)
     return Response(body, media_type=content_type)
+
+
+# --- the pool, live ----------------------------------------------------------------------
+@router.get("/pool", response_class=FileResponse, include_in_schema=False)   # a page, not the API
+async def pool_page(request: Request) -> FileResponse:
+    return FileResponse(POOL_PAGE / "index.html", media_type="text/html")
+
+
+@router.get("/pool/stream", include_in_schema=False)
+async def pool_stream(request: Request) -> StreamingResponse:
+    """One frame per engine step, as server-sent events, while the page is open (pool_stream.py)."""
+    return StreamingResponse(_state(request).pool.frames(request.is_disconnected), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})
+
+
+@router.get("/pool/{name}", response_class=FileResponse, include_in_schema=False)
+async def pool_file(name: str) -> FileResponse:
+    if name not in POOL_FILES:
+        raise APIError(404, f"no file '{name}' here", "not_found_error")
+    return FileResponse(POOL_PAGE / name, media_type=POOL_FILES[name])
+
+
+@router.post("/reset_prefix_cache", include_in_schema=False)   # an operator's route, not the OpenAI API
+async def reset_cache(request: Request) -> dict:
+    """Forget every cached block (vLLM's route), on the engine thread; refused while a block is in use."""
+    state = _state(request)
+    allocator = state.aengine.engine.allocator
+    if not hasattr(allocator, "evictor"):
+        raise APIError(400, "prefix caching is off on this server")
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def reset() -> None:   # engine thread
+        cleared = reset_prefix_cache(allocator)
+        if state.kv_events is not None:
+            state.kv_events(state.aengine.engine, [])   # AllBlocksCleared goes out now, not after the next step
+        loop.call_soon_threadsafe(done.set_result, cleared)
+
+    state.aengine.call_on_engine(reset)
+    if not await done:
+        raise APIError(409, "blocks are in use; reset the prefix cache when no request runs", code="blocks_in_use")
+    return {"reset": True}
 
 
 @router.get("/v1/models")
@@ -265,11 +318,13 @@ async def _collect(request: Request, aengine: AsyncEngine, req, body: P._Samplin
 @asynccontextmanager
 async def lifespan(app: FastAPI):
     """The engine thread starts and stops with the app."""
-    aengine = app.state.server.aengine
-    aengine.start()
+    state = app.state.server
+    state.aengine.start()
     yield
-    await aengine.stop()
-    group = getattr(aengine.engine, "tensor_parallel", None)
+    await state.aengine.stop()
+    if state.kv_events is not None:
+        state.kv_events.close()
+    group = getattr(state.aengine.engine, "tensor_parallel", None)
     if group is not None:
         group.close()                 # the workers go with the server
 
@@ -280,28 +335,45 @@ def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DE
                preemption_mode: str = "recompute",
                max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, speculative: str | None = None,
                num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
-               draft_layers: int | None = None, tensor_parallel=None) -> FastAPI:
+               draft_layers: int | None = None, kv_events_endpoint: str | None = None,
+               kv_events_topic: str = DEFAULT_KV_EVENTS_TOPIC, tensor_parallel=None) -> FastAPI:
     """The app for one loaded model.
 
     The engine is the last of the line (samples.py) unless one is given: prefix caching on unless
     `prefix_caching=False`, preemption by recomputation unless `preemption_mode="swap"`, long prompts
     prefilled in chunks of at most `max_num_batched_tokens` tokens per step (decode tokens included), and
     speculative decoding when `speculative` names a method ("ngram", or "draft": a self-draft of `draft_layers`).
+    `kv_events_endpoint` (a ZMQ address such as "tcp://*:5557") turns on KV events in vLLM's format: the engine
+    then runs on an `EventRecordingAllocator`; without it, on phase 4.3's allocator, doing nothing for events.
     With `tensor_parallel` (the group that `launch` of phase 4.6 returned with `lm`), the model runs across its
     workers; the server closes the group when it stops."""
+    events_on = kv_events_endpoint is not None
+    if events_on and (engine is not None or not prefix_caching):
+        raise ValueError("KV events come from the prefix cache of the engine create_app builds: "
+                         "leave prefix caching on and pass no engine")
     if engine is None:
         if tensor_parallel is not None and speculative == "draft":
             raise ValueError("speculative='draft' is not supported under tensor parallelism; use 'ngram'")
+        allocator = EventRecordingAllocator.for_model(lm, block_size=block_size, n_blocks=n_blocks) \
+            if events_on else None
         engine = SAMPLES.engine_class(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks,
                                       prefix_caching=prefix_caching, preemption_mode=preemption_mode,
                                       max_num_batched_tokens=max_num_batched_tokens, speculative=speculative,
                                       num_speculative_tokens=num_speculative_tokens, draft_layers=draft_layers,
+                                      allocator=allocator,
                                       **({} if tensor_parallel is None else {"cuda_graphs": False}))
         if tensor_parallel is not None:
             use_tensor_parallel(engine, tensor_parallel)
     aengine = AsyncEngine(engine, max_waiting=max_waiting)
+    served = model_name or lm.name
+    kv_events = None
+    if events_on:
+        kv_events = KVEvents(allocator, ZmqEventPublisher(kv_events_endpoint, kv_events_topic))
+        aengine.add_step_observer(kv_events)
     app = FastAPI(title="inference-engine-phases: OpenAI-compatible server", lifespan=lifespan)
-    app.state.server = ServerState(lm, aengine, model_name or lm.name, int(time.time()), metrics_registry(aengine))
+    app.state.server = ServerState(lm, aengine, served, int(time.time()),
+                                   metrics_registry(aengine, VllmCollector(aengine, served)), PoolWatch(aengine),
+                                   kv_events)
     app.state.engine = aengine
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_invalid_request)
