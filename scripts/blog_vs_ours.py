@@ -57,6 +57,8 @@ class Figure:
 class Comparison:
     figures: list[Figure]
     why: str             # one sentence: where the shape differs from the blog's, and why
+    reference: str = "blog (GPU, Qwen)"   # the head of the column the blog's figures (or claims) sit in
+    source: str = ""     # appended to the opening line: where figures that are not the blog's come from
 
 
 def read_tables(report: str) -> tuple[dict, dict[str, list[list[str]]]]:
@@ -88,8 +90,9 @@ def lookup(cell: Cell | Note) -> tuple[str, dict]:
 def render(comparison: Comparison) -> str:
     """The markdown block: the table, then where each of our figures comes from, then why shapes differ."""
     lines = ["The blog's figures are copied from the post (Qwen on a Modal GPU it does not name); ours are looked "
-             "up in `results/` by `scripts/sync_readme_tables.py` (which figures: `scripts/blog_vs_ours.py`).", "",
-             "| figure | blog (GPU, Qwen) | ours, CPU | ours, GPU |", "|---|---:|---:|---:|"]
+             "up in `results/` by `scripts/sync_readme_tables.py` (which figures: `scripts/blog_vs_ours.py`)."
+             + comparison.source, "",
+             f"| figure | {comparison.reference} | ours, CPU | ours, GPU |", "|---|---:|---:|---:|"]
     sources: dict[str, dict] = {}
     for f in comparison.figures:
         cells = []
@@ -414,7 +417,9 @@ COMPARISONS: dict[str, Comparison] = {
        "recomputation at most 1.2x swapping's cost on a GPU; on our CPU it costs 148-174x (no PCIe copy to pay "
        "for, and a compute-bound prefill on 2 cores), as the measurements page's micro-benchmark shows. The rate rows are "
        "its §6.1 (ShareGPT on A100s) against `rate_sweep`, its setup scaled down 16 times on a shared CPU (see "
-       "the measurements page: rough figures)."),
+       "the measurements page: rough figures).",
+       reference="blog (GPU, Qwen) or vLLM paper (OPT, A100)",
+       source=" The paper's are read from its figures."),
     "p4_5_speculative_decoding": Comparison([
         Figure("n-gram acceptance, code edit", "beyond the blog",
                cpu("spec-demo", "Acceptance by workload", ("code_edit", "ngram"), "acceptance"), None),
