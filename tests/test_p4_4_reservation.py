@@ -1,7 +1,7 @@
 """Orca's reservations beside paged allocation (reservation.py, rate_sweep): each reservation claimed at
 admission and never outgrown, its size per policy, paged admitting at least as many, the same tokens under
 every policy, and the rate sweep end to end; Orca for requests of several sequences (nothing shared) and
-share_sweep end to end."""
+share_sweep; block_sweep end to end."""
 
 import pytest
 
@@ -204,3 +204,13 @@ def test_share_sweep_quick_runs_end_to_end():
     assert [t.title.split(":")[0] for t in report.tables] == ["parallel sampling", "beam search",
                                                              "Highest rate sustained under 1 s/token"]
 
+
+def test_block_sweep_quick_runs_end_to_end():
+    from measure.cli import run_demo
+    report = run_demo("block_sweep", model="tiny", device="cpu", dtype="fp32", quick=True)
+    d = report.data
+    assert list(d["runs"]) == ["sharegpt recompute", "sharegpt swap"] and d["block_sizes"] == [2, 8]
+    assert all(set(by_size) == {"2", "8"} for by_size in d["runs"].values())
+    normalized, _, best = report.tables
+    assert [row[0] for row in normalized.rows] == [2, 8] and all(v > 0 for row in normalized.rows for v in row[1:])
+    assert [row[:2] for row in best.rows] == [["sharegpt", "recompute"], ["sharegpt", "swap"]]

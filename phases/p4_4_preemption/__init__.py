@@ -19,8 +19,8 @@ Files:
              phase's engines handed to the harness in measure/ (preempt_bench.py, recovery_bench.py,
              stress_bench.py; traces from workload.py, driven by harness.py's `drive`) and `rate_sweep` (paged
              allocation against the three reservations under Poisson arrivals, the paper's Fig. 12 and 13;
-             measure/rate_bench.py, driven by harness.py's `drive_timed`), and `share_sweep`
-             (Fig. 14)
+             measure/rate_bench.py, driven by harness.py's `drive_timed`), `block_sweep` (Fig. 18b, 19b) and
+             `share_sweep` (Fig. 14)
 - README.md  the idea, its files, how to run it; its tables: docs/measurements/p4_4_preemption.md
 """
 

@@ -7,12 +7,13 @@ preempt_demo  A burst of requests (mixed prompt and output lengths, all at t = 0
 stress_demo   A seeded random trace: bursts of plain requests and n seeded samples,
               overflowing the pool many times over, every promise of the scheduler checked as it runs.
 rate_sweep    Poisson arrivals at rising rates: paged allocation against Orca's three reservations (reservation.py).
+block_sweep   Poisson arrivals at one rate, block sizes 1..16, recomputing or swapping (the paper's Fig. 18b, 19b).
 share_sweep   rate_sweep for n samples or k beams: paged, sharing, against Orca (Oracle), sharing nothing (Fig. 14).
 
 The harness is in measure/ (it imports no phase; this file hands it this phase's engine line):
 measure/preempt_bench.py (runs, tables, plot of preempt_demo), measure/recovery_bench.py (the
 micro-benchmark), measure/stress_bench.py, measure/rate_bench.py (rate_sweep),
-measure/share_rate_bench.py (share_sweep). The traces (`burst`,
+measure/block_rate_bench.py (block_sweep), measure/share_rate_bench.py (share_sweep). The traces (`burst`,
 `stress_trace`) are measure/workload.py's step-timed traces, fed to the engine by measure/harness.py's
 `drive`.
 
@@ -24,6 +25,7 @@ different batch compositions, so "identical to the unlimited pool" tests preempt
 from __future__ import annotations
 
 from measure.demos import RunConfig, demo
+from measure.block_rate_bench import block_options, plot_block_sweep, run_block_sweep
 from measure.preempt_bench import PreemptionLine, plot_preempt, preempt_options, run_preempt_demo
 from measure.rate_bench import plot_rate_sweep, rate_options, run_rate_sweep
 from measure.report import Report
@@ -88,6 +90,20 @@ RATE_ENGINES = {PAGED: paged_engine} | {p: reserving(p) for p in RESERVATION_POL
       help="Poisson arrivals at rising rates: paged allocation vs Orca's Max / Pow2 / Oracle reservations")
 def rate_sweep(cfg: RunConfig) -> Report:
     return run_rate_sweep(cfg, RATE_ENGINES)
+
+
+def preempting(mode: str):
+    def make(lm, context_limit: int, **engine_kwargs) -> PreemptingEngine:
+        return PreemptingEngine(lm, preemption_mode=mode, prefix_caching=False, **engine_kwargs)
+    return make
+
+
+@demo("block_sweep", phase="p4_4", options=block_options(), plot=plot_block_sweep,
+      help="Poisson arrivals at one rate, block sizes 1..16: recompute vs swap, ShareGPT- and Alpaca-like (Fig. 18b, 19b)")
+def block_sweep(cfg: RunConfig) -> Report:
+    """Paged allocation at one request rate across block sizes, the pool's size in tokens fixed, recovering by
+    recomputation or by swapping, on ShareGPT-like and Alpaca-like lengths: normalized latency by block size."""
+    return run_block_sweep(cfg, {mode: preempting(mode) for mode in PREEMPTION_MODES})
 
 
 def add_samples(engine, prompt_ids, max_new_tokens, sampling, arrival, width: int):
