@@ -120,6 +120,7 @@ CPU, H100 = "cpu_smollm2-135m", "nvidia-h100-80gb-hbm3_dummy-qwen3-0.6b"
 BASE = "gpu-baseline/"      # the H100 run of the demos on an earlier tree (see results/gpu-baseline/README.md)
 P3_3_TPUT = f"p3_3/tput_{CPU}"   # `tput` with phase 3.3's two engines only, the run its README discusses
 BLOG_LENGTHS = "latency_demo_blog_lengths/"   # `latency_demo --lengths blog`: the blog's output lengths
+SHARE_SWEEP = "share_sweep/"    # `share_sweep --kinds sampling` and `--kinds beam`, one folder each
 # The headline check's batch-1 decode step on an H200 (make gpu-headline, its second run)
 H200_PREFILL = "gpu-headline_nvidia-h200_dummy-qwen3-0.6b/prefill/prefill/prefill-bench_nvidia-h200_dummy-qwen3-0.6b"
 PREFILL_ITL = r"p99 ITL, whole prompts / chunks: ([\d.]+)x lower"
@@ -375,8 +376,18 @@ COMPARISONS: dict[str, Comparison] = {
                cpu("share-demo", "Memory saved by sharing", ("parallel sampling", "4"), "saving (run avg)"), None),
         Figure("beam search, k = 4: KV saved (run average)", "beyond the blog",
                cpu("share-demo", "Memory saved by sharing", ("beam search", "4"), "saving (run avg)"), None),
+        *[Figure(f"Fig. 14: rate sustained, paged / Orca (Oracle), {what} {w}",
+                 "beyond the blog (vLLM paper: " + ("2.3x)" if (kind, w) == ("beam", 6) else f"grows with {grows})"),
+                 Cell(f"{SHARE_SWEEP}{kind}/share-sweep_{CPU}", "Highest rate sustained", (kind, str(w)),
+                      "paged / Orca"), None)
+          for kind, what, grows in (("sampling", "samples, n =", "n"), ("beam", "beam width", "width"))
+          for w in (4, 6)],
     ], "The vLLM paper (its section 6.3) is the figure to compare with, and `share_demo` prints it beside ours; "
-       "this table has no GPU run of it."),
+       "this table has no GPU run of it. Fig. 14 is phase 4.4's `share_sweep`, `rate_sweep`'s setup scaled "
+       "down 16 times on a shared CPU (rough figures; at n or width 2 neither policy crossed the bound). Its "
+       "beams gain nothing: this engine admits a search on its worst case, before its beams share anything.",
+       reference="blog (GPU, Qwen) or vLLM paper (OPT-13B, A100)",
+       source=" The paper's are from its text (§6.3): 1.3x in basic sampling, 2.3x at beam width 6."),
     "p4_3_prefix_caching": Comparison([
         Figure("1 shot: hit rate", "beyond the blog",
                cpu("prefix-demo", "With and without", ("1", "on"), "hit rate"),
