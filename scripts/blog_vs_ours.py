@@ -236,7 +236,15 @@ COMPARISONS: dict[str, Comparison] = {
                cpu("table-demo", "One sequence", (), "generated"), None),
         Figure("blocks held at the end", "6 (85 tokens)",
                cpu("table-demo", "One sequence", (), "blocks"), None),
-    ], "A different prompt and a 128-token cap give a longer walk; block by block it is the same table."),
+        *[Figure(f"Fig. 18b: block sizes within 10% of the best, {name}-like lengths (x 1/16)",
+                 f"beyond the blog (vLLM paper: {lo}-{hi}, x 1/16: {lo // 16}-{hi // 16})",
+                 cpu("block-sweep", "Best block size", (data, "recompute"), "within 10% of it"), None)
+          for data, name, lo, hi in (("sharegpt", "ShareGPT", 16, 128), ("alpaca", "Alpaca", 16, 32))],
+    ], "A different prompt and a 128-token cap give a longer walk; block by block it is the same table. The "
+       "block-size rows are phase 4.4's `block_sweep` (it needs preemption), at one request rate with lengths "
+       "and pool scaled by 1/16, so our block of b tokens holds what the paper's block of 16b does.",
+       reference="blog (GPU, Qwen) or vLLM paper (OPT-13B, A100)",
+       source=" The paper's are from its text (§7.2)."),
     "p3_3_paged_cache": Comparison([
         Figure("dyn total tok/s, batch 1", "33.0",
                cpu("tput", "Throughput", ("1",), "dyn_tok/s", report=P3_3_TPUT), None),
@@ -424,6 +432,8 @@ COMPARISONS: dict[str, Comparison] = {
           for what, col, papers in (("rate sustained", "rate: paged / this", ("1.7-2.7x", "2.7-8x")),
                                     ("requests batched", "batched: paged / this", ("2.2x", "4.3x")))
           for orca, paper in zip(("Oracle", "Max"), papers)],
+        Figure("Fig. 19b: block sizes within 10% of the best, swap", "beyond the blog (vLLM paper: 16-64, x 1/16: 1-4)",
+               cpu("block-sweep", "Best block size", ("sharegpt", "swap"), "within 10% of it"), None),
     ], "The blog never runs out of blocks; the vLLM paper's section 4.5 is the reference. Its Fig. 19 found "
        "recomputation at most 1.2x swapping's cost on a GPU; on our CPU it costs 148-174x (no PCIe copy to pay "
        "for, and a compute-bound prefill on 2 cores), as the measurements page's micro-benchmark shows. The rate rows are "
