@@ -432,13 +432,15 @@ COMPARISONS: dict[str, Comparison] = {
           for what, col, papers in (("rate sustained", "rate: paged / this", ("1.7-2.7x", "2.7-8x")),
                                     ("requests batched", "batched: paged / this", ("2.2x", "4.3x")))
           for orca, paper in zip(("Oracle", "Max"), papers)],
+        Figure("Alpaca-like: rate sustained, paged / Orca (Max)", "beyond the blog (vLLM paper: a similar trend)",
+               cpu("rate-sweep", "Highest rate sustained", ("Orca (Max)",), "rate: paged / this",
+                   report=f"rate_sweep_alpaca/rate-sweep_{CPU}"), None),
         Figure("Fig. 19b: block sizes within 10% of the best, swap", "beyond the blog (vLLM paper: 16-64, x 1/16: 1-4)",
                cpu("block-sweep", "Best block size", ("sharegpt", "swap"), "within 10% of it"), None),
-    ], "The blog never runs out of blocks; the vLLM paper's section 4.5 is the reference. Its Fig. 19 found "
-       "recomputation at most 1.2x swapping's cost on a GPU; on our CPU it costs 148-174x (no PCIe copy to pay "
-       "for, and a compute-bound prefill on 2 cores), as the measurements page's micro-benchmark shows. The rate rows are "
-       "its §6.1 (ShareGPT on A100s) against `rate_sweep`, its setup scaled down 16 times on a shared CPU (see "
-       "the measurements page: rough figures).",
+    ], "The blog never runs out of blocks; the vLLM paper is the reference, its setup scaled down on a shared "
+       "CPU (rough figures; the measurements page has the scaling). Its Fig. 19 found recomputation at most 1.2x "
+       "swapping's cost on a GPU; on our CPU it costs 148-174x (no PCIe, a compute-bound prefill). The rate rows "
+       "are its §6.1 (Fig. 12 and 13), the block rows its §7.2-7.3.",
        reference="blog (GPU, Qwen) or vLLM paper (OPT, A100)",
        source=" The paper's are read from its figures."),
     "p4_5_speculative_decoding": Comparison([
