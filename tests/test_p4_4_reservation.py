@@ -214,3 +214,15 @@ def test_block_sweep_quick_runs_end_to_end():
     normalized, _, best = report.tables
     assert [row[0] for row in normalized.rows] == [2, 8] and all(v > 0 for row in normalized.rows for v in row[1:])
     assert [row[:2] for row in best.rows] == [["sharegpt", "recompute"], ["sharegpt", "swap"]]
+
+
+@pytest.mark.parametrize("dataset, paper", [("sharegpt", "1.7-2.7x"), ("alpaca", "-")])
+def test_the_paper_is_quoted_only_beside_the_dataset_it_gives_figures_for(dataset, paper):
+    from measure.rate_bench import ratio_table
+    from measure.report import Report
+    report = Report("rate_sweep")
+    runs = {p: {4.0: {"mean_batched": 8.0}} for p in ("paged", "oracle")}
+    ratio_table(report, ["paged", "oracle"], runs, {"paged": (4.0, True), "oracle": (2.0, True)}, 0.3, dataset)
+    [table] = report.tables
+    oracle = table.rows[1]
+    assert oracle[2] == "2.00x" and oracle[table.columns.index("paper: rate")] == paper
