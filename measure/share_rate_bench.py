@@ -170,8 +170,7 @@ def run_share_sweep(cfg: RunConfig, engines: dict) -> Report:
             (rp, xp), (ro, xo) = (sustained_rate([(r, run["norm_latency"]) for r, run in runs[kind, w, p].items()],
                                                  o["latency_bound"]) for p in (paged, orca))
             sustained[f"{kind} {w}"] = dict(paged=rp, paged_crossed=xp, orca=ro, orca_crossed=xo)
-            sign = "" if xp == xo else (">= " if xp else "<= ")
-            ratio = f"{sign}{rp / ro:.2f}x" if ro and (xp or xo) else "-"
+            ratio = paged_over(rp, xp, ro, xo)
             common = max(set(runs[kind, w, paged]) & set(runs[kind, w, orca]))
             batched = runs[kind, w, paged][common]["mean_batched"] / runs[kind, w, orca][common]["mean_batched"]
             t.add_row(kind, w, f"{rp:.2f}" if xp else f">= {rp:.2f}", f"{ro:.2f}" if xo else f">= {ro:.2f}",
@@ -210,6 +209,16 @@ def run_share_sweep(cfg: RunConfig, engines: dict) -> Report:
                                for r, run in by_rate.items()} for (k, w, p), by_rate in runs.items()},
         identical=identical)
     return report
+
+
+def paged_over(paged: float, paged_crossed: bool, orca: float, orca_crossed: bool) -> str:
+    """Paged's sustained rate over Orca's. A rate that never crossed the bound is a lower bound, so the ratio
+    is one too when only paged's did not cross ('>='), and an upper bound when only Orca's did not ('<=');
+    '-' when neither crossed (nothing is known) or Orca crossed at the lowest rate (rate 0)."""
+    if not orca or not (paged_crossed or orca_crossed):
+        return "-"
+    sign = "" if paged_crossed == orca_crossed else ("<= " if paged_crossed else ">= ")
+    return f"{sign}{paged / orca:.2f}x"
 
 
 def plot_share_sweep(report: Report, png_path) -> None:

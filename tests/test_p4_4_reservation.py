@@ -226,3 +226,11 @@ def test_the_paper_is_quoted_only_beside_the_dataset_it_gives_figures_for(datase
     [table] = report.tables
     oracle = table.rows[1]
     assert oracle[2] == "2.00x" and oracle[table.columns.index("paper: rate")] == paper
+
+
+def test_share_sweep_bounds_a_ratio_by_the_rate_that_never_crossed():
+    from measure.share_rate_bench import paged_over
+    assert paged_over(6.0, True, 3.0, True) == "2.00x"
+    assert paged_over(8.0, False, 4.0, True) == ">= 2.00x"   # paged held up to the highest rate run
+    assert paged_over(4.0, True, 8.0, False) == "<= 0.50x"   # Orca did
+    assert paged_over(8.0, False, 8.0, False) == "-" and paged_over(2.0, True, 0.0, True) == "-"
