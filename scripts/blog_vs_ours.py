@@ -242,7 +242,8 @@ COMPARISONS: dict[str, Comparison] = {
           for data, name, lo, hi in (("sharegpt", "ShareGPT", 16, 128), ("alpaca", "Alpaca", 16, 32))],
     ], "A different prompt and a 128-token cap give a longer walk; block by block it is the same table. The "
        "block-size rows are phase 4.4's `block_sweep` (it needs preemption), at one request rate with lengths "
-       "and pool scaled by 1/16, so our block of b tokens holds what the paper's block of 16b does.",
+       "and pool scaled by 1/16, so our block of b tokens holds what the paper's block of 16b does. On "
+       "Alpaca-like lengths the pool stayed far from full, so that row's match with the paper's says little.",
        reference="blog (GPU, Qwen) or vLLM paper (OPT-13B, A100)",
        source=" The paper's are from its text (§7.2)."),
     "p3_3_paged_cache": Comparison([
