@@ -10,7 +10,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
-DEMOS  := decode_sweep sweep waste_demo latency_demo wall alloc_demo table_demo block_size_study vm_analogy snapshot grow_demo tput gather_bench stack_bench attn_bench workload_bench bench_serve prefix_demo cow_demo share_demo preempt_demo stress_demo rate_sweep spec_demo tp_demo varlen_bench prefill_bench decode_bench graph_bench graph_workload fused_bench fused_workload serve_workload vllm_cpu_peer pool_replay
+DEMOS  := decode_sweep sweep waste_demo latency_demo wall alloc_demo table_demo block_size_study vm_analogy snapshot grow_demo tput gather_bench stack_bench attn_bench workload_bench bench_serve prefix_demo cow_demo share_demo preempt_demo stress_demo rate_sweep block_sweep share_sweep spec_demo tp_demo varlen_bench prefill_bench decode_bench graph_bench graph_workload fused_bench fused_workload serve_workload vllm_cpu_peer pool_replay
 
 .PHONY: peer-vllm install browser demo test notebooks lessons lessons-check gpu-check gpu-headline list serve $(DEMOS) clean-cache
 

@@ -56,6 +56,8 @@ DEMO_MODULES: dict[str, str] = {
     "preempt_demo": "phases.p4_4_preemption.demo",
     "stress_demo": "phases.p4_4_preemption.demo",
     "rate_sweep": "phases.p4_4_preemption.demo",
+    "block_sweep": "phases.p4_4_preemption.demo",
+    "share_sweep": "phases.p4_4_preemption.demo",
     "spec_demo": "phases.p4_5_speculative_decoding.demo",
     "tp_demo": "phases.p4_6_tensor_parallel.demo",
     "bench_serve": "phases.p5_serving.demo",

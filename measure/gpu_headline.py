@@ -1,16 +1,16 @@
-"""`make gpu-headline` (`python -m measure.gpu_headline`): the headline GPU figures in one run of at most 8 minutes.
+"""`make gpu-headline` (`python -m measure.gpu_headline`): the headline GPU figures in one run of at most 8 minutes;
+`--run demos` (the blog's demos at GPU sizes) and `--run paper` (preempt_demo, rate_sweep): two more such runs.
 
 GPU time comes in short windows: the whole gpu tier and every demo (`make gpu-check`)
 do not fit one. This runs the parts of measure/headline_parts.py in order, most
 valuable first: correctness (a fixed slice of the gpu tier), throughput against HF
 (equal and mixed work), nano-vllm's bench.py workload, the decode step's wall and
-GPU time, prefill, prefix caching, then the blog's demos at GPU scale. Each step is
-its own process, killed (with anything it started) when its part's time box runs
-out; the part then reports what its finished steps saved. The summary,
+GPU time, prefill, prefix caching. Each step is its own process, killed (with anything
+it started) when its part's time box runs out; the part then reports what its finished
+steps saved. The summary,
 `results/gpu-headline_<gpu>_<model>.{json,md}` (every figure, its target, met or
 not; each part's status and seconds; device, commit, versions), is written after
-every part, so it is there however the run ends. Step reports go to
-`results/gpu-headline_<gpu>_<model>/<part>/<step>/`; the blog's demos also to results/.
+every part, so it is there however the run ends. Step reports go to its folder; demos' also to results/.
 
 On a bare CUDA box (other torch, triton and transformers versions, no network, no
 fastapi or uvicorn, no packaged model): put the wheels it lacks in `.whl/` and run
@@ -37,7 +37,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from measure.headline_parts import (HEADLINE_ENGINE, NANO_VLLM_PUBLISHED, PARTS, STEP_DIR, Part, Setup, Step,
+from measure.headline_parts import (HEADLINE_ENGINE, NANO_VLLM_PUBLISHED, RUNS, STEP_DIR, Part, Setup, Step,
                                    StepResult, nano_vllm_tok_s)
 from measure.report import REPO_ROOT, RESULTS_DIR, Report, environment_meta, save_report
 
@@ -112,16 +112,17 @@ def run_part(part: Part, setup: Setup, python: str, folder: Path, box_s: float, 
     statuses = {r.status for r in results}
     status = ("failed" if statuses & {"failed", "refused"} or problem else
               "timeout" if statuses & {"timeout", "skipped"} else "ok")
-    return dict(part=part.name, box_s=box_s, seconds=time.perf_counter() - start, status=status, problem=problem,
+    return dict(part=part.name, box_s=box_s, estimate_s=part.estimate_s, seconds=time.perf_counter() - start,
+                status=status, problem=problem,
                 steps=[dict(step=r.name, status=r.status, seconds=r.seconds, detail=r.detail) for r in results],
                 figures=[vars(f) for f in figures], nano_vllm_tok_s=nano_vllm_tok_s(results))
 
 
-def summary(setup: Setup, parts: list[dict], seconds: float) -> Report:
+def summary(setup: Setup, parts: list[dict], seconds: float, run: str = "headline") -> Report:
     meta = environment_meta(device=setup.device, model=setup.model, dtype=setup.dtype)
-    meta.update(triton=triton_version(), seconds=round(seconds, 1), dry_run=setup.dry,
+    meta.update(triton=triton_version(), seconds=round(seconds, 1), dry_run=setup.dry, run=run,
                 boxes={p["part"]: p["box_s"] for p in parts})
-    report = Report("gpu_headline", meta=meta)
+    report = Report("gpu_headline" if run == "headline" else f"gpu_headline_{run}", meta=meta)
     t = report.table("Every figure against its target", ["part", "figure", "target", "measured", "met"])
     for p in parts:
         for f in p["figures"]:
@@ -130,16 +131,20 @@ def summary(setup: Setup, parts: list[dict], seconds: float) -> Report:
                    f"{meta['torch']}, triton {meta['triton']}, transformers {meta['transformers']}; "
                    f"{seconds:.0f} s in all" + (" (CPU dry run: quick settings, tests collected only)" if setup.dry
                                                 else ""))
-    ours = next((p["nano_vllm_tok_s"] for p in parts if p["nano_vllm_tok_s"]), None)
-    n = report.table("nano-vllm's bench.py workload (256 sequences, prompts and outputs of 100-1024 tokens): "
-                     "published tok/s and ours", ["engine", "hardware", "tok/s", "source"])
-    for row in NANO_VLLM_PUBLISHED:
-        n.add_row(*row)
-    n.add_row(f"ours ({HEADLINE_ENGINE})", meta.get("device_name"), ours or math.nan, "this run")
-    s = report.table("Parts, each in its time box", ["part", "box s", "seconds", "status", "steps ok"])
+    if run == "headline":
+        ours = next((p["nano_vllm_tok_s"] for p in parts if p["nano_vllm_tok_s"]), None)
+        n = report.table("nano-vllm's bench.py workload (256 sequences, prompts and outputs of 100-1024 tokens): "
+                         "published tok/s and ours", ["engine", "hardware", "tok/s", "source"])
+        for row in NANO_VLLM_PUBLISHED:
+            n.add_row(*row)
+        n.add_row(f"ours ({HEADLINE_ENGINE})", meta.get("device_name"), ours or math.nan, "this run")
+    s = report.table("Parts, each in its time box", ["part", "box s", "estimate s", "seconds", "status", "steps ok"])
     d = report.table("Steps", ["part", "step", "status", "seconds", "reports / what went wrong"])
+    if any(p["estimate_s"] for p in parts):
+        s.notes.append("estimate: a GPU step's start, plus its forward passes at an eager pass's cost, plus its "
+                       "waits by design (measure/headline_parts.py); the box adds a margin")
     for p in parts:
-        s.add_row(p["part"], p["box_s"], p["seconds"], p["status"],
+        s.add_row(p["part"], p["box_s"], p["estimate_s"] or "-", p["seconds"], p["status"],
                   f"{sum(x['status'] == 'ok' for x in p['steps'])}/{len(p['steps'])}")
         if p["problem"]:
             s.notes.append(f"{p['part']}: {p['problem']}")
@@ -157,12 +162,12 @@ def triton_version() -> str:
         return "not installed"
 
 
-def parse_boxes(pairs: list[str]) -> dict[str, float]:
+def parse_boxes(pairs: list[str], parts: list[Part]) -> dict[str, float]:
     boxes = {}
     for pair in pairs:
         name, _, seconds = pair.partition("=")
-        if name not in {p.name for p in PARTS} or not seconds:
-            raise SystemExit(f"error: --box takes PART=SECONDS, PART one of {[p.name for p in PARTS]}; not {pair!r}")
+        if name not in {p.name for p in parts} or not seconds:
+            raise SystemExit(f"error: --box takes PART=SECONDS, PART one of {[p.name for p in parts]}; not {pair!r}")
         boxes[name] = float(seconds)
     return boxes
 
@@ -172,7 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default=None, help="cuda (default when present), or cpu for the dry run")
     p.add_argument("--model", default=None, help=f"default: {GPU_MODEL} on CUDA, {DRY_RUN_MODEL} on the CPU")
     p.add_argument("--dtype", default=None, help="default: bf16 on CUDA, fp32 on the CPU")
-    p.add_argument("--parts", nargs="+", default=None, choices=[x.name for x in PARTS], help="only these parts")
+    p.add_argument("--run", default="headline", choices=list(RUNS),
+                   help="headline (default), demos (the blog's demos at GPU sizes) or paper (preempt_demo, "
+                        "rate_sweep): each at most 8 minutes")
+    p.add_argument("--parts", nargs="+", default=None, choices=sorted({x.name for r in RUNS.values() for x in r}),
+                   help="only these parts of the run")
     p.add_argument("--box", nargs="+", default=[], metavar="PART=SECONDS", help="another time box for a part")
     p.add_argument("--results-dir", default=str(RESULTS_DIR), help="where the summary and the step reports go")
     p.add_argument("--python", default=sys.executable, help="the Python that runs each step")
@@ -187,18 +196,19 @@ def main(argv: list[str] | None = None) -> int:
     dry = not device.startswith("cuda")
     setup = Setup(device, args.model or (DRY_RUN_MODEL if dry else GPU_MODEL),
                   args.dtype or ("fp32" if dry else "bf16"), dry)
-    boxes = parse_boxes(args.box)
+    run_parts = RUNS[args.run]
+    boxes = parse_boxes(args.box, run_parts)
     results_dir = Path(args.results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     parts: list[dict] = []
-    report = summary(setup, parts, 0.0)
+    report = summary(setup, parts, 0.0, args.run)
     path = save_report(report, results_dir)
     run_folder = results_dir / report.stem()
-    for part in [x for x in PARTS if args.parts is None or x.name in args.parts]:
+    for part in [x for x in run_parts if args.parts is None or x.name in args.parts]:
         box = boxes.get(part.name, part.box_s * (DRY_RUN_BOX_SCALE if dry else 1))
         parts.append(run_part(part, setup, args.python, run_folder / part.name, box, results_dir))
-        report = summary(setup, parts, time.perf_counter() - start)
+        report = summary(setup, parts, time.perf_counter() - start, args.run)
         path = save_report(report, results_dir)   # after every part: there however the run ends
     print(path.with_suffix(".md").read_text())
     print(f"saved {path}")

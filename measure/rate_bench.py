@@ -165,7 +165,7 @@ def run_rate_sweep(cfg: RunConfig, engines: dict) -> Report:
                   "Mean requests batched per step, while requests arrive")
     sustained = {p: sustained_rate([(r, run["norm_latency"]) for r, run in runs[p].items()], o["latency_bound"])
                  for p in policies}
-    ratio_table(report, policies, runs, sustained, o["latency_bound"])
+    ratio_table(report, policies, runs, sustained, o["latency_bound"], o["dataset"])
 
     means = DATASET_MEANS[o["dataset"]]
     notes = report.tables[0].notes
@@ -208,9 +208,12 @@ def latency_table(report: Report, policies: list[str], rates: list[float], runs:
         t.add_row(f"{r:g}", *[runs[p][r][key] if r in runs[p] else "-" for p in policies])
 
 
-def ratio_table(report: Report, policies: list[str], runs: dict, sustained: dict, bound: float) -> None:
-    """The highest rate each policy sustains under `bound`, and paged over each reservation beside the paper."""
+def ratio_table(report: Report, policies: list[str], runs: dict, sustained: dict, bound: float,
+                dataset: str = "sharegpt") -> None:
+    """The highest rate each policy sustains under `bound`, and paged over each reservation beside the paper
+    (whose figures in words are for ShareGPT only: for another dataset its columns say '-')."""
     ref = policies[0]
+    paper_rate, paper_batch = (PAPER_RATE_RATIO, PAPER_BATCH_RATIO) if dataset == "sharegpt" else ({}, {})
     t = report.table(f"Highest rate sustained under {bound:g} s/token, and paged over each reservation",
                      ["policy", "sustained rate (req/s)", "rate: paged / this", "paper: rate",
                       "batched at (req/s)", "batched: paged / this", "paper: batched"])
@@ -229,8 +232,8 @@ def ratio_table(report: Report, policies: list[str], runs: dict, sustained: dict
             ratio = f"{sign}{top / rate:.2f}x" if exact or exact_top else f"~ {top / rate:.2f}x (neither crossed)"
         common = max(set(runs[p]) & set(runs[ref]))   # the highest rate both ran: the reservation most bound
         batched = runs[ref][common]["mean_batched"] / runs[p][common]["mean_batched"]
-        t.add_row(LABELS.get(p, p), shown, ratio, PAPER_RATE_RATIO.get(p, "-"),
-                  f"{common:g}", f"{batched:.2f}x", PAPER_BATCH_RATIO.get(p, "-"))
+        t.add_row(LABELS.get(p, p), shown, ratio, paper_rate.get(p, "-"),
+                  f"{common:g}", f"{batched:.2f}x", paper_batch.get(p, "-"))
     t.notes += [
         "sustained rate: where the policy's normalized latency crosses the bound, interpolated linearly between "
         "the two rates around the crossing; '>=': it never crossed in the rates run",

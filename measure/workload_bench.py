@@ -135,13 +135,13 @@ def workload_tables(report: Report, traces: dict, results: dict, focus: str, war
         t = report.table(f"{wname} work: {len(reqs)} requests, prompts {min(len(r.prompt_ids) for r in reqs)}-"
                          f"{max(len(r.prompt_ids) for r in reqs)} tokens, outputs {min(outs)}-{max(outs)} tokens "
                          f"(EOS ignored)",
-                         ["engine", "total tok/s", "mean ms/tok", "mean TTFT (ms)", "KV MB", "wall s",
-                          f"{focus} speedup"])
-        base = rows.get(focus)
+                         ["engine", "total tok/s", "mean ms/tok", "mean TTFT (ms)", "KV MB", "wall s"]
+                         + ([f"{focus} speedup"] if focus in rows else []))
+        base = rows.get(focus)   # absent when the focus engine did not run: no speedup column, rather than nan
         for name, row in rows.items():
-            speedup = base["tok_s"] / row["tok_s"] if base and row["tok_s"] else float("nan")
+            speedup = [f"{base['tok_s'] / row['tok_s']:.2f}x" if row["tok_s"] else "-"] if base else []
             t.add_row(name, row["tok_s"], row["ms_per_tok"], row["ttft_ms"], row["kv_peak_mb"], row["wall_s"],
-                      f"{speedup:.2f}x")
+                      *speedup)
         ref = next(iter(rows.values()))
         for name, row in rows.items():
             same = sum(a == b for a, b in zip(row["outputs"], ref["outputs"]))

@@ -57,6 +57,8 @@ class Figure:
 class Comparison:
     figures: list[Figure]
     why: str             # one sentence: where the shape differs from the blog's, and why
+    reference: str = "blog (GPU, Qwen)"   # the head of the column the blog's figures (or claims) sit in
+    source: str = ""     # appended to the opening line: where figures that are not the blog's come from
 
 
 def read_tables(report: str) -> tuple[dict, dict[str, list[list[str]]]]:
@@ -88,8 +90,9 @@ def lookup(cell: Cell | Note) -> tuple[str, dict]:
 def render(comparison: Comparison) -> str:
     """The markdown block: the table, then where each of our figures comes from, then why shapes differ."""
     lines = ["The blog's figures are copied from the post (Qwen on a Modal GPU it does not name); ours are looked "
-             "up in `results/` by `scripts/sync_readme_tables.py` (which figures: `scripts/blog_vs_ours.py`).", "",
-             "| figure | blog (GPU, Qwen) | ours, CPU | ours, GPU |", "|---|---:|---:|---:|"]
+             "up in `results/` by `scripts/sync_readme_tables.py` (which figures: `scripts/blog_vs_ours.py`)."
+             + comparison.source, "",
+             f"| figure | {comparison.reference} | ours, CPU | ours, GPU |", "|---|---:|---:|---:|"]
     sources: dict[str, dict] = {}
     for f in comparison.figures:
         cells = []
@@ -117,6 +120,7 @@ CPU, H100 = "cpu_smollm2-135m", "nvidia-h100-80gb-hbm3_dummy-qwen3-0.6b"
 BASE = "gpu-baseline/"      # the H100 run of the demos on an earlier tree (see results/gpu-baseline/README.md)
 P3_3_TPUT = f"p3_3/tput_{CPU}"   # `tput` with phase 3.3's two engines only, the run its README discusses
 BLOG_LENGTHS = "latency_demo_blog_lengths/"   # `latency_demo --lengths blog`: the blog's output lengths
+SHARE_SWEEP = "share_sweep/"    # `share_sweep --kinds sampling` and `--kinds beam`, one folder each
 # The headline check's batch-1 decode step on an H200 (make gpu-headline, its second run)
 H200_PREFILL = "gpu-headline_nvidia-h200_dummy-qwen3-0.6b/prefill/prefill/prefill-bench_nvidia-h200_dummy-qwen3-0.6b"
 PREFILL_ITL = r"p99 ITL, whole prompts / chunks: ([\d.]+)x lower"
@@ -232,7 +236,16 @@ COMPARISONS: dict[str, Comparison] = {
                cpu("table-demo", "One sequence", (), "generated"), None),
         Figure("blocks held at the end", "6 (85 tokens)",
                cpu("table-demo", "One sequence", (), "blocks"), None),
-    ], "A different prompt and a 128-token cap give a longer walk; block by block it is the same table."),
+        *[Figure(f"Fig. 18b: block sizes within 10% of the best, {name}-like lengths (x 1/16)",
+                 f"beyond the blog (vLLM paper: {lo}-{hi}, x 1/16: {lo // 16}-{hi // 16})",
+                 cpu("block-sweep", "Best block size", (data, "recompute"), "within 10% of it"), None)
+          for data, name, lo, hi in (("sharegpt", "ShareGPT", 16, 128), ("alpaca", "Alpaca", 16, 32))],
+    ], "A different prompt and a 128-token cap give a longer walk; block by block it is the same table. The "
+       "block-size rows are phase 4.4's `block_sweep` (it needs preemption), at one request rate with lengths "
+       "and pool scaled by 1/16, so our block of b tokens holds what the paper's block of 16b does. On "
+       "Alpaca-like lengths the pool stayed far from full, so that row's match with the paper's says little.",
+       reference="blog (GPU, Qwen) or vLLM paper (OPT-13B, A100)",
+       source=" The paper's are from its text (§7.2)."),
     "p3_3_paged_cache": Comparison([
         Figure("dyn total tok/s, batch 1", "33.0",
                cpu("tput", "Throughput", ("1",), "dyn_tok/s", report=P3_3_TPUT), None),
@@ -372,8 +385,18 @@ COMPARISONS: dict[str, Comparison] = {
                cpu("share-demo", "Memory saved by sharing", ("parallel sampling", "4"), "saving (run avg)"), None),
         Figure("beam search, k = 4: KV saved (run average)", "beyond the blog",
                cpu("share-demo", "Memory saved by sharing", ("beam search", "4"), "saving (run avg)"), None),
+        *[Figure(f"Fig. 14: rate sustained, paged / Orca (Oracle), {what} {w}",
+                 "beyond the blog (vLLM paper: " + ("2.3x)" if (kind, w) == ("beam", 6) else f"grows with {grows})"),
+                 Cell(f"{SHARE_SWEEP}{kind}/share-sweep_{CPU}", "Highest rate sustained", (kind, str(w)),
+                      "paged / Orca"), None)
+          for kind, what, grows in (("sampling", "samples, n =", "n"), ("beam", "beam width", "width"))
+          for w in (4, 6)],
     ], "The vLLM paper (its section 6.3) is the figure to compare with, and `share_demo` prints it beside ours; "
-       "this table has no GPU run of it."),
+       "this table has no GPU run of it. Fig. 14 is phase 4.4's `share_sweep`, `rate_sweep`'s setup scaled "
+       "down 16 times on a shared CPU (rough figures; at n or width 2 neither policy crossed the bound). Its "
+       "beams gain nothing: this engine admits a search on its worst case, before its beams share anything.",
+       reference="blog (GPU, Qwen) or vLLM paper (OPT-13B, A100)",
+       source=" The paper's are from its text (§6.3): 1.3x in basic sampling, 2.3x at beam width 6."),
     "p4_3_prefix_caching": Comparison([
         Figure("1 shot: hit rate", "beyond the blog",
                cpu("prefix-demo", "With and without", ("1", "on"), "hit rate"),
@@ -410,11 +433,17 @@ COMPARISONS: dict[str, Comparison] = {
           for what, col, papers in (("rate sustained", "rate: paged / this", ("1.7-2.7x", "2.7-8x")),
                                     ("requests batched", "batched: paged / this", ("2.2x", "4.3x")))
           for orca, paper in zip(("Oracle", "Max"), papers)],
-    ], "The blog never runs out of blocks; the vLLM paper's section 4.5 is the reference. Its Fig. 19 found "
-       "recomputation at most 1.2x swapping's cost on a GPU; on our CPU it costs 148-174x (no PCIe copy to pay "
-       "for, and a compute-bound prefill on 2 cores), as the measurements page's micro-benchmark shows. The rate rows are "
-       "its §6.1 (ShareGPT on A100s) against `rate_sweep`, its setup scaled down 16 times on a shared CPU (see "
-       "the measurements page: rough figures)."),
+        Figure("Alpaca-like: rate sustained, paged / Orca (Max)", "beyond the blog (vLLM paper: a similar trend)",
+               cpu("rate-sweep", "Highest rate sustained", ("Orca (Max)",), "rate: paged / this",
+                   report=f"rate_sweep_alpaca/rate-sweep_{CPU}"), None),
+        Figure("Fig. 19b: block sizes within 10% of the best, swap", "beyond the blog (vLLM paper: 16-64, x 1/16: 1-4)",
+               cpu("block-sweep", "Best block size", ("sharegpt", "swap"), "within 10% of it"), None),
+    ], "The blog never runs out of blocks; the vLLM paper is the reference, its setup scaled down on a shared "
+       "CPU (rough figures; the measurements page has the scaling). Its Fig. 19 found recomputation at most 1.2x "
+       "swapping's cost on a GPU; on our CPU it costs 148-174x (no PCIe, a compute-bound prefill). The rate rows "
+       "are its §6.1 (Fig. 12 and 13), the block rows its §7.2-7.3.",
+       reference="blog (GPU, Qwen) or vLLM paper (OPT, A100)",
+       source=" The paper's are read from its figures."),
     "p4_5_speculative_decoding": Comparison([
         Figure("n-gram acceptance, code edit", "beyond the blog",
                cpu("spec-demo", "Acceptance by workload", ("code_edit", "ngram"), "acceptance"), None),

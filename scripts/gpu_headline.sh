@@ -3,6 +3,8 @@
 #
 #   bash scripts/gpu_headline.sh              # results under results/
 #   OUT=/some/dir bash scripts/gpu_headline.sh  # ... under a scratch folder, packed into $OUT to travel back
+#   bash scripts/gpu_headline.sh --run demos    # the blog's demos at GPU sizes, another window of 8 minutes
+#   bash scripts/gpu_headline.sh --run paper    # preempt_demo and rate_sweep, another one
 #
 # A box lent for a short window may have other torch, triton and transformers versions, no network, and none
 # of fastapi, uvicorn or the packaged model; the check needs none of those three. Wheels it lacks (say the
@@ -31,5 +33,5 @@ $PY -m measure.gpu_headline --results-dir "$RESULTS" "$@"
 status=$?
 mkdir -p "$OUT"
 tar czf "$OUT/headline.tar.gz" -C "$RESULTS" .
-cp "$RESULTS"/gpu-headline_*.md "$OUT"/ 2>/dev/null
+cp "$RESULTS"/gpu-headline*.md "$OUT"/ 2>/dev/null
 exit $status

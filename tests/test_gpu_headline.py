@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from measure import headline_parts as hp
 from measure.demos import names as demo_names
 from measure.gpu_headline import main
@@ -21,16 +23,26 @@ def summary_of(tmp_path) -> dict:
     return json.loads(path.read_text())
 
 
-def test_the_boxes_fit_one_gpu_window():
-    assert sum(p.box_s for p in hp.PARTS) + SUMMARY_SLACK_S <= GPU_WINDOW_S
+def test_the_boxes_of_each_run_fit_one_gpu_window():
+    for name, parts in hp.RUNS.items():
+        assert sum(p.box_s for p in parts) + SUMMARY_SLACK_S <= GPU_WINDOW_S, name
     assert [p.name for p in hp.PARTS][:2] == ["correctness", "throughput"]   # the most valuable first
+    demos = hp.RUNS["demos"]
+    assert [p.estimate_s for p in demos] == sorted(p.estimate_s for p in demos)   # the cheapest first
+    assert all(p.box_s > p.estimate_s for r in ("demos", "paper") for p in hp.RUNS[r])   # a margin over each
+
+
+def test_every_blog_demo_the_gpu_cells_owe_is_in_a_run():
+    owed = {"decode_sweep", "sweep", "waste_demo", "latency_demo", "wall", "alloc_demo", "table_demo", "tput"}
+    assert {d.demo for d in hp.BLOG_DEMOS} == owed
+    assert {d.demo for d in hp.PAPER_DEMOS} == {"preempt_demo", "rate_sweep"}
 
 
 def test_the_names_it_runs_exist_in_the_phases():
     from phases.p3_11_fused_ops.demo import ENGINES, STEP_ENGINES
     assert hp.HEADLINE_ENGINE in {e.name for e in ENGINES}
     assert hp.DECODE_ENGINE in STEP_ENGINES
-    assert set(hp.GPU_DEMOS) <= set(demo_names())
+    assert {d.demo for d in hp.BLOG_DEMOS + hp.PAPER_DEMOS} <= set(demo_names())
 
 
 def test_nano_vllm_work_is_its_bench_py():
@@ -57,18 +69,27 @@ def test_dry_run_runs_every_part_and_writes_every_row(tmp_path):
     assert len(published["rows"]) == len(hp.NANO_VLLM_PUBLISHED) + 1 and published["rows"][-1][2] > 0
     assert [row[0] for row in part_table["rows"]] == list(parts)
     assert len(steps["rows"]) == sum(len(p.steps(hp.Setup("cpu", "tiny", "fp32", True))) for p in hp.PARTS)
-    assert all((tmp_path / f"{demo.replace('_', '-')}_cpu_tiny.json").exists() for demo in hp.GPU_DEMOS)
     assert (tmp_path / "gpu-headline_cpu_tiny.md").read_text().count("|") > 100
+
+
+@pytest.mark.parametrize("run", ["demos", "paper"])
+def test_dry_run_of_the_demo_runs_saves_every_demos_report(tmp_path, run):
+    assert main(["--device", "cpu", "--model", "tiny", "--run", run, "--results-dir", str(tmp_path)]) == 0
+    [path] = tmp_path.glob(f"gpu-headline-{run}_*.json")
+    parts = json.loads(path.read_text())["data"]["parts"]
+    assert [p["part"] for p in parts] == [p.name for p in hp.RUNS[run]]
+    assert all(p["status"] == "ok" and p["estimate_s"] > 0 for p in parts), parts
+    assert all((tmp_path / f"{p['part'].replace('_', '-')}_cpu_tiny.json").exists() for p in parts)
 
 
 def test_a_part_over_its_box_is_reported_and_the_summary_still_written(tmp_path):
     box_s = 2   # less than any demo takes to start (torch alone takes longer to import)
-    assert main(["--device", "cpu", "--parts", "demos", "--box", f"demos={box_s}", "--results-dir", str(tmp_path)]) == 1
-    [part] = summary_of(tmp_path)["data"]["parts"]
+    assert main(["--device", "cpu", "--run", "demos", "--parts", "sweep", "--box", f"sweep={box_s}",
+                 "--results-dir", str(tmp_path)]) == 1
+    [path] = tmp_path.glob("gpu-headline-demos_*.json")
+    [part] = json.loads(path.read_text())["data"]["parts"]
     assert part["status"] == "timeout" and part["box_s"] == box_s
-    statuses = [s["status"] for s in part["steps"]]
-    # The dry run starts one step per core; each is stopped at the box, and the rest never start.
-    assert statuses[0] == "timeout" and set(statuses[1:]) <= {"timeout", "skipped"} and statuses[-1] == "skipped"
+    assert [s["status"] for s in part["steps"]] == ["timeout"]
     assert part["figures"][0]["met"] is False
 
 

@@ -1,6 +1,7 @@
 """Orca's reservations beside paged allocation (reservation.py, rate_sweep): each reservation claimed at
 admission and never outgrown, its size per policy, paged admitting at least as many, the same tokens under
-every policy, and the rate sweep end to end."""
+every policy, and the rate sweep end to end; Orca for requests of several sequences (nothing shared) and
+share_sweep; block_sweep end to end."""
 
 import pytest
 
@@ -159,3 +160,77 @@ def test_rate_sweep_quick_runs_end_to_end():
     assert all(str(d["rates"][0]) in d["runs"][p] for p in d["policies"])   # every policy ran the lowest rate
     assert [t.title.split(" ")[0] for t in report.tables] == ["Normalized", "Mean", "Highest"]
     assert not any("✗" in str(cell) for t in report.tables for row in t.rows for cell in row)
+
+
+# --- requests of several sequences: Orca shares nothing (share_sweep, the paper's Fig. 14) -------------------
+def test_unshared_admission_reserves_every_sequence_its_own_copy(tiny32):
+    from phases.p4_2_beam_search.engine import BeamSearchEngine
+    from phases.p4_4_preemption.reservation import UnsharedReservingEngine
+    prompt, new, n, n_blocks = list(range(3, 11)), 8, 4, 40          # 8 + 8 tokens: 4 blocks a sequence
+    admitted = {}
+    for name, cls in (("shared", BeamSearchEngine), ("unshared", UnsharedReservingEngine)):
+        e = cls(tiny32, block_size=BLOCK, n_blocks=n_blocks, max_running=64)
+        groups = [e.add_group(prompt, new, ignore_eos=True, n=n) for _ in range(6)]
+        e.step()
+        admitted[name] = sum(g.seqs[0].status.name != "WAITING" for g in groups)
+    # unshared: 4 x 4 blocks a request, 2 in a pool of 40; shared: 2 prompt blocks + 4 x 2, so 4 fit (40 // 10)
+    assert admitted == {"shared": 4, "unshared": 2}
+
+
+def test_unshared_engine_makes_the_same_samples_and_beams(tiny32):
+    from common.sampling import SamplingParams
+    from phases.p4_2_beam_search.engine import BeamSearchEngine
+    from phases.p4_4_preemption.reservation import UnsharedReservingEngine
+    outs = []
+    for cls in (BeamSearchEngine, UnsharedReservingEngine):
+        e = cls(tiny32, block_size=BLOCK, n_blocks=40, max_running=64)
+        samples = [e.add_group(r.prompt_ids, r.max_new_tokens, SamplingParams(temperature=1.0, seed=i),
+                               ignore_eos=True, n=3) for i, r in enumerate(trace(tiny32, n=4))]
+        beams = [e.add_beam_search(r.prompt_ids, r.max_new_tokens, beam_width=3) for r in trace(tiny32, n=3)]
+        e.run()
+        outs.append(([g.outputs for g in samples], [g.best for g in beams]))
+    assert outs[0] == outs[1]
+    with pytest.raises(ValueError, match="3 unshared copies.*whole pool has 8"):   # 3 x 3 blocks > 8
+        UnsharedReservingEngine(tiny32, block_size=BLOCK, n_blocks=8).add_group([5] * 6, 6, ignore_eos=True, n=3)
+
+
+def test_share_sweep_quick_runs_end_to_end():
+    from measure.cli import run_demo
+    report = run_demo("share_sweep", model="tiny", device="cpu", dtype="fp32", quick=True)
+    d = report.data
+    assert d["kinds"] == ["sampling", "beam"] and d["widths"] == [2]
+    assert all(same == total > 0 for same, total in d["identical"].values())   # fp32: the same tokens
+    assert all(str(d["rates"][0]) in runs for runs in d["runs"].values())      # every policy ran the lowest rate
+    assert [t.title.split(":")[0] for t in report.tables] == ["parallel sampling", "beam search",
+                                                             "Highest rate sustained under 1 s/token"]
+
+
+def test_block_sweep_quick_runs_end_to_end():
+    from measure.cli import run_demo
+    report = run_demo("block_sweep", model="tiny", device="cpu", dtype="fp32", quick=True)
+    d = report.data
+    assert list(d["runs"]) == ["sharegpt recompute", "sharegpt swap"] and d["block_sizes"] == [2, 8]
+    assert all(set(by_size) == {"2", "8"} for by_size in d["runs"].values())
+    normalized, _, best = report.tables
+    assert [row[0] for row in normalized.rows] == [2, 8] and all(v > 0 for row in normalized.rows for v in row[1:])
+    assert [row[:2] for row in best.rows] == [["sharegpt", "recompute"], ["sharegpt", "swap"]]
+
+
+@pytest.mark.parametrize("dataset, paper", [("sharegpt", "1.7-2.7x"), ("alpaca", "-")])
+def test_the_paper_is_quoted_only_beside_the_dataset_it_gives_figures_for(dataset, paper):
+    from measure.rate_bench import ratio_table
+    from measure.report import Report
+    report = Report("rate_sweep")
+    runs = {p: {4.0: {"mean_batched": 8.0}} for p in ("paged", "oracle")}
+    ratio_table(report, ["paged", "oracle"], runs, {"paged": (4.0, True), "oracle": (2.0, True)}, 0.3, dataset)
+    [table] = report.tables
+    oracle = table.rows[1]
+    assert oracle[2] == "2.00x" and oracle[table.columns.index("paper: rate")] == paper
+
+
+def test_share_sweep_bounds_a_ratio_by_the_rate_that_never_crossed():
+    from measure.share_rate_bench import paged_over
+    assert paged_over(6.0, True, 3.0, True) == "2.00x"
+    assert paged_over(8.0, False, 4.0, True) == ">= 2.00x"   # paged held up to the highest rate run
+    assert paged_over(4.0, True, 8.0, False) == "<= 0.50x"   # Orca did
+    assert paged_over(8.0, False, 8.0, False) == "-" and paged_over(2.0, True, 0.0, True) == "-"

@@ -172,10 +172,11 @@ def test_the_readmes_show_commands_of_every_kind():
 
 
 def test_the_gpu_headline_commands_parse_as_a_gpu_runs_them():
-    """Each step of `make gpu-headline` with its GPU settings: a command that cannot parse would cost a GPU window."""
-    from measure.headline_parts import PARTS, STEP_DIR, Setup
+    """Each step of `make gpu-headline` (and of its `--run demos` and `--run paper`) with its GPU settings: a
+    command that cannot parse would cost a GPU window."""
+    from measure.headline_parts import RUNS, STEP_DIR, Setup
     setup = Setup("cuda", "dummy:qwen3-0.6b", "bf16", dry=False)
-    steps = [step for part in PARTS for step in part.steps(setup)]
+    steps = [step for parts in RUNS.values() for part in parts for step in part.steps(setup)]
     broken = []
     for step in steps:
         assert step.argv[0] == "-m", step.argv

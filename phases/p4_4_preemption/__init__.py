@@ -11,7 +11,7 @@ Files:
              mapped back in) or `"swap"`
 - reservation.py  `ReservingEngine` and its admission part: Orca's reservations (oracle, pow2, max) on this
              engine, each request holding its whole reservation from admission to finish, the baselines
-             paged allocation is measured against (`rate_sweep`)
+             paged allocation is measured against (`rate_sweep`); `UnsharedReservingEngine` for samples and beams
 - checks.py  `Audited` (FCFS, latest-first, whole groups, checked as the engine runs) and `check_finished`
              (no request lost, no block leaked)
 - demo.py    `preempt_demo` (recompute vs swap, block sizes 8..128, and the recovery micro-benchmark of
@@ -19,7 +19,8 @@ Files:
              phase's engines handed to the harness in measure/ (preempt_bench.py, recovery_bench.py,
              stress_bench.py; traces from workload.py, driven by harness.py's `drive`) and `rate_sweep` (paged
              allocation against the three reservations under Poisson arrivals, the paper's Fig. 12 and 13;
-             measure/rate_bench.py, driven by harness.py's `drive_timed`)
+             measure/rate_bench.py, driven by harness.py's `drive_timed`), `block_sweep` (Fig. 18b, 19b) and
+             `share_sweep` (Fig. 14)
 - README.md  the idea, its files, how to run it; its tables: docs/measurements/p4_4_preemption.md
 """
 

@@ -17,7 +17,8 @@ same, so a policy changes who runs when, never a token.
 How a reservation runs here: first come, first served, the head of the queue is admitted when its whole
 reservation is free (`ReservationAdmission`); `ReservedKV.new` claims every reserved block then; decoding
 never runs out of blocks, so nothing is ever preempted; at the finish the whole reservation goes back
-at once. Requests are of one sequence only (`new_request`).
+at once. Requests are of one sequence only (`new_request`); `UnsharedReservingEngine` is Orca (Oracle) for
+requests of several sequences.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ from typing import Callable
 from phases.p2_2_scheduler.sequence import Sequence
 from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks, blocks_for
 from phases.p3_2_block_table.block_table import BlockTable
+from phases.p4_1_copy_on_write.block_ops import blocks_held
+from phases.p4_1_copy_on_write.engine import GroupWorstCaseAdmission, SequenceGroup
 from phases.p4_1_copy_on_write.kv import CowKV
+from phases.p4_2_beam_search.engine import BeamSearchEngine
 from phases.p4_4_preemption.engine import OptimisticAdmission, PreemptingEngine
 
 RESERVATION_POLICIES = ("oracle", "pow2", "max")   # from the best guess of a request's length to the worst
@@ -137,5 +141,47 @@ class ReservingEngine(PreemptingEngine):
         if need > self.allocator.n_blocks:
             raise ValueError(f"Orca ({self.policy}) reserves {self.reserved_tokens(seq)} tokens = {need} blocks "
                              f"of {self.block_size} for this request, but the whole pool has "
+                             f"{self.allocator.n_blocks}")
+        return seq
+
+
+class UnsharedAdmission(GroupWorstCaseAdmission):
+    """Orca (Oracle) for requests of n sequences: each sequence reserves its own copy of the prompt and its
+    final length, n x blocks_for(prompt + max_new_tokens), from admission to finish."""
+
+    def reserved(self, group: SequenceGroup) -> int:
+        return group.n * blocks_for(len(group.prompt_ids) + group.max_new_tokens, self.engine.block_size)
+
+    def blocks_to_admit(self, seq: Sequence) -> int:
+        return self.reserved(self.engine.group_of(seq))
+
+    def blocks_promised(self) -> int:
+        """What the running requests reserved and do not hold yet: counted as if claimed, as Orca claims it."""
+        e = self.engine
+        groups = {e.group_of(s) for s in e.running}
+        return sum(max(0, self.reserved(g) - blocks_held([s.kv for s in g.live if s.kv is not None])[0])
+                   for g in groups)
+
+
+class UnsharedReservingEngine(BeamSearchEngine):
+    """Phase 4.2's engine (samples and beams) admitting like Orca (Oracle): nothing shared, all reserved.
+
+    Requests of several sequences (n samples, a beam search of width k) are what the paper's Fig. 14 measures.
+    Orca keeps each sequence in its own chunk, so it shares nothing: a request is admitted when k unshared
+    copies of its final length fit beside what the running requests reserved. The blocks are still shared
+    underneath (phase 4.1's tables fork); only the count that admission keeps is Orca's, and that count alone
+    sets how many requests run at once."""
+
+    def __init__(self, lm, **engine_kwargs):
+        super().__init__(lm, **engine_kwargs)
+        self.admission = UnsharedAdmission(self)
+
+    def new_request(self, prompt, max_new_tokens, sampling, ignore_eos, arrival, n) -> Sequence:
+        """Refused up front if its n unshared copies could never fit the pool, even alone."""
+        seq = super().new_request(prompt, max_new_tokens, sampling, ignore_eos, arrival, n)
+        need = n * blocks_for(len(seq.prompt_ids) + max_new_tokens, self.block_size)
+        if need > self.allocator.n_blocks:
+            raise ValueError(f"Orca (oracle) reserves {n} unshared copies of {len(seq.prompt_ids)} + {max_new_tokens} "
+                             f"tokens = {need} blocks of {self.block_size}, but the whole pool has "
                              f"{self.allocator.n_blocks}")
         return seq
