@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from phases.p4_1_copy_on_write.block_ops import CopyQueue
@@ -67,9 +68,7 @@ class DriverModel(nn.Module):
         try:
             out = self.shard(input_ids=input_ids, position_ids=position_ids, paged=paged, use_cache=use_cache,
                              logits_to_keep=logits_to_keep)
-        except RuntimeError as error:
-            if self.group.alive() == [True] * self.group.world_size and self.group.error is None:
-                raise                  # not a collective's failure: the pass itself is at fault
+        except dist.DistError as error:  # a collective broke: the group can run nothing more
             raise self.group.failed(error) from error
         self.n_passes += 1
         return out

@@ -55,6 +55,7 @@ READY_TIMEOUT_S = 300          # a worker loads and cuts its model in this long,
 # peer is noticed at once anyway, since its sockets close.
 COLLECTIVE_TIMEOUT = timedelta(days=1)
 JOIN_TIMEOUT_S = 10            # after STOP, a worker exits in this long or is killed
+DEATH_GRACE_S = 2.0            # after a collective fails, how long a worker that caused it has to be seen dead
 PR_SET_PDEATHSIG = 1           # prctl option (linux/prctl.h)
 
 
@@ -143,7 +144,11 @@ class WorkerGroup:
             raise self.error
 
     def failed(self, error: BaseException) -> WorkerDied:
-        """The WorkerDied that a collective's `error` means (a dead worker, named if one is)."""
+        """The WorkerDied that a collective's `error` means (a dead worker, named if one is). A peer's socket
+        can close before its process is seen to exit, so give it DEATH_GRACE_S to be seen."""
+        deadline = time.monotonic() + DEATH_GRACE_S
+        while self.error is None and all(p.is_alive() for p in self.processes) and time.monotonic() < deadline:
+            time.sleep(0.05)
         try:
             self.check()
         except WorkerDied as died:
