@@ -159,6 +159,15 @@ class TestTinyOnTwoWorkers:
             if r.kind == "plain":
                 assert out[0] == hf_greedy(tiny32, r.prompt_ids, r.max_new_tokens, ignore_eos=True)
 
+    def test_phase_3_6s_batched_engine_runs_on_two_workers_and_equals_hf(self, tp, tiny32):
+        from phases.p3_6_batched_engine.engine import BatchedPagedEngine
+
+        group, lm = tp
+        prompts = [list(range(20 + 5 * i, 31 + 7 * i)) for i in range(4)]
+        engine = BatchedPagedEngine(lm, n_blocks=32, block_size=4, max_running=3)
+        use_tensor_parallel(engine, group)
+        assert run_ignoring_eos(engine, prompts, 9) == [hf_greedy(tiny32, p, 9, ignore_eos=True) for p in prompts]
+
     def test_seeded_samples_equal_one_worker(self, tp, tiny32):
         group, lm = tp
         sampling = SamplingParams(temperature=1.0, top_p=0.9, seed=7)

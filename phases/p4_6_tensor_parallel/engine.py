@@ -111,15 +111,16 @@ def check_tensor_parallel(engine) -> None:
 
 
 def use_tensor_parallel(engine, group) -> None:
-    """Give `engine` (built on the lm that `launch` returned with `group`) the broadcasting block moves, and have
-    every worker build its pool for the engine's blocks."""
+    """Give `engine` (any engine from phase 3.6 on, built on the lm that `launch` returned with `group`) the
+    broadcasting block moves it has, and have every worker build its pool for the engine's blocks."""
     model = engine.lm.model
     if not isinstance(model, DriverModel) or model.group is not group:
         raise ValueError("the engine must be built on the lm that launch() returned with this group")
     check_tensor_parallel(engine)
-    engine.kv.copies = BroadcastCopyQueue(group=group)
+    if hasattr(engine.kv, "copies"):       # from phase 4.1 on: copy-on-write moves blocks inside the pool
+        engine.kv.copies = BroadcastCopyQueue(group=group)
     cpu_blocks = 0
-    if isinstance(engine.swap_space, SwapSpace):
+    if isinstance(getattr(engine, "swap_space", None), SwapSpace):   # phase 4.4's swapping
         cpu_blocks = engine.swap_space.cpu.n_blocks
         engine.swap_space = BroadcastSwapSpace(engine.allocator, cpu_blocks, group)
     group.setup(engine.allocator.n_blocks, engine.block_size, cpu_blocks)
