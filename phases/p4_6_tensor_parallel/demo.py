@@ -25,10 +25,11 @@ from measure.report import Report
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p4_5_speculative_decoding.engine import SpeculativeEngine
 from phases.p4_6_tensor_parallel.engine import TensorParallelEngine
-from phases.p4_6_tensor_parallel.workers import backend_for, launch
+from phases.p4_6_tensor_parallel.workers import backend_for, launch, param_bytes
 
 QUICK = dict(n_requests=2, max_new_tokens=3, max_running=2, n_blocks=64)
 WARMUP_NEW_TOKENS = 2
+PASS_TOKENS = (1, 64, 256, 2048)   # a decode pass of 1 and 64 sequences, and prefill-sized passes
 # Links a tensor-parallel group's all-reduces cross, in GB per second each way per GPU (the vendors' figures):
 # NVLink 4 on an H100 SXM (half of its 900 both ways), PCIe 5.0 x16 and PCIe 4.0 x16.
 LINKS_GB_S = {"NVLink 4 (H100)": 450.0, "PCIe 5.0 x16": 64.0, "PCIe 4.0 x16": 32.0}
@@ -124,9 +125,8 @@ def tp_demo(cfg: RunConfig) -> Report:
     workers = report.table("What each worker holds",
                            ["rank", "query heads", "KV heads", "MLP features", "weights (MB)", "KV bytes/block",
                             "blocks at equal memory"])
-    whole_params = sum(p.numel() * p.element_size() for p in {id(p): p for p in lm.model.parameters()}.values())
     workers.add_row("1 worker", lm.n_heads, lm.n_kv_heads, lm.model.config.intermediate_size,
-                    whole_params / 2**20, pool_bytes_one // opts["n_blocks"], opts["n_blocks"])
+                    param_bytes(lm.model) / 2**20, pool_bytes_one // opts["n_blocks"], opts["n_blocks"])
     for rank, h in sorted(held.items()):
         lo, hi = h["intermediate"]
         workers.add_row(rank, h["n_heads"], h["n_kv_heads"], hi - lo, h["param_bytes"] / 2**20, block_bytes[rank],
@@ -150,7 +150,7 @@ def tp_demo(cfg: RunConfig) -> Report:
                          ["tokens in the pass", "bytes per all-reduce", *[f"{k} (us/pass)" for k in LINKS_GB_S]])
     elem = torch.tensor([], dtype=lm.dtype).element_size()
     hidden = lm.model.config.hidden_size
-    for tokens in (1, 64, 256, 2048):
+    for tokens in PASS_TOKENS:
         n = tokens * hidden * elem
         paper.add_row(tokens, n, *[1e6 * (2 * lm.n_layers + 1) * ring_all_reduce_s(n, tp, gb)
                                    for gb in LINKS_GB_S.values()])

@@ -101,8 +101,7 @@ class BroadcastSwapSpace(SwapSpace):
 
 def check_tensor_parallel(engine) -> None:
     """Refuse, by name, the parts that cannot run under tensor parallelism."""
-    runner = getattr(engine.runner, "inner", engine.runner)
-    if getattr(runner, "cuda_graphs", False):
+    if getattr(engine.runner, "cuda_graphs", False):   # 4.5's verifying runner answers for the one it wraps
         raise ValueError("tensor parallelism needs cuda_graphs=False: a CUDA graph replays the driver's kernels "
                          "without the broadcast that starts the workers' pass")
     if isinstance(getattr(engine, "proposer", None), DraftProposer):

@@ -75,7 +75,8 @@ def encode_pass(input_ids: torch.Tensor, position_ids: torch.Tensor, paged: Page
     s, w = paged.block_tables.shape
     keep = logits_to_keep if torch.is_tensor(logits_to_keep) else None
     segs = [x for seg in paged.segments for x in (seg.start, seg.length, seg.context_len, seg.row)]
-    head = header(PASS, BATCH_KINDS.index(type(paged)), ATTENTION_NAMES.index(attention), b, t, s, w, len(paged.segments),
+    head = header(PASS, BATCH_KINDS.index(type(paged)), ATTENTION_NAMES.index(attention), b, t, s, w,
+                  len(paged.segments),
                   -1 if keep is None else keep.numel(), 0 if keep is not None else int(logits_to_keep),
                   getattr(paged, "n_decode", 0), getattr(paged, "n_splits", 1), int(paged.is_decode))
     dev = input_ids.device

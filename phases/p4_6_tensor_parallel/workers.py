@@ -46,6 +46,7 @@ from phases.p3_1_block_allocator.allocator import BlockAllocator
 from phases.p3_6_batched_engine.attention import use_paged_attention
 from phases.p4_1_copy_on_write.block_ops import CopyQueue
 from phases.p4_4_preemption.swap import SwapSpace
+from phases.p4_6_tensor_parallel.engine import DriverModel
 from phases.p4_6_tensor_parallel.message import (COPY, HEADER_LEN, PASS, SETUP, STOP, SWAP_IN, SWAP_OUT,
                                                  MessageStats, decode_pass, header, payload_len)
 from phases.p4_6_tensor_parallel.shard import Comm, ShardInfo, check_world_size, shard_model
@@ -55,6 +56,7 @@ READY_TIMEOUT_S = 300          # a worker loads and cuts its model in this long,
 # peer is noticed at once anyway, since its sockets close.
 COLLECTIVE_TIMEOUT = timedelta(days=1)
 JOIN_TIMEOUT_S = 10            # after STOP, a worker exits in this long or is killed
+POLL_S = 0.1                   # how often the driver looks at a worker it is waiting on
 DEATH_GRACE_S = 2.0            # after a collective fails, how long a worker that caused it has to be seen dead
 PR_SET_PDEATHSIG = 1           # prctl option (linux/prctl.h)
 
@@ -105,11 +107,13 @@ def check_launch(world_size, n_kv_heads: int, device: str) -> None:
 class WorkerGroup:
     """The driver's end: the worker processes, the control messages, and what the driver's shard sent."""
 
-    def __init__(self, spec: Spec, processes: list, comm: Comm, info: ShardInfo, threads_before: int):
+    def __init__(self, spec: Spec, processes: list, comm: Comm, info: ShardInfo, held: dict[int, dict],
+                 threads_before: int):
         self.spec = spec
         self.processes = processes              # ranks 1 .. N-1
         self.comm = comm                        # the driver's collectives (the all-reduces of its shard)
         self.info = info                        # what the driver's shard holds
+        self.held = held                        # rank -> its weight bytes, heads and MLP features
         self.messages = MessageStats()
         self.message_device = rank_device(spec.device, 0)
         self.error: BaseException | None = None
@@ -148,7 +152,7 @@ class WorkerGroup:
         can close before its process is seen to exit, so give it DEATH_GRACE_S to be seen."""
         deadline = time.monotonic() + DEATH_GRACE_S
         while self.error is None and all(p.is_alive() for p in self.processes) and time.monotonic() < deadline:
-            time.sleep(0.05)
+            time.sleep(POLL_S)
         try:
             self.check()
         except WorkerDied as died:
@@ -187,7 +191,7 @@ class WorkerGroup:
                 pass
         self.closed = True
         for p in self.processes:
-            p.join(JOIN_TIMEOUT_S if self.error is None else 0.5)
+            p.join(JOIN_TIMEOUT_S if self.error is None else POLL_S)   # a broken group's workers get killed
             if p.is_alive():
                 p.kill()
                 p.join(JOIN_TIMEOUT_S)
@@ -202,8 +206,6 @@ def launch(model: str, world_size: int, device: str | None = None, dtype=None):
 
     Returns (group, lm): lm is the driver's LoadedModel, its model cut to rank 0's shard (its n_heads and
     n_kv_heads are the shard's, so a pool built for it holds rank 0's heads)."""
-    from phases.p4_6_tensor_parallel.engine import DriverModel   # the driver's model wraps its shard
-
     if dist.is_initialized():
         raise RuntimeError("this process already runs a torch.distributed group (one tensor-parallel group per "
                            "process): close it first")
@@ -230,15 +232,20 @@ def launch(model: str, world_size: int, device: str | None = None, dtype=None):
         raise
     comm = Comm(0, world_size)
     info = shard_model(lm.model, 0, world_size, comm)
-    group = WorkerGroup(spec, processes, comm, info, threads_before)
-    group.held = {0: dict(param_bytes=param_bytes(lm.model), n_heads=info.n_heads, n_kv_heads=info.n_kv_heads,
-                          intermediate=info.intermediate)} | held
+    group = WorkerGroup(spec, processes, comm, info, {0: holding(lm.model, info)} | held, threads_before)
     lm = replace(lm, model=DriverModel(lm.model, group), n_heads=info.n_heads, n_kv_heads=info.n_kv_heads)
     return group, lm
 
 
 def param_bytes(model) -> int:
+    """Bytes of a model's weights, a tied weight counted once."""
     return sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def holding(model, info: ShardInfo) -> dict:
+    """What one rank holds, as the demo reports it."""
+    return dict(param_bytes=param_bytes(model), n_heads=info.n_heads, n_kv_heads=info.n_kv_heads,
+                intermediate=info.intermediate)
 
 
 def wait_ready(processes: list, ready) -> dict[int, dict]:
@@ -249,7 +256,7 @@ def wait_ready(processes: list, ready) -> dict[int, dict]:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while waiting:
         try:
-            status, rank, detail = ready.get(timeout=0.2)
+            status, rank, detail = ready.get(timeout=POLL_S)
         except queue.Empty:
             dead = [p for p in processes if not p.is_alive()]
             if dead:
@@ -289,8 +296,7 @@ def worker_main(rank: int, spec: Spec, ready) -> None:
     except BaseException:
         ready.put(("error", rank, traceback.format_exc()))
         return
-    ready.put(("ready", rank, dict(param_bytes=param_bytes(lm.model), n_heads=info.n_heads,
-                                   n_kv_heads=info.n_kv_heads, intermediate=info.intermediate)))
+    ready.put(("ready", rank, holding(lm.model, info)))
     init(spec, rank)
     try:
         Worker(lm, info).serve()
@@ -303,8 +309,9 @@ class Worker:
 
     def __init__(self, lm, info: ShardInfo):
         self.lm, self.info = lm, info
-        self.device = rank_device(lm.device, 0) if lm.device == "cpu" else lm.device
-        self.swap: SwapSpace | None = None     # its pool (.gpu) and its CPU pool (.cpu), from SETUP
+        self.device = lm.device                # where the messages land: its GPU under NCCL, the CPU under gloo
+        self.pool: torch.Tensor | None = None  # from SETUP
+        self.swap: SwapSpace | None = None     # its CPU pool, from SETUP when the driver swaps
 
     def receive(self) -> tuple[list[int], torch.Tensor]:
         head = torch.empty(HEADER_LEN, dtype=torch.int64, device=self.device)

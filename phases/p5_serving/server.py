@@ -253,8 +253,9 @@ async def _generate(request: Request, state: ServerState, body: P._Sampling, pro
                     max_tokens: int, fmt_cls):
     fmt = fmt_cls(state.served, P.new_id(fmt_cls.prefix), int(time.time()))
     group = getattr(state.aengine.engine, "tensor_parallel", None)
-    if group is not None and group.health()["error"]:
-        raise APIError(503, f"the engine cannot run: {group.health()['error']}", "server_error")
+    broken = group.health()["error"] if group is not None else None
+    if broken:
+        raise APIError(503, f"the engine cannot run: {broken}", "server_error")
     try:
         req = await state.aengine.submit(prompt_ids, n=body.n_samples, max_tokens=max_tokens,
                                          sampling=body.sampling_params(), ignore_eos=bool(body.ignore_eos),
