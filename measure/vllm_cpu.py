@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import signal
 import subprocess
-import sys
+import threading
 import time
 from pathlib import Path
 
@@ -40,6 +42,7 @@ MARK = "@@peer "                # the worker's own lines, among vLLM's log lines
 KV_CACHE_GB = 2                 # VLLM_CPU_KVCACHE_SPACE: its KV pool, in GiB
 READY_TIMEOUT_S = 600           # its first LLM(...) compiles its graph with inductor: minutes on 2 cores
 RUN_TIMEOUT_S = 900
+TAIL_LINES = 20                 # of vLLM's log, in the error when its worker fails
 ENGINES = ("served", "batched")
 QUICK = dict(n=4, rounds=1, workloads=["equal"], engines=["served"])
 
@@ -93,19 +96,34 @@ class VllmCpu:
         self.proc = subprocess.Popen([str(python), str(WORKER), json.dumps(settings)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      env=vllm_env(cores), start_new_session=True)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, name="vllm-cpu-reader", daemon=True).start()
         self.ready = self.receive(READY_TIMEOUT_S)
 
+    def _read(self) -> None:
+        """The reader thread: every line the worker prints, into a queue (None when its output ends)."""
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
     def receive(self, timeout_s: float) -> dict:
+        """The worker's next answer; its last log lines in the error if it stops or stays silent past timeout_s."""
         deadline = time.monotonic() + timeout_s
         tail: list[str] = []
-        for line in self.proc.stdout:
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                reason = f"vLLM's worker did not answer within {timeout_s:.0f} s"
+                break
+            if line is None:
+                reason = "vLLM's worker stopped without answering"
+                break
             if line.startswith(MARK):
                 return json.loads(line[len(MARK):])
-            tail = (tail + [line.rstrip()])[-20:]
-            if time.monotonic() > deadline:
-                break
+            tail = (tail + [line.rstrip()])[-TAIL_LINES:]
         self.close()
-        raise PeerUnavailable("vLLM's worker stopped without answering; its last lines:\n" + "\n".join(tail))
+        raise PeerUnavailable(f"{reason}; its last lines:\n" + "\n".join(tail))
 
     def run(self, requests: list[dict]) -> dict:
         self.proc.stdin.write(json.dumps({"requests": requests}) + "\n")
@@ -121,7 +139,7 @@ class VllmCpu:
             except (OSError, subprocess.TimeoutExpired):
                 pass
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, 9)      # vLLM's own processes are in its session
+            os.killpg(self.proc.pid, signal.SIGKILL)     # vLLM's own processes are in its session
             self.proc.wait()
 
     def __enter__(self) -> "VllmCpu":

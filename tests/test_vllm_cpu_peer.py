@@ -63,3 +63,14 @@ def test_the_worker_protocol_round_trips_through_a_stand_in(tmp_path):
         out = peer.run([{"max_tokens": 3}, {"max_tokens": 2}])
         assert out["outputs"] == [[7, 7, 7], [7, 7]] and out["tokens"] == 5
     assert peer.proc.poll() == 0
+
+
+def test_a_silent_worker_is_refused_after_its_timeout(tmp_path, monkeypatch):
+    import measure.vllm_cpu as peer_module
+
+    silent = tmp_path / "python"
+    silent.write_text(f"#!{os.sys.executable}\nimport time\nprint('loading', flush=True)\ntime.sleep(60)\n")
+    silent.chmod(silent.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(peer_module, "READY_TIMEOUT_S", 1)
+    with pytest.raises(PeerUnavailable, match="did not answer within 1 s; its last lines:\nloading"):
+        VllmCpu("m", torch.bfloat16, [0], 4, python=silent)
