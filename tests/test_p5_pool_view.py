@@ -249,7 +249,11 @@ def test_the_pool_page_in_chromium(tiny32, tmp_path):
             complete(srv, SYSTEM + f"Question {i}?", 150, ignore_eos=True, n=1 + i % 2))) for i in range(4)]
         for t in threads:
             t.start()
-        page.wait_for_function("document.querySelectorAll('#running li').length >= 2", timeout=TIMEOUT_S * 1000)
+        # Pause once the samples share blocks: the requests run for 150 tokens, so the sharing lasts, but how soon
+        # it starts depends on the machine (a pause at the first two running sequences could come before it).
+        page.wait_for_function("document.querySelectorAll('#running li').length >= 2 && "
+                               "[...document.querySelectorAll('#grid .cell')].some(c => +c.dataset.ref > 1)",
+                               timeout=TIMEOUT_S * 1000)
         page.click("#pause")
         step = int(page.evaluate("document.body.dataset.step"))
         assert page.evaluate(DRAWN_JS) == as_drawn(truth[step])
