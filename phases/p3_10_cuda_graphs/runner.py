@@ -64,8 +64,8 @@ class StaticRunner(MixedRunner):
         width = blocks_for(min(max_context, pool_tokens), allocator.block_size)   # table entries a row can need
         self.buffers = DecodeBuffers(self.buckets[-1], width, allocator.block_size, lm.device)
         self.n_sms = sm_count(lm.device)
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}   # (bucket, splits) ->
-        # One memory pool for every graph, captured largest first where possible: the smaller ones reuse its memory.
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}   # -> (graph, logits)
+        # One memory pool for every graph: `capture_all` records the largest first, and the smaller reuse its memory.
         self._graph_pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
         self.last_graph: tuple[int, int] | None = None   # the (bucket, splits) the last static step replayed
         self._captured_with: tuple | None = None         # the model/pool the static step was first run with
