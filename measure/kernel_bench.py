@@ -103,12 +103,24 @@ def timing_cell(t: Timing | None) -> float | str:
     return NOT_TIMED_CPU if t is None else t.cell()
 
 
+def refuse_a_sync(fn: Callable[[], object]) -> None:
+    """Call `fn()` once with torch's sync debug mode at "error": a call that synchronises (`.item()`, `.tolist()`,
+    a synchronize: illegal while a stream captures) raises RuntimeError here, before a capture starts. (torch
+    detects most synchronising calls, not all: phase 3.10's `record` still guards the capture.)"""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn()
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+
+
 def capture_calls(fn: Callable[[], object], calls: int = CALLS_PER_GRAPH) -> Callable[[], None]:
     """`calls` back-to-back calls of `fn` recorded as one CUDA graph; returns its replay. Raises RuntimeError
     where `fn` cannot be captured (a host read of a device tensor, a synchronize)."""
     # imported on use: measure/ loads no phase, and only a capture on a GPU needs phase 3.10's rules
-    from phases.p3_10_cuda_graphs.graph_capture import record, refuse_a_sync, warm_up_for_capture
-    warm_up_for_capture(fn)
+    from phases.p3_10_cuda_graphs.graphs import record, warm_up
+    warm_up(fn)
     refuse_a_sync(fn)           # a synchronising call is refused here, not found by a failed capture
     graph = torch.cuda.CUDAGraph()
     record(graph, lambda: [fn() for _ in range(calls)])
@@ -137,7 +149,7 @@ def gpu_time(fn: Callable[[], object], device: str | torch.device, warmup: int =
     `fn` is captured `calls_per_graph` times back to back into one CUDA graph; replays are queued back to back
     with an event between each two, so the GPU does not wait on the host (while a replay's calls outlast the
     host's queueing of the next one), and each interval / `calls_per_graph` is one call's GPU time. It is
-    what a replayed decode step pays (phase 3.10, whose graph_capture.py records it here too)."""
+    what a replayed decode step pays (phase 3.10, whose graphs.py records it here too)."""
     if not str(device).startswith("cuda"):
         return Timing(median_ms(fn, device, warmup, iters), PER_CALL)
     try:

@@ -45,11 +45,11 @@ from common.model import load_model
 from common.sampling import SamplingParams
 from measure.step_bench import decode_step_ms, random_prompts
 from phases.p3_1_block_allocator.allocator import blocks_for
+from extras.p3_10_cuda_graphs.overlap import OverlappedDecodeEngine
 from phases.p3_8_chunked_prefill.engine import ChunkedPrefillEngine, WholePromptEngine
 from phases.p3_10_cuda_graphs.demo import stub_decode_forward
 from phases.p3_10_cuda_graphs.engine import StaticDecodeEngine
 from phases.p3_10_cuda_graphs.runner import StaticRunner
-from phases.p3_10_cuda_graphs.extra_overlap import OverlappedDecodeEngine
 from phases.p3_9_tuned_decode_kernel.split_rule import MAX_SPLITS, MIN_BLOCKS_PER_SPLIT, choose_splits
 
 torch.set_num_threads(1)    # many small passes: on this shared 2-core machine one intra-op thread is faster
@@ -141,8 +141,9 @@ fig.tight_layout()
 # `StaticDecodeEngine` keeps phase 3.8's schedule and changes how a decode-only step runs. Its inputs (token ids,
 # positions, lengths, block tables, slot mapping) are rows of tensors allocated once (`DecodeBuffers`). The host keeps
 # a mirror of what each row holds and sends only the difference: a new table entry when a sequence enters a new
-# block, a whole row when a sequence joins or moves. Positions and lengths advance on the device, the sampled ids
-# become the next step's input ids on the device, and the slot mapping is computed on the device from the tables.
+# block, a whole row when a sequence joins. Positions and lengths advance on the device, the engine hands the ids it
+# sampled on the device back as the next step's input ids, and the slot mapping is computed on the device from the
+# tables.
 #
 # The batch is padded to a bucket (here 1, 2, 4, 8). A padding row has length 0, so it reads nothing and writes
 # nothing, and its logits are dropped. Eight requests with different output lengths make the batch shrink step by
@@ -160,19 +161,20 @@ class StepLog(StaticRunner):
 
     def static_pass(self, seqs):
         sent, padded = self.buffers.n_values_sent, self.n_padded_rows
-        rows, logits = super().static_pass(seqs)
-        n = len(rows)
+        logits = super().static_pass(seqs)
+        n = len(seqs)
         self.steps.append(dict(rows=n, bucket=n + self.n_padded_rows - padded,
                                sent=self.buffers.n_values_sent - sent,
                                rebuilt=n * (4 + self.buffers.longest_blocks)))
-        return rows, logits
+        return logits
 
 
 BUCKETS = [1, 2, 4, 8]
 prompts = random_prompts(lm.vocab_size, 8, (5, 20), seed=2)
 new_tokens = [4, 7, 10, 14, 18, 22, 27, 32]
 class LoggedEngine(StaticDecodeEngine):
-    runner_class = StepLog
+    def make_runner(self):
+        return StepLog(self.lm, self.allocator, self.max_running, self.cuda_graphs, self.buckets)
 
 
 static = LoggedEngine(lm, max_running=8, block_size=4, n_blocks=128, buckets=BUCKETS)
@@ -193,9 +195,10 @@ print(f"values sent to the device: {sum(s['sent'] for s in log)} in all; rebuilt
 
 # %% [markdown]
 # Left: the rows each step runs and the bucket it is padded to. Right: values written host to device per step. A row
-# is sent whole when its sequence arrives or moves to a lower row: when a sequence finishes, the last row moves into
-# its hole, so the rows stay packed and the batch fits the smallest bucket. Between those events a step sends only
-# the table entries of sequences that just entered a new block (every `block_size` tokens), often nothing at all.
+# is sent whole when its sequence arrives. When a sequence finishes, the rows after it move up one, copied on the
+# device with their mirrors (nothing sent), so the rows stay packed in the batch's order and the batch fits the
+# smallest bucket. Between arrivals a step sends only the table entries of sequences that just entered a new block
+# (every `block_size` tokens), often nothing at all.
 
 # %%
 x = np.arange(len(log))
@@ -225,10 +228,10 @@ except ValueError as err:
 # %% [markdown]
 # ## Sampling on the device, one transfer per step
 #
-# The static step samples the whole batch in a fixed number of tensor ops (`sampler.py`): Gumbel-max over noise
-# hashed from (seed, output index, token), with temperature, top-k and top-p as masks. Then it copies the sampled ids
-# to the host once. A seeded request's draws depend only on its own seed and logits, not on the batch around it: the
-# same request alone, and beside seven others with seeds of their own, gives the same tokens.
+# The static step samples the whole batch in a fixed number of tensor ops (`DeviceSampler`, common/sampling.py):
+# Gumbel-max over noise hashed from (seed, output index, token), with temperature, top-k and top-p as masks. Then it
+# copies the sampled ids to the host once. A seeded request's draws depend only on its own seed and logits, not on
+# the batch around it: the same request alone, and beside seven others with seeds of their own, gives the same tokens.
 
 # %%
 def sampled(requests):
@@ -334,9 +337,10 @@ for r in rows:
 #
 # ## Overlapped steps: the host works while the GPU does
 #
-# `OverlappedDecodeEngine` hides that share instead of shrinking it. In a run of decode-only steps, it claims slots
-# and syncs the rows for step N+1 and launches it. Only then does it read step N's tokens. Step N+1's input ids are
-# step N's sampled ids, copied on the device, so the host never needs a token to launch the next step.
+# `OverlappedDecodeEngine` (an extra, `extras/p3_10_cuda_graphs/overlap.py`) hides that share instead of shrinking it.
+# In a run of decode-only steps, it claims slots and syncs the rows for step N+1 and launches it. Only then does it
+# read step N's tokens. Step N+1's input ids are step N's sampled ids, copied on the device, so the host never needs a
+# token to launch the next step.
 #
 # ```
 # in series:   host N | GPU N | host N+1 | GPU N+1 | ...        a step = host + GPU

@@ -13,13 +13,12 @@ import pytest
 import torch
 
 from common.model import load_model
-from common.sampling import SamplingParams, filter_logits
+from common.sampling import SamplingParams, filter_logits, filter_rows, sample_rows, sampling_rows, uniform_noise
 from phases.p2_2_scheduler.sequence import Status
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
 from phases.p3_8_chunked_prefill.engine import ChunkedPrefillEngine
 from phases.p3_10_cuda_graphs.buffers import EMPTY_SLOT
 from phases.p3_10_cuda_graphs.engine import StaleGraphs, StaticDecodeEngine, decode_buckets
-from phases.p3_10_cuda_graphs.sampler import filter_rows, sample_rows, sampling_rows, uniform_noise
 from tests.oracles import hf_greedy
 from tests.test_p3_8_engine import random_prompts
 
@@ -123,6 +122,21 @@ def test_steady_decoding_sends_only_new_table_entries(tiny):
     assert steps == BLOCK_SIZE * 2
 
 
+def test_sampled_ids_go_back_to_their_sequences_rows_in_any_order(tiny):
+    """The hand-off addresses rows by sequence: ids handed back for some of the rows, in another order (as an
+    engine that samples a subset of the step's rows would), land in those rows and in their mirrors only."""
+    engine = StaticDecodeEngine(tiny, max_running=3, block_size=BLOCK_SIZE, n_blocks=64)
+    seqs = [engine.add(p, 8, ignore_eos=True) for p in random_prompts((5, 6, 7), seed=8)]
+    engine.step()
+    engine.step()                                     # a static step: row i holds seqs[i]
+    buffers = engine.runner.buffers
+    assert [r.seq for r in buffers.rows] == seqs
+    before = buffers.input_ids[:3].tolist()
+    buffers.record_sampled([seqs[2], seqs[0]], torch.tensor([11, 22]), [11, 22])
+    assert buffers.input_ids[:3].tolist() == [22, before[1], 11]
+    assert [r.token for r in buffers.rows] == [22, seqs[1].output_ids[-1], 11]
+
+
 def test_rows_left_behind_are_inert_padding(tiny):
     """A row a sequence left (finished) keeps no length and no position: as a bucket's padding it reads and
     writes nothing, and its slot lookup stays inside the table whatever length the sequence had reached."""
@@ -133,6 +147,7 @@ def test_rows_left_behind_are_inert_padding(tiny):
         engine.step()
     engine.step()                                    # the first static step without it: 2 rows of 3 live
     assert engine.runner.buffers.n_rows == 2
+    assert [r.seq for r in engine.runner.buffers.rows] == [seqs[0], seqs[2]]    # the batch's order: one moved up
     assert engine.runner.buffers.seq_lens[2:].tolist() == [0, 0] and engine.runner.buffers.positions[2:].tolist() == [0, 0]
     engine.run()
     for p, n, s in zip(prompts, (12, 3, 9), seqs):

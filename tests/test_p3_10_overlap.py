@@ -1,6 +1,6 @@
-"""Phase 3.10's overlapped decode steps (extra_overlap.py), on the CPU: the same tokens as HF `generate` and as the
-engine without overlap, a row wasted for every sequence that ends on an EOS in flight, no block leaked,
-and the mirror of the device rows kept honest. (What the overlap buys in time needs a GPU.)"""
+"""Phase 3.10's overlapped decode steps (extras/p3_10_cuda_graphs/overlap.py), on the CPU: the same tokens as HF
+`generate` and as the engine without overlap, a row wasted for every sequence that ends on an EOS in flight, no
+block leaked, and the mirror of the device rows kept honest. (What the overlap buys in time needs a GPU.)"""
 
 import pytest
 import torch
@@ -8,7 +8,7 @@ import torch
 from common.model import load_model
 from common.sampling import SamplingParams
 from phases.p3_10_cuda_graphs.engine import StaticDecodeEngine
-from phases.p3_10_cuda_graphs.extra_overlap import OverlappedDecodeEngine
+from extras.p3_10_cuda_graphs.overlap import OverlappedDecodeEngine
 from tests.oracles import hf_greedy
 from tests.test_p3_8_engine import random_prompts
 from tests.test_p3_10_engine import BLOCK_SIZE, NEW_TOKENS, PROMPT_LENGTHS, run

@@ -1,16 +1,10 @@
 """Attention for the static decode step: phase 3.6's decode layout over the static buffers, with the tuned kernel.
 
-`StaticDecodeBatch` is phase 3.6's `PagedBatch` for a decode pass (input_ids
-[bucket, 1]) whose tensors are views of the engine's `DecodeBuffers`, plus the
-split count the step's launch uses. `static_attention_forward`, registered under
-STATIC_ATTN_NAME, writes the new K/V (phase 3.5's store: padding rows carry
-slot -1 and write nothing) and runs the tuned decode kernel (decode_kernel.py)
-on CUDA, phase 3.5's CPU path elsewhere. Any other batch (a mixed pass of
-decode tokens and prefill chunks, phase 3.8) goes on to phase 3.8's attention
-unchanged, so one attention name serves every pass of the engine.
-
-Nothing here reads a tensor's value on the host: the function runs inside a
-CUDA graph capture, where such a read would fail (and on replay, not run at all).
+`StaticDecodeBatch` is phase 3.6's `PagedBatch` over views of the `DecodeBuffers`, plus the step's split count.
+`static_attention_forward` writes the new K/V (padding rows carry slot -1 and write nothing) and runs phase
+3.9's tuned decode kernel on CUDA, phase 3.5's CPU path elsewhere; any other batch (phase 3.8's mixed pass)
+goes to phase 3.8's attention, so one attention name serves every pass. Nothing here reads a tensor's value
+on the host: it runs inside a CUDA graph capture, where such a read fails (and on replay, would not run).
 """
 
 from __future__ import annotations

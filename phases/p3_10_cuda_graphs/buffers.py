@@ -1,8 +1,7 @@
-"""The decode step's inputs in preallocated device tensors, one row per running sequence, updated from what changed.
+"""The decode step's inputs in preallocated device tensors, one row per decoding sequence, updated from what changed.
 
-A CUDA graph replays kernels on fixed addresses, so a decode step's inputs must
-live in tensors allocated once and overwritten in place. They are sized for
-`max_rows` sequences (the engine's max_running) and `max_blocks` table entries:
+A CUDA graph replays kernels on fixed addresses, so a decode step's inputs live in tensors allocated once
+and overwritten in place, sized for `max_rows` sequences (the engine's max_running) and `max_blocks` entries:
 
     input_ids    [R] int64        the token each row feeds (its last sampled one)
     positions    [R] int64        its position (= tokens in the pool before it)
@@ -11,15 +10,9 @@ live in tensors allocated once and overwritten in place. They are sized for
     slot_mapping [R] int64        where this step's K/V go: computed ON the device from the three above
                                   (`compute_slots`, inside the graph), -1 on empty rows
 
-Rows. The n decoding sequences sit in rows 0 .. n-1 (a step runs rows 0 .. bucket-1;
-rows n .. bucket-1 are padding). A sequence keeps its row while it decodes (`_place`).
-
-What changed. The buffers keep a host mirror of what each row holds on the device
-(`RowState`); `sync(seqs)` places the sequences, compares the mirror with each one and
-sends only what the device cannot know (`_send_changes`). So a step sends a few entries,
-not B x (3 + max_blocks) values rebuilt from Python lists. (nano-vllm rebuilds them every
-step and copies them into its graph's inputs: simpler, but turning B tables of Python ints
-into a tensor each step costs the host more than the rest of a step here.)
+Row i holds the step's i-th decoding sequence (`batch.decode` order), so the logits come out in the batch's
+order. The host keeps a mirror of each row (`RowState`) and sends only what the device cannot know: a few
+entries per step, not the B x (3 + max_blocks) values nano-vllm rebuilds from Python lists each step.
 """
 
 from __future__ import annotations
@@ -28,19 +21,10 @@ from dataclasses import dataclass
 
 import torch
 
+from common.sampling import send
 from phases.p2_2_scheduler.sequence import Sequence
 
 EMPTY_SLOT = -1
-
-
-def send(values: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """`values` (host) on `device`, without making the host wait for the GPU. A copy from ordinary (pageable)
-    host memory first waits for everything queued on the stream, which would stall an overlapped step
-    (extra_overlap.py) behind the step in flight; from pinned memory it is queued like a kernel. (torch's caching
-    host allocator keeps the pinned block alive until the copy has run.)"""
-    if device.type == "cuda":
-        values = values.pin_memory()
-    return values.to(device, non_blocking=True)
 
 
 @dataclass(eq=False)  # identity: one object per row a sequence is placed in
@@ -64,7 +48,7 @@ class DecodeBuffers:
         self.block_tables = torch.zeros(max_rows, max_blocks, dtype=torch.int32, device=device)
         self.slot_mapping = torch.full((max_rows,), EMPTY_SLOT, dtype=torch.int64, device=device)
         self.rows: list[RowState] = []           # rows 0 .. n-1, in order
-        self._placed: set[int] = set()           # seq_id of every sequence in a row: the steady state's check
+        self.row_of: dict[int, int] = {}         # seq_id -> its row
         self.longest_blocks = 0                  # most blocks any row's table holds (after the last sync)
         self.n_values_sent = 0                   # host -> device values written by `sync` (rows and entries)
         self.n_syncs = 0
@@ -73,16 +57,13 @@ class DecodeBuffers:
     def n_rows(self) -> int:
         return len(self.rows)
 
-    # --- one step -------------------------------------------------------------------------------
-    def sync(self, seqs: list[Sequence]) -> list[Sequence]:
-        """Make rows 0 .. len(seqs)-1 hold these sequences, each with its next token, position, length and
-        table (slots already claimed). Returns the sequences in row order (the order of the step's logits)."""
+    def sync(self, seqs: list[Sequence]) -> None:
+        """Make row i hold seqs[i], with its next token, position, length and table (slots already claimed)."""
         if len(seqs) > self.max_rows:
             raise ValueError(f"{len(seqs)} decoding sequences do not fit {self.max_rows} static rows")
         self._place(seqs)
         self._send_changes()
         self.n_syncs += 1
-        return [r.seq for r in self.rows]
 
     def advance(self) -> None:
         """After a step: every live row's position and length move on by one (its token was fed)."""
@@ -92,82 +73,55 @@ class DecodeBuffers:
         for r in self.rows:
             r.length += 1
 
-    def record_sampled(self, ids: torch.Tensor, tokens: list[int]) -> None:
-        """The step's sampled ids [n] (device) become the rows' next input; `tokens` is the same on the host."""
-        self.input_ids[:len(tokens)].copy_(ids)
-        for r, t in zip(self.rows, tokens):
-            r.token = t
+    def record_sampled(self, seqs: list[Sequence], ids: torch.Tensor, tokens: list[int]) -> None:
+        """Sampled ids [S] on the device (ids[i] is seqs[i]'s) become the next input ids of these sequences'
+        rows, on the device; the mirror takes `tokens`, the same ids on the host. So the next sync sends none."""
+        rows = [self.row_of[s.seq_id] for s in seqs]
+        if rows == list(range(len(rows))):
+            self.input_ids[:len(rows)].copy_(ids)                        # the step's rows, in order: one copy
+        else:
+            self.input_ids[send(torch.tensor(rows), self.device)] = ids  # some of them, or in another order
+        for row, token in zip(rows, tokens):
+            self.rows[row].token = token
 
     def row_tokens(self) -> list[int]:
         """Each row's next input as the host knows it: its sequence's last token."""
         return [state.seq.output_ids[-1] for state in self.rows]
 
-    # --- placing rows ---------------------------------------------------------------------------
     def _place(self, seqs: list[Sequence]) -> None:
-        """Put `seqs` in rows 0 .. len(seqs)-1. A sequence keeps its row while it decodes; when one leaves
-        (finished, preempted, aborted, or in a prefill pass instead) the last rows move into the holes, so the
-        live rows stay a prefix, and the rows left behind get seq_lens 0 and position 0 (they read nothing and
-        write nothing)."""
-        n = len(seqs)
-        if n == len(self.rows) and {s.seq_id for s in seqs} == self._placed:
-            return         # the steady state: the same sequences as last step, each already in its row
-        wanted = {s.seq_id for s in seqs}
-        kept = {state.seq.seq_id: state for state in self.rows if state.seq.seq_id in wanted}
-        old = self.rows
-        new_rows: list[RowState | None] = [None] * n
-        moves_src, moves_dst = [], []
-        # Sequences already in a row below n stay there; the rest fill the holes (moved or new).
-        for row, state in enumerate(old[:n]):
-            if state.seq.seq_id in kept:
-                new_rows[row] = state
-        holes = [row for row in range(n) if new_rows[row] is None]
-        movers = [(row, kept[s.seq.seq_id]) for row, s in enumerate(old) if row >= n and s.seq.seq_id in kept]
-        for (src, state), dst in zip(movers, holes):
-            new_rows[dst] = state
-            moves_src.append(src)
-            moves_dst.append(dst)
-        placed = {r.seq.seq_id for r in new_rows if r is not None}
-        free = iter(row for row in range(n) if new_rows[row] is None)
-        for s in seqs:
-            if s.seq_id not in placed:
-                new_rows[next(free)] = RowState(s, None, -1, [])     # unknown: everything is sent
-        if moves_src:
-            src = send(torch.tensor(moves_src), self.device)
-            dst = send(torch.tensor(moves_dst), self.device)
+        """Row i gets seqs[i]. A sequence that already holds a row takes it along (a copy on the device, its
+        mirror with it); a new one gets an unknown row, sent whole. Rows left behind get length 0 and position 0:
+        as a bucket's padding they read and write nothing, and their slot lookup stays inside the table."""
+        ids = [s.seq_id for s in seqs]
+        if ids == list(self.row_of):
+            return         # the steady state: the same sequences as last step, in the same rows
+        moves = [(self.row_of[i], row) for row, i in enumerate(ids) if self.row_of.get(i, row) != row]
+        rows = [self.rows[self.row_of[s.seq_id]] if s.seq_id in self.row_of else RowState(s, None, -1, [])
+                for s in seqs]
+        if moves:
+            src, dst = (send(torch.tensor(side), self.device) for side in zip(*moves))
             for t in (self.input_ids, self.positions, self.seq_lens, self.block_tables):
-                t[dst] = t[src]
-        if len(old) > n:
-            # Rows left behind: empty (length 0), and at position 0, so that as a bucket's padding even the
-            # slot lookup (compute_slots' gather of table column position // block_size) stays in the table.
-            self.seq_lens[n:len(old)] = 0
-            self.positions[n:len(old)] = 0
-        self.rows = new_rows
-        self._placed = {r.seq.seq_id for r in new_rows}
+                t[dst] = t[src]          # t[src] is gathered first, so rows may move into each other's places
+        self.seq_lens[len(seqs):self.n_rows] = 0
+        self.positions[len(seqs):self.n_rows] = 0
+        self.rows, self.row_of = rows, {i: row for row, i in enumerate(ids)}
 
     def _send_changes(self) -> None:
-        """Write what the device does not know yet: changed rows' token/position/length, new table entries.
-
-        A steady decode step changes nothing the device does not know: the sampler wrote each row's next token
-        into input_ids on the device (`record_sampled`), positions and lengths advance by one on the device
-        (`advance`), and the table gains an entry only when a sequence enters a new block (once every
-        block_size steps). What the device cannot know (a new block, a block replaced by copy-on-write, a
-        sequence that joined, moved row, came back from preemption, or advanced in a mixed pass) is sent: the
-        changed rows' values in one packed host-to-device copy, the new table entries in another."""
+        """Send what the device cannot know: rows whose token or length differ from the mirror (a sequence that
+        joined, or advanced in a mixed pass) in one packed copy, new table entries (a new block, a block
+        replaced by copy-on-write) in another. A steady step sends a table entry once every block_size steps."""
         row_updates: list[tuple[int, int, int, int]] = []   # (row, token, position, length)
         entries: list[tuple[int, int, int]] = []            # (row, column, block id)
         longest = 0
         for row, (state, token) in enumerate(zip(self.rows, self.row_tokens())):
-            seq = state.seq
-            length = seq.kv.n_filled
+            length, blocks = state.seq.kv.n_filled, state.seq.kv.block_ids
             if state.token != token or state.length != length:
                 row_updates.append((row, token, length - 1, length))
                 state.token, state.length = token, length
-            blocks = seq.kv.block_ids
-            if len(blocks) > longest:
-                longest = len(blocks)
+            longest = max(longest, len(blocks))
             if len(blocks) > self.max_blocks:
-                raise ValueError(f"sequence {seq.seq_id} holds {len(blocks)} blocks; the static tables have "
-                                 f"room for {self.max_blocks}")
+                raise ValueError(f"sequence {state.seq.seq_id} holds {len(blocks)} blocks; the static tables "
+                                 f"have room for {self.max_blocks}")
             if blocks != state.blocks:
                 same = len(state.blocks) if blocks[:len(state.blocks)] == state.blocks else 0
                 entries += [(row, col, blocks[col]) for col in range(same, len(blocks))]

@@ -5,8 +5,9 @@ graph_bench, four sections (`--sections`; tune only when named):
   step    one decode step of `batch` sequences (prompts of `prompt_len` tokens), median wall ms
           (the blog's ms/tok: every sequence makes one token per step): phase 3.8's decode pass
           built from Python lists, this phase's static step run eagerly, and replayed as a CUDA
-          graph, and the graph with overlapped steps (extra_overlap.py: the host builds step N+1 while
-          the GPU runs step N); for a graph, its replay's GPU time and wall / GPU (the host overhead left).
+          graph, and the graph with overlapped steps (extras/p3_10_cuda_graphs/overlap.py: the host
+          builds step N+1 while the GPU runs step N); for a graph, its replay's GPU time and wall / GPU
+          (the host overhead left).
           At batch 1, HF generate with the compiled static cache for comparison (GPU).
   host    the step section's engines with each decode pass stubbed out (zero logits, no model): the host's own
           ms per step and us per sequence, the part a graph does not remove and overlapped steps must hide.
@@ -35,7 +36,7 @@ from phases.p3_8_chunked_prefill.demo import CHUNKED
 from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillEngine
 from phases.p3_9_tuned_decode_kernel.bench import KERNEL_OPTIONS, KERNEL_QUICK, kernel_section, tune_section
 from phases.p3_10_cuda_graphs.engine import StaticDecodeEngine
-from phases.p3_10_cuda_graphs.extra_overlap import OverlappedDecodeEngine
+from extras.p3_10_cuda_graphs.overlap import OverlappedDecodeEngine
 
 STEP_SLACK_TOKENS = 16   # pool room per sequence beyond its prompt and timed steps (the warm-up steps)
 TARGETS = {  # (workload, faster, slower) -> the ratio this phase aims for

@@ -1,19 +1,10 @@
-"""CUDA graph capture of one decode step, in one small function.
+"""CUDA graph capture of one decode step: warm it up on a side stream, then record one call.
 
-A decode forward pass of a 28-layer model is some 1,500 kernel launches; on a
-host with a slow CPU, launching them from Python takes several times longer
-than the GPU takes to run them (the README has the figures). A CUDA graph records the launches once, with their
-arguments (the addresses of the static buffers), and replays them with one
-call. What the step changes must therefore be *values* in those buffers,
-never shapes or addresses: hence the static buffers, the buckets (one graph
-per batch size) and a split count fixed per graph.
-
-`capture(forward, pool)` runs `forward` a few times on a side stream first
-(Triton compiles its kernels, cuBLAS picks its algorithms, the caching
-allocator warms up; none of that may happen during capture), then records one
-call. The tensor that call returned is the graph's output: each replay
-overwrites it. Graphs of one engine share one memory pool (`pool`), captured
-largest bucket first, so the smaller ones reuse its memory.
+A decode pass is some 1,500 kernel launches, which a slow host takes longer to make than the GPU to run. A
+graph records them once, with their arguments (the static buffers' addresses), and replays them in one call:
+what a step changes must be *values* in those buffers, never shapes or addresses. Before capture the call
+must have run (`warm_up`: Triton compiles, cuBLAS picks algorithms, the allocator grows its pools: none of
+that may happen while a stream captures), and it must not make the host wait (`.item()`, `.tolist()`).
 """
 
 from __future__ import annotations
@@ -22,12 +13,34 @@ from typing import Callable
 
 import torch
 
-from phases.p3_10_cuda_graphs.graph_capture import record, warm_up_for_capture
+WARMUP_RUNS = 2   # before capture: compile, autotune, allocate
 
 
 def capture(forward: Callable[[], torch.Tensor], pool=None) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-    """Record `forward()` (static inputs -> a tensor) as a CUDA graph; returns (graph, its output tensor)."""
-    warm_up_for_capture(forward)       # graph_capture.py: a few calls on a side stream first
+    """Record `forward()` (static inputs -> a tensor) as a CUDA graph, its memory from `pool`; returns
+    (graph, its output tensor), which each replay overwrites."""
+    warm_up(forward)
     graph = torch.cuda.CUDAGraph()
-    out = record(graph, forward, pool)  # torch.cuda.graph, the caller's stream put back even if it fails
-    return graph, out
+    return graph, record(graph, forward, pool)
+
+
+def warm_up(fn: Callable[[], object], runs: int = WARMUP_RUNS) -> None:
+    """Call `fn()` `runs` times on a side stream, ordered after the current stream's work and before its next
+    (PyTorch's rule for the calls before a capture)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(runs):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def record(graph: torch.cuda.CUDAGraph, fn: Callable[[], object], pool=None) -> object:
+    """Capture `fn()` into `graph`; returns what the call returned. The caller's stream is current again
+    afterwards, even when the capture fails."""
+    stream = torch.cuda.current_stream()
+    try:
+        with torch.cuda.graph(graph, pool=pool):
+            return fn()
+    finally:
+        torch.cuda.set_stream(stream)

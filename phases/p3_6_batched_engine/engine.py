@@ -126,8 +126,8 @@ class BatchedPagedEngine:
         self.kv = BlockKV(self.allocator)
         self.admission = WorstCaseAdmission(self)
         self.prefill = WholePrompts(self, max_prefill_tokens)
-        self.runner = PagedRunner(lm, self.allocator)
-        self.sampler = Sampler(lm.device)
+        self.sampler = self.make_sampler()
+        self.runner = self.make_runner()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []          # in admission order
         self.finished: list[Sequence] = []
@@ -135,6 +135,12 @@ class BatchedPagedEngine:
         self.waited_for_blocks: set[int] = set()   # seq_ids that found a free slot but not enough blocks
         self.n_steps = 0
         self._next_id = 0
+
+    def make_sampler(self) -> Sampler:
+        return Sampler(self.lm.device)
+
+    def make_runner(self) -> PagedRunner:
+        return PagedRunner(self.lm, self.allocator)
 
     # --- requests ----------------------------------------------------------------------------
     def add(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,

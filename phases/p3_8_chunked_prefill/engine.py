@@ -124,7 +124,9 @@ class ChunkedPrefillEngine(BatchedPagedEngine):
         check_budget(max_num_batched_tokens)   # before any memory is taken for the pool
         super().__init__(lm, max_running, block_size, n_blocks, allocator)
         self.prefill = self.PREFILL_PLAN(self, max_num_batched_tokens)
-        self.runner = MixedRunner(lm, self.allocator)
+
+    def make_runner(self) -> MixedRunner:
+        return MixedRunner(self.lm, self.allocator)
 
     # --- what the runner counted ----------------------------------------------------------------------
     @property

@@ -32,13 +32,12 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from common.clock import SeqTiming
-from common.sampling import GREEDY, SamplingParams
+from common.sampling import GREEDY, DeviceSampler, SamplingParams
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
 from phases.p3_6_batched_engine.engine import DEFAULT_MAX_RUNNING, BatchedPagedEngine, WorstCaseAdmission
 from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, TokenBudget, check_budget
 from phases.p3_10_cuda_graphs.runner import StaticRunner
-from phases.p3_10_cuda_graphs.sampler import DeviceSampler
 from phases.p4_1_copy_on_write.block_ops import blocks_held
 from phases.p4_1_copy_on_write.kv import CowKV, worst_case_blocks
 
@@ -120,7 +119,7 @@ class SharingEngine(BatchedPagedEngine):
         self.kv = CowKV(self.allocator)
         self.admission = GroupWorstCaseAdmission(self)
         self.sampler = DeviceSampler(lm.device)
-        self.runner = StaticRunner(lm, self.allocator, self.sampler, self.max_running, cuda_graphs, buckets)
+        self.runner = StaticRunner(lm, self.allocator, self.max_running, cuda_graphs, buckets)
         self.groups: list[SequenceGroup] = []        # every request added, in order
         self._group_of: dict[int, SequenceGroup] = {}  # seq_id -> its request
         self._next_request_id = 0

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from phases.p3_10_cuda_graphs.sampler import _as_int64, filter_rows, sampling_rows, uniform_noise
+from common.sampling import _as_int64, filter_rows, sampling_rows, uniform_noise
 
 ACCEPT_STREAM = _as_int64(0xA5A5_5A5A_C3C3_3C3C)   # xor-ed into a seed: the acceptance test's own random stream
 

@@ -28,12 +28,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from common.sampling import SamplingParams
+from common.sampling import SamplingParams, _as_int64, sample_rows, sampling_rows
 from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks
 from phases.p3_2_block_table.block_table import BlockTable
 from phases.p3_6_batched_engine.runner import Batch, Chunk
 from phases.p3_8_chunked_prefill.runner import MixedRunner
-from phases.p3_10_cuda_graphs.sampler import _as_int64, sample_rows, sampling_rows
 from phases.p4_5_speculative_decoding.acceptance import Proposal, target_logits
 
 DEFAULT_MAX_N = 3        # longest suffix the n-gram proposer looks for (vLLM's prompt_lookup_max default is 5)

@@ -18,7 +18,7 @@ from phases.p3_4_gather_kernel.batch import random_paged_batch
 from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
 from phases.p3_9_tuned_decode_kernel.decode_kernel import LaunchConfig, launch_config, tiled_decode_attention
 from phases.p3_10_cuda_graphs.engine import StaleGraphs, StaticDecodeEngine
-from phases.p3_10_cuda_graphs.extra_overlap import OverlappedDecodeEngine
+from extras.p3_10_cuda_graphs.overlap import OverlappedDecodeEngine
 from tests.gpu.conftest import tier_runs_on_cuda
 from tests.gpu.test_engine_p3_8_gpu import TOL, random_prompts
 from tests.oracles import hf_greedy, run_ignoring_eos

@@ -1,4 +1,4 @@
-"""`OverlappedDecodeEngine`: the host schedules decode step N+1 while the GPU still runs step N.
+"""`OverlappedDecodeEngine`: the host schedules decode step N+1 while the GPU still runs step N (phase 3.10's extra).
 
 With CUDA graphs a decode step's wall time still holds the host's Python work (claiming slots, comparing rows,
 appending tokens, finish checks), and `StaticDecodeEngine` does it in series with the GPU, because each step
@@ -20,8 +20,9 @@ first completes the pass in flight and then runs as phase 3.8/3.10 do (`_rows_to
 
 On a CPU nothing runs asynchronously (the copy is a clone, the "wait" returns at once), so the tests there
 check the bookkeeping: equal outputs, wasted rows, no leaked block. What the overlap buys is a GPU
-measurement (`graph_workload`, `graph_bench`). It is a speed extra beside this phase's engine, not a step
-of the engine line.
+measurement (`graph_workload`, `graph_bench`). It is a speed extra beside phase 3.10's engine, not a step
+of the engine line: beams, forks, preemption and the server's aborts would each need their own answer to a
+step in flight.
 """
 
 from __future__ import annotations
@@ -53,8 +54,8 @@ class OverlapBuffers(DecodeBuffers):
         self.input_ids[:len(ids)].copy_(ids)
         self.pending = set(self.rows[:len(ids)])
 
-    def record_sampled(self, ids: torch.Tensor, tokens: list[int]) -> None:
-        super().record_sampled(ids, tokens)
+    def record_sampled(self, seqs: list[Sequence], ids: torch.Tensor, tokens: list[int]) -> None:
+        super().record_sampled(seqs, ids, tokens)
         self.pending.clear()
 
     def settle(self, seqs: list[Sequence], tokens: list[int]) -> None:
@@ -123,7 +124,9 @@ class OverlappedDecodeEngine(StaticDecodeEngine):
 
     def __init__(self, lm, *args, **kwargs):
         super().__init__(lm, *args, **kwargs)
-        b = self.runner.buffers     # no step has run, so no graph has recorded its addresses yet
+        # Whichever runner make_runner gave, its buffers become overlap buffers: no step has run yet, so no graph
+        # has recorded their addresses.
+        b = self.runner.buffers
         self.runner.buffers = OverlapBuffers(b.max_rows, b.max_blocks, b.block_size, b.device)
         self._in_flight: InFlight | None = None
         self._undelivered: list[StepOutput] = []   # outputs of a pass completed outside step() (abort)
@@ -181,17 +184,16 @@ class OverlappedDecodeEngine(StaticDecodeEngine):
     def _launch(self, seqs: list[Sequence], ahead: bool) -> InFlight:
         """Claim a slot per row, run one static decode step and draw its tokens, all queued on the device;
         start their copy home. Nothing here waits for the GPU: host values go through pinned memory
-        (`buffers.send`)."""
+        (`common.sampling.send`)."""
         for s in seqs:
             self.kv.append_slots(s, 1)
-        rows, logits = self.runner.static_pass(seqs)
-        self.kv.written(rows)                     # queued, not run: the peak of blocks held is what it reads
-        ids = self.sampler.draw(rows, logits, ahead=int(ahead))
-        self.sampler.last = None                  # these ids are fed back as pending, not as the last sample
+        logits = self.runner.static_pass(seqs)   # [n, V], row i seqs[i]'s
+        self.kv.written(seqs)                     # queued, not run: the peak of blocks held is what it reads
+        ids = self.sampler.draw(seqs, logits, ahead=int(ahead))
         self.runner.buffers.record_pending(ids)   # the next step's input ids, on the device
         buffer = self._host_ids[self._next_buffer]
         self._next_buffer = (self._next_buffer + 1) % HOST_BUFFERS
-        return InFlight(rows, SampledIds(ids, buffer))
+        return InFlight(seqs, SampledIds(ids, buffer))
 
     def _complete(self, flight: InFlight) -> list[StepOutput]:
         """Read a launched step's tokens and hand them to its sequences (finish checks, timings, retiring).
