@@ -310,8 +310,9 @@ def place(tree: Tree) -> Plan:
         return tool_stems.get(stem) or registry.get(stem) or modules.get(stem)
 
     def phases_named(test: str) -> list[int]:
-        """The phases a test's name carries: test_p0_p1.py -> p0 and p1; test_p5_x.py, once phase 5 is split, p5_5."""
-        return [k for s in SHORT.findall(PurePosixPath(test).stem) if (k := phase_named(s)) is not None]
+        """The phases a test's name carries: test_p0_p1.py -> p0 and p1. A group (test_p4_x.py, or test_p5_x.py
+        once phase 5 is split) names none: such a test is placed by what it imports."""
+        return [index_of[s] for s in SHORT.findall(PurePosixPath(test).stem) if s in index_of]
 
     def repo_wide(test: str) -> bool:
         """A test that names no phase and no tool, imports no phase and names no notebook: it checks the course."""

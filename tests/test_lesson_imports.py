@@ -1,7 +1,7 @@
 """Each phase's own tests need only its lesson: no test reaches forward to a later phase (static, seconds).
 
 A phase's own tests are the tests/**/test_*.py files whose name carries the phase (test_p3_6_engine.py:
-p3_6; test_p0_p1.py: p1; test_p4_x.py: the last phase 4). From each, follow every import of a repo module
+p3_6; test_p0_p1.py: p1; test_p4_x.py names a group, no phase). From each, follow every import of a repo module
 (`phases.*`, `common.*`, `measure.*`, `tests.*`, ...), relative ones made absolute, through the modules
 they import, and check that every one is a file that lesson k or an earlier one carries (scripts/lessons.py's
 place(), run on HEAD's tracked files; nothing is built or run). Imports inside a function count in tests,
@@ -27,8 +27,6 @@ spec.loader.exec_module(lessons)
 # test file -> the module it imports that only a later lesson carries (to be fixed in the test, not here).
 KNOWN = {
     "tests/test_p3_4_pad_stack.py": "tests.test_p3_8_engine",
-    "tests/test_p4_chunked_prefill.py": "phases.p5_serving.samples",
-    "tests/test_p4_static_step.py": "phases.p5_serving.samples",
 }
 
 
