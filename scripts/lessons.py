@@ -223,7 +223,8 @@ def place(tree: Tree) -> Plan:
       p3_3; gpu-headline_x/...: measure/gpu_headline.py); else the first phase whose own files name it;
       else the tools lesson;
     - docs/*.md: the first phase whose own files link it (architecture.md: 3.6's README); else the last
-      phase; other text files: the latest lesson among the files they name.
+      phase; test data: with the first test that names it; other text files: the latest lesson among
+      the files they name.
     A file that a fixed file imports at import time, directly or through other such imports, goes in
     no later than that file (caps): check_imports then reports its later imports instead of failing them."""
     paths = sorted(tree.entries)
@@ -416,6 +417,8 @@ def place(tree: Tree) -> Plan:
                                         for f in resolve(imp, modules) or ())])
         elif TEST_FILE.match(path) and repo_wide(path):
             k = tools
+        elif path.startswith("tests/") and not path.endswith(".py"):     # test data: with the first test naming it
+            k = min((lesson(t) for t in named_by.get(path, []) if TEST_FILE.match(t)), default=tools)
         elif path.startswith("docs/") or path.startswith("extras/"):
             k = doc_lesson(path)
         else:
