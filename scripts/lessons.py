@@ -315,9 +315,14 @@ def place(tree: Tree) -> Plan:
         once phase 5 is split) names none: such a test is placed by what it imports."""
         return [index_of[s] for s in SHORT.findall(PurePosixPath(test).stem) if s in index_of]
 
+    def of_phases(test: str) -> bool:
+        """Whether a test's name carries a phase or a group of phases (test_p4_x.py: phases 4.1 .. 4.6)."""
+        return any(s in index_of or any(p.startswith(s + "_") for p in phases)
+                   for s in SHORT.findall(PurePosixPath(test).stem))
+
     def repo_wide(test: str) -> bool:
         """A test that names no phase and no tool, imports no phase and names no notebook: it checks the course."""
-        return not (phases_named(test) or tool_named(test)
+        return not (of_phases(test) or tool_named(test)
                     or any(imp.module.split(".")[0] in ("phases", "extras") for imp in imports[test])
                     or any(t.startswith("notebooks/") for t in named.get(test, ())))
 
@@ -381,15 +386,15 @@ def place(tree: Tree) -> Plan:
 
     def first_use(path: str) -> int:
         """The first lesson that runs a tool: the earliest of its users' lessons, a user being a file that
-        imports it (a phase's file, a notebook, a test whose name carries a phase; other tests follow the tools
-        they import, except a test helper's), or a test of a phase that names its path; a tool's user counts
-        by its own first use.
-        The demo runners (__main__.py) are used by the first demo of the registry."""
+        imports it (a phase's file, a notebook, a test whose name carries a phase or a group of phases; other
+        tests follow the tools they import, except a test helper's), or a test of a phase that names its
+        path; a tool's user counts by its own first use. The demo runners (__main__.py) are used by the
+        first demo of the registry."""
         if path in first_seen:                       # an import cycle among tools: the others decide
             return tools
         first_seen.add(path)
         who = set(users.get(path, ())) | {t for t in named_by.get(path, ()) if TEST_FILE.match(t)}
-        who = {u for u in who if not TEST_FILE.match(u) or phases_named(u)    # a test helper: any test of a part
+        who = {u for u in who if not TEST_FILE.match(u) or of_phases(u)       # a test helper: any test of a part
                or (path.startswith("tests/") and not tool_named(u) and not repo_wide(u))}
         k = first_demo if path.endswith("/__main__.py") else tools
         for u in who:
