@@ -47,7 +47,8 @@ notebooks: install
 	$(PY) scripts/run_notebooks.py
 
 # The course as history: a local branch `lessons`, one commit per phase, tagged lesson-<phase> (lesson-p0 ..
-# lesson-p5), built from HEAD's tracked files without touching the working tree; see scripts/lessons.py.
+# the last phase, then lesson-tools: what no phase runs), built from HEAD's tracked files without touching
+# the working tree; see scripts/lessons.py.
 # lessons-check also runs all of each lesson's own tests on that lesson's files alone (minutes). make test
 # checks every lesson too, in a clone, with the few quick tests scripts/lessons.py's QUICK names (about a minute).
 lessons:

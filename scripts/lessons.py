@@ -1,16 +1,17 @@
 """Build the course as git history: a local branch `lessons`, one commit per phase, in reading order.
 
     make lessons                              # or: .venv/bin/python scripts/lessons.py
-    git log --reverse --oneline lessons       # the course, one line per phase
+    git log --reverse --oneline lessons       # the course, one line per phase, then `tools`
     git diff lesson-p3_4 lesson-p3_5          # lesson 3.5: what phase 3.5 adds
     make lessons-check                        # ... and each lesson's own tests, on that lesson alone
 
 Each phase folder under phases/ is one lesson, in the order of its number (p0, p1, p2_1 .. p5: the
-README's phase table), tagged lesson-<phase>. Lesson k adds its phase folder and every other tracked
-file of HEAD that first has what it needs at lesson k (place() gives the rule); lesson 0 also holds
-the ground floor: the top-level files, .ci/, common/ and the test helpers. The build writes objects
-and refs only (a temporary index, `git commit-tree`, `git update-ref`): the working tree, the index
-and the current branch are not touched. Commit dates are HEAD's, so a rebuild gives the same hashes.
+README's phase table), tagged lesson-<phase>; a last lesson, lesson-tools, holds what no phase runs.
+Lesson k adds phase k: its folder, its extras/ package, its measurements page, its tests, notebook and
+results, and the shared tools its files run; lesson 0 also holds the ground floor (top-level files,
+.ci/, common/). place() gives the rules. The build writes objects and refs only (a temporary index,
+`git commit-tree`, `git update-ref`): the working tree, the index and the current branch are not
+touched. Commit dates are HEAD's, so a rebuild gives the same hashes.
 
 Checks, each lesson on its own commit:
   (a) `--check` (a build runs it too; seconds): every .py file a lesson adds imports only modules
@@ -44,6 +45,7 @@ SHORT = re.compile(r"p\d(?:_\d+)?(?![\d])")           # p3_6 in test_p3_6_engine
 PATH_MENTION = re.compile(r"(?<![\w.])(?:\.\./)*((?:phases|tests|measure|common|scripts|notebooks|docs|results)"
                           r"(?:/[\w.-]+)+)")
 NOTEBOOK = re.compile(r"(?<![\w/])(\d\d_\w+)\.ipynb\b")            # pytest.mark.notebook("05_x.ipynb")
+RESULTS_MARKER = re.compile(r"<!--\s*results:\s*([\w./-]+?)\s*-->")   # a table synced from results/<stem>.md
 MODULE_MENTION = re.compile(r"\b((?:phases|measure|common|tests)(?:\.\w+)+)")
 TEST_FILE = re.compile(r"^tests/(?:.*/)?test_[^/]*\.py$")
 TEXT_SUFFIXES = (".py", ".md", ".sh", ".txt", ".ini", ".toml", ".cfg", ".yml", ".yaml")
@@ -160,80 +162,123 @@ def local_tops_of(paths) -> set[str]:
            {p[:-3] for p in paths if "/" not in p and p.endswith(".py")}
 
 
-GROUND_FLOOR = re.compile(r"^(?:[^/]+(?<!\.py)|\.ci/.*|common/.*|phases/__init__\.py|tests/(?!test_)[^/]*\.py)$")
+TOOLS = "tools"       # the last lesson: the shared tools no phase runs, and the checks of the whole course
+# Lesson 0's ground floor: the top-level files other than .py, .ci/, common/ (its CLI, __main__.py, is a tool),
+# the phases package and the root of the tests package.
+GROUND_FLOOR = re.compile(r"^(?:[^/]+(?<!\.py)|\.ci/.*|common/(?!__main__\.py$).*|phases/__init__\.py"
+                          r"|tests/(?:__init__|conftest)\.py)$")
+# Tools: arrive with the first lesson that runs them (imports them), else in the tools lesson.
+TOOL = re.compile(r"^(?:measure/.*|scripts/.*|[^/]+\.py|(?!phases/).*/__main__\.py|tests/(?:.*/)?(?!test_)[^/]+\.py"
+                  r"|extras/[^/]+\.py)$")
+EXTRAS = re.compile(r"^extras/([^/]+)/")                               # extras/<phase folder>/...: that phase's
+MEASUREMENT_PAGE = re.compile(r"^docs/measurements/([^/]+)\.md$")     # docs/measurements/<phase folder>.md
+DEMO_TABLE = ("measure/demos.py", "DEMO_MODULES")                     # the demo registry: demo name -> module
 
 
 @dataclass
 class Plan:
-    order: list[str]                       # phase short names, reading order
-    folders: dict[str, str]                # short -> folder
+    order: list[str]                       # lesson names, reading order: the phases' short names, then TOOLS
+    folders: dict[str, str]                # phase short name -> folder (TOOLS has none)
     lesson_of: dict[str, int]              # path -> lesson index
     unplaced: dict[str, str]               # path -> why (placed in the last lesson)
+    tests_of: dict[str, int] = field(default_factory=dict)   # test -> the latest phase its name carries
+    imports: dict[str, list[Import]] = field(default_factory=dict)   # .py file -> its imports of repo modules
+
+
+def demo_registry(tree: Tree) -> dict[str, str]:
+    """measure/demos.py's DEMO_MODULES (demo name -> dotted module), read with ast: nothing is imported."""
+    path, name = DEMO_TABLE
+    try:
+        module = ast.parse(tree.texts.get(path, ""))
+    except SyntaxError:
+        return {}
+    for node in module.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        if isinstance(target, ast.Name) and target.id == name and isinstance(node.value, ast.Dict):
+            return {k.value: v.value for k, v in zip(node.value.keys, node.value.values)
+                    if isinstance(k, ast.Constant) and isinstance(v, ast.Constant)}
+    return {}
 
 
 def place(tree: Tree) -> Plan:
-    """Which lesson each tracked file goes in. Lesson k adds, on top of lesson k-1:
+    """Which lesson each tracked file goes in: lesson k holds phase k and what phase k runs, nothing else.
 
-    - its phase folder;
-    - every other file that first has what it needs at lesson k:
-      - a .py file: every module it imports (`phases.*`, `common.*`, `measure.*`, `tests.*`, imports
-        inside functions included) is in lesson k or before. A test (tests/**/test_*.py) also waits
-        for the phase its name carries (test_p3_6_engine.py: p3_6) and for the phase modules and
-        non-Python files its text names (`phases.p5_serving.demo`, `docs/architecture.md`, the
-        notebook `05_paged_attention.ipynb`); a test that names no phase at all checks the whole
-        course (the demo registry, every README, every notebook) and goes in the last lesson;
-      - a notebook (notebooks/NN_x.ipynb) goes in with its text copy NN_x.py, which imports phases;
-      - another text file outside phases/ (docs/*.md, scripts/*.sh) waits for the files it names;
-      - results/: a file goes in with the first lesson whose text names it, its folder or a file of
-        the same stem (a phase README's link to results/x.md brings x.json and x.png); the rest go
-        in the last lesson;
-    - lesson 0 is also the ground floor: the top-level files other than .py (README.md, Makefile,
-      requirements.txt, pytest.ini, ...), .ci/, common/ and the test helpers (tests/conftest.py,
-      tests/oracles.py, ...). A file that such a file, or a phase file, imports at import time goes
-      in no later than it, even if one of its functions imports a later phase (measure/cli.py's
-      `serve` imports phase 5): check_imports reports that import instead of failing it.
-
-    Three passes. Fixed: a phase folder's files go in their phase, the ground floor in lesson 0.
-    Caps: a file that a fixed file imports at import time (not inside a function), directly or
-    through other such imports, goes in no later than that fixed file. Wants: every other file goes
-    in at the latest lesson among what it imports (inside functions too) and, for tests and text
-    files, what it names; capped files take the smaller of the two (their late imports inside
-    functions are then reported by the check, not failed)."""
+    Fixed by the path:
+    - phases/<phase>/..., extras/<phase>/... and docs/measurements/<phase>.md: that phase;
+    - the ground floor: lesson 0 (GROUND_FLOOR: top-level files other than .py, .ci/, common/).
+    Placed by what uses them:
+    - a tool (TOOL: measure/, scripts/, top-level .py, __main__.py, test helpers) arrives in the first
+      lesson whose files import it (a tool imported by a tool: that one's first lesson), and not before
+      what it imports at import time; the demo runners (__main__.py) arrive with the first demo of the
+      registry (measure/demos.py). A tool nothing imports goes in the tools lesson, after the last phase.
+    Placed by what they need:
+    - a test (tests/**/test_*.py) goes in at the latest lesson among the phases its name carries
+      (test_p3_6_engine.py: p3_6), the tool its name names (test_harness.py: measure/harness.py), what it
+      imports (inside functions too) and the phase files, notebooks and docs its text names. A test that
+      names no phase and no tool, imports no phase and names no notebook checks the whole course
+      (every README, the registry): the tools lesson;
+    - a notebook (notebooks/NN_x.ipynb) goes in with its text copy NN_x.py, placed by its imports;
+    - results/: by the demo or tool that made the file, from its name or its folders' names read up from
+      the file (prefix-demo_cpu_x.json: the registry's prefix_demo, defined in phase 4.3; results/p3_3/...:
+      p3_3; gpu-headline_x/...: measure/gpu_headline.py); else the first phase whose own files name it;
+      else the tools lesson;
+    - docs/*.md: the first phase whose own files link it (architecture.md: 3.6's README); else the last
+      phase; test data: with the first test that names it; other text files: the latest lesson among
+      the files they name.
+    A file that a fixed file imports at import time, directly or through other such imports, goes in
+    no later than that file (caps): check_imports then reports its later imports instead of failing them."""
     paths = sorted(tree.entries)
     folders = phase_folders(paths)
-    order = list(folders)
-    index_of = {short: k for k, short in enumerate(order)}
+    phases = list(folders)
+    index_of = {short: k for k, short in enumerate(phases)}
+    by_folder = {folder.split("/")[1]: k for k, folder in enumerate(folders.values())}
     modules = module_index(paths)
     tops = local_tops_of(paths)
     dirs = tree.dirs()
-    last = len(order) - 1
+    last, tools = len(phases) - 1, len(phases)
     unplaced: dict[str, str] = {}
     imports = {p: local_imports(p, tree.texts[p], tops) for p in paths if p.endswith(".py")}
+    registry = {demo: modules[m] for demo, m in demo_registry(tree).items() if m in modules}
+    tool_stems = {PurePosixPath(p).stem: p for p in paths if TOOL.match(p) and p.endswith(".py")
+                  and not p.startswith("tests/") and not p.endswith("/__init__.py")}
+
+    def phase_named(name: str) -> int | None:
+        """The phase a folder name or short name means: p3_6_batched_engine or p3_6; p5 or p5_serving,
+        once phase 5 is split into p5_1 .. p5_5, means the last of them."""
+        if name in by_folder:
+            return by_folder[name]
+        if not (m := SHORT.match(name)):
+            return None
+        if m.group(0) in index_of:
+            return index_of[m.group(0)]
+        split = [index_of[s] for s in phases if s.startswith(m.group(0) + "_")]
+        return split[-1] if split else None
 
     fixed: dict[str, int] = {}
     for p in paths:
         if m := PHASE_FOLDER.match(p):
             fixed[p] = index_of[m.group(1)]
+        elif (m := EXTRAS.match(p) or MEASUREMENT_PAGE.match(p)) and phase_named(m.group(1)) is not None:
+            fixed[p] = phase_named(m.group(1))
         elif GROUND_FLOOR.match(p):
             fixed[p] = 0
+    own = {p for p in fixed if not GROUND_FLOOR.match(p)}          # a phase's own files
     cap: dict[str, int] = {}
     for p in sorted(fixed, key=fixed.get):
         todo = [p]
         while todo:
             for imp in imports.get(todo.pop(), []):
                 for f in (resolve(imp, modules) or ()) if not imp.lazy else ():
-                    if f not in fixed and cap.get(f, last + 1) > fixed[p]:
+                    if f not in fixed and cap.get(f, tools + 1) > fixed[p]:
                         cap[f] = fixed[p]
                         todo.append(f)
-
-    lesson_of: dict[str, int] = dict(fixed)
-    visiting: set[str] = set()
 
     named: dict[str, set[str]] = {}                   # text file -> the paths and folders it names
     for p in paths:
         if p in tree.texts:
             named[p] = {m.group(1).rstrip(".").rstrip("/") for m in PATH_MENTION.finditer(tree.texts[p])}
             named[p] |= {f"notebooks/{m.group(1)}.ipynb" for m in NOTEBOOK.finditer(tree.texts[p])}
+            named[p] |= {f"results/{m.group(1)}" for m in RESULTS_MARKER.finditer(tree.texts[p])}
     named_by: dict[str, list[str]] = {}               # a path or folder -> the text files naming it
     for p, targets in named.items():
         for t in targets:
@@ -242,69 +287,193 @@ def place(tree: Tree) -> Plan:
     for p in paths:
         for parent in PurePosixPath(p).parents:
             under.setdefault(str(parent), []).append(p)
+    users: dict[str, set[str]] = {}                   # file -> the files that import it (inside functions too)
+    for p, found in imports.items():
+        for imp in found:
+            for f in resolve(imp, modules) or ():
+                users.setdefault(f, set()).add(p)
+    for p in paths:                                   # a package's __init__.py: every module in it uses it
+        for parent in list(PurePosixPath(p).parents)[:-1]:
+            if f"{parent}/__init__.py" in tree.entries and f"{parent}/__init__.py" != p:
+                users.setdefault(f"{parent}/__init__.py", set()).add(p)
+    for p in paths:                                   # a tests folder's conftest.py and package: its tests use them
+        if TEST_FILE.match(p):
+            folder = str(PurePosixPath(p).parent)
+            for helper in (f"{folder}/conftest.py", f"{folder}/__init__.py"):
+                if helper in tree.entries:
+                    users.setdefault(helper, set()).add(p)
+    first_demo = min((fixed.get(f, tools) for f in registry.values()), default=0)
 
-    def mentioned(path: str) -> int:
+    def tool_named(test: str) -> str | None:
+        """The tool or package a test's name names: test_harness.py -> measure/harness.py, test_common.py ->
+        common/__init__.py, test_vllm_cpu_peer.py -> the registry's vllm_cpu_peer (measure/vllm_cpu.py)."""
+        stem = PurePosixPath(test).stem.removeprefix("test_")
+        return tool_stems.get(stem) or registry.get(stem) or modules.get(stem)
+
+    def phases_named(test: str) -> list[int]:
+        """The phases a test's name carries: test_p0_p1.py -> p0 and p1. A group (test_p4_x.py, or test_p5_x.py
+        once phase 5 is split) names none: such a test is placed by what it imports."""
+        return [index_of[s] for s in SHORT.findall(PurePosixPath(test).stem) if s in index_of]
+
+    def of_phases(test: str) -> bool:
+        """Whether a test's name carries a phase or a group of phases (test_p4_x.py: phases 4.1 .. 4.6)."""
+        return any(s in index_of or any(p.startswith(s + "_") for p in phases)
+                   for s in SHORT.findall(PurePosixPath(test).stem))
+
+    def repo_wide(test: str) -> bool:
+        """A test that names no phase and no tool, imports no phase and names no notebook: it checks the course."""
+        return not (of_phases(test) or tool_named(test)
+                    or any(imp.module.split(".")[0] in ("phases", "extras") for imp in imports[test])
+                    or any(t.startswith("notebooks/") for t in named.get(test, ())))
+
+    lesson_of: dict[str, int] = {}
+    visiting: set[str] = set()
+
+    def mentioned(path: str, anchor: bool) -> int:
         """The latest lesson among the phase folders and tracked files the text names: data it reads.
-        In a test, Python files (another test named in a comment) do not count; results/ never does."""
+        In a test, Python files (another test named in a comment) do not count; results/ never does; with
+        `anchor`, tools do not count (see first_use)."""
         k, is_test = 0, TEST_FILE.match(path)
         for target in named.get(path, ()):
             if target.startswith("results/") or (is_test and target.endswith(".py")) or target == path:
                 continue
             files = [f for f in (target, target + ".ipynb") if f in tree.entries]   # notebooks/05_x: the notebook
-            if files:
-                k = max(k, *(lesson(f) for f in files))
-            elif target in dirs:
-                k = max(k, max((lesson(p) for p in under[target] if not p.endswith(".py") or p.startswith("phases/")),
-                               default=0))
+            if not files and target in dirs:
+                files = [p for p in under[target] if not p.endswith(".py") or p.startswith("phases/")]
+            k = max([k, *((anchor_of if anchor else lesson)(f) for f in files)])
         for m in MODULE_MENTION.finditer(tree.texts.get(path, "")):
             if m.group(1).startswith("phases.") and (short := SHORT.match(m.group(1).split(".")[1])):
                 k = max(k, index_of.get(short.group(0), 0))
         return k
 
+    def needs(path: str, anchor: bool = False) -> int:
+        """The latest lesson among what a test, a notebook or another text file imports and names; with
+        `anchor`, not counting tools (which are placed by their first user, see first_use)."""
+        k = 0
+        if path.endswith(".ipynb") and path[:-6] + ".py" in tree.entries:
+            return needs(path[:-6] + ".py", anchor)
+        for imp in imports.get(path, []):
+            found = resolve(imp, modules)
+            if found is None:
+                unplaced[path] = f"line {imp.line} imports {imp.module}, which no tracked file provides"
+                k = max(k, last)
+            else:
+                k = max([k, *((anchor_of if anchor else lesson)(f) for f in found)])
+        if TEST_FILE.match(path):
+            k = max([k, *phases_named(path)])
+            if (tool := tool_named(path)) and not anchor:
+                k = max(k, lesson(tool))
+        if path in tree.texts:
+            k = max(k, mentioned(path, anchor))
+        return k
+
+    anchors: dict[str, int] = {}
+
+    def anchor_of(path: str) -> int:
+        """A file's lesson with tools left out (they follow their users): what a user needs before any tool."""
+        if path in fixed:
+            return fixed[path]
+        if TOOL.match(path) or path.startswith("results/"):
+            return 0
+        if path.startswith(("docs/", "extras/")):
+            return doc_lesson(path)
+        if path not in anchors:
+            anchors[path] = 0                         # an import cycle: the others decide
+            anchors[path] = needs(path, anchor=True)
+        return anchors[path]
+
+    first_seen: set[str] = set()
+
+    def first_use(path: str) -> int:
+        """The first lesson that runs a tool: the earliest of its users' lessons, a user being a file that
+        imports it (a phase's file, a notebook, a test whose name carries a phase or a group of phases; other
+        tests follow the tools they import, except a test helper's), or a test of a phase that names its
+        path; a tool's user counts by its own first use. The demo runners (__main__.py) are used by the
+        first demo of the registry."""
+        if path in first_seen:                       # an import cycle among tools: the others decide
+            return tools
+        first_seen.add(path)
+        who = set(users.get(path, ())) | {t for t in named_by.get(path, ()) if TEST_FILE.match(t)}
+        who = {u for u in who if not TEST_FILE.match(u) or of_phases(u)       # a test helper: any test of a part
+               or (path.startswith("tests/") and not tool_named(u) and not repo_wide(u))}
+        k = first_demo if path.endswith("/__main__.py") else tools
+        for u in who:
+            if u in fixed:
+                k = min(k, fixed[u])
+            elif TOOL.match(u):
+                k = min(k, first_use(u))
+            elif u.endswith(".py"):
+                k = min(k, needs(u, anchor=True))
+        first_seen.discard(path)
+        return k
+
     def lesson(path: str) -> int:
+        if path in fixed:
+            return fixed[path]
         if path in lesson_of:
             return lesson_of[path]
         if path in visiting:                          # an import cycle: the others decide
             return 0
         visiting.add(path)
-        k = 0
         if path.startswith("results/"):
             k = results_lesson(path)
-        elif path.endswith(".ipynb") and path[:-6] + ".py" in tree.entries:
-            k = lesson(path[:-6] + ".py")
-        elif path.endswith(".py"):
-            for imp in imports[path]:
-                found = resolve(imp, modules)
-                if found is None:
-                    unplaced[path] = f"line {imp.line} imports {imp.module}, which no tracked file provides"
-                    k = last
-                else:
-                    k = max([k, *(lesson(f) for f in found)])
-            if TEST_FILE.match(path):
-                named = [index_of[s] for s in SHORT.findall(PurePosixPath(path).stem) if s in index_of]
-                k = max(k, *named, mentioned(path))
-                if k == 0:                            # names no phase: it checks the whole course
-                    k = last
-        elif path in tree.texts:
-            k = mentioned(path)
+        elif TOOL.match(path):                        # its first use, not before what it imports at import time
+            k = max([first_use(path), *(lesson(f) for imp in imports.get(path, []) if not imp.lazy
+                                        for f in resolve(imp, modules) or ())])
+        elif TEST_FILE.match(path) and repo_wide(path):
+            k = tools
+        elif path.startswith("tests/") and not path.endswith(".py"):     # test data: with the first test naming it
+            k = min((lesson(t) for t in named_by.get(path, []) if TEST_FILE.match(t)), default=tools)
+        elif path.startswith("docs/") or path.startswith("extras/"):
+            k = doc_lesson(path)
+        else:
+            k = needs(path)
         visiting.discard(path)
         lesson_of[path] = min(k, cap.get(path, k))
         return lesson_of[path]
 
+    def doc_lesson(path: str) -> int:
+        """A doc: the first phase whose own files name it; else, under extras/, the first phase with extras;
+        else the last phase (docs/where_to_go_next.md closes the course)."""
+        namers = [fixed[p] for p in named_by.get(path, []) if p in own]
+        if path.startswith("extras/"):
+            namers += [fixed[p] for p in own if p.startswith("extras/")]
+        return min(namers, default=last)
+
+    def made_by(name: str) -> str | None:
+        """The file whose demo or tool made a results file or folder of this name: the registry's demos first,
+        longest name first (bench-serve-fewshot_cpu: bench_serve), then the tools' module names."""
+        name = name.replace("-", "_")
+        for table in (registry, tool_stems):
+            hits = [d for d in table if name == d or name.startswith(d + "_")]
+            if hits:
+                return table[max(hits, key=len)]
+        return None
+
     def results_lesson(path: str) -> int:
-        """The first lesson whose text names this file, its folder, or a file of the same stem (x.md for x.png)."""
+        """The phase whose demo made the file: read its name, then its folders' up to results/; a folder named
+        for a phase (results/p3_3/) is that phase's. Else the first phase whose own files name it (or a file
+        of its stem, or a folder above it); else the tools lesson."""
+        for part in reversed(PurePosixPath(path).parts[1:]):
+            if SHORT.fullmatch(part) or part in by_folder:
+                if (k := phase_named(part)) is not None:
+                    return k
+            if maker := made_by(part):
+                return lesson(maker)
         stem = path.rsplit(".", 1)[0]
         same = [p for p in under[str(PurePosixPath(path).parent)] if p.rsplit(".", 1)[0] == stem]
-        targets = {*same, *(str(f) for f in PurePosixPath(path).parents if str(f) not in (".", "results"))}
-        lessons = [lesson(p) for t in targets for p in named_by.get(t, []) if not p.startswith("results/")]
-        return min(lessons, default=last)
+        targets = {stem, *same, *(str(f) for f in PurePosixPath(path).parents if str(f) not in (".", "results"))}
+        return min((fixed[p] for t in targets for p in named_by.get(t, []) if p in own), default=tools)
 
     for p in paths:
         if not p.startswith("results/"):
             lesson(p)
     for p in paths:
         lesson(p)
-    return Plan(order, folders, lesson_of, unplaced)
+    lesson_of.update(fixed)
+    order = phases + ([TOOLS] if tools in lesson_of.values() else [])
+    tests_of = {p: max(ks) for p in paths if TEST_FILE.match(p) and (ks := phases_named(p))}
+    return Plan(order, folders, lesson_of, unplaced, tests_of, imports)
 
 
 def docstring_of(tree: Tree, folder: str) -> str:
@@ -346,7 +515,7 @@ def added_elsewhere(paths: list[str], folder: str) -> str:
     """The files a lesson adds outside its phase folder, by folder: a long folder is counted, not listed."""
     by_dir: dict[str, list[str]] = {}
     for p in paths:
-        if not p.startswith(folder + "/"):
+        if not folder or not p.startswith(folder + "/"):
             d, _, name = p.rpartition("/")
             by_dir.setdefault(d or ".", []).append(name)
     lines = []
@@ -356,10 +525,20 @@ def added_elsewhere(paths: list[str], folder: str) -> str:
     return "\n".join(lines)
 
 
+TOOLS_MESSAGE = ("tools: the shared tools no phase runs, and the checks of the whole course",
+                 "Nothing here is needed to read or run a phase: the measurement runs that span phases (the GPU\n"
+                 "headline, the peers), the scripts behind make (this one included), the Modal app's checks and the\n"
+                 "tests that check every README, docstring and link of the course at once. Each phase's lesson\n"
+                 "already holds the tools its demo and tests run.")
+
+
 def message(tree: Tree, short: str, folder: str, paths: list[str], source: str) -> str:
     """`<phase>: <the first line of the phase's __init__ docstring, shortened>`, then the README's
     "Adds" paragraph (or, with no README, the rest of that docstring) and the files the lesson adds
-    outside its folder."""
+    outside its folder. The tools lesson (no folder) says what it holds."""
+    if not folder:
+        first, body = TOOLS_MESSAGE
+        return f"{first}\n\n{body}\n\nIt adds:\n{added_elsewhere(paths, folder)}\n\nBuilt by scripts/lessons.py from {source}.\n"
     first = docstring_of(tree, folder).split("\n", 1)[0] or folder
     body = adds_paragraph(tree, folder)
     others = added_elsewhere(paths, folder)
@@ -399,7 +578,7 @@ def build(repo: Path = ROOT, rev: str = "HEAD") -> tuple[Plan, list[str]]:
             info = "".join(f"{tree.entries[p][0]} {tree.entries[p][1]}\t{p}\n" for p in paths)
             git("update-index", "--add", "--index-info", repo=repo, env=env, input=info)
             tree_id = git("write-tree", repo=repo, env=env).strip()
-            msg = message(tree, short, plan.folders[short], paths, f"commit {commit[:12]}")
+            msg = message(tree, short, plan.folders.get(short, ""), paths, f"commit {commit[:12]}")
             parent = git("commit-tree", tree_id, *(["-p", parent] if parent else []), "-F", "-",
                          repo=repo, env=env, input=msg).strip()
             commits.append(parent)
@@ -495,8 +674,7 @@ QUICK: dict[str, list[str]] = {
              "tests/test_p4_2_beam_search.py::test_beams_share_history_and_free_pruned_blocks_every_step"],
     "p4_3": ["tests/test_p4_3_prefix_caching.py::test_a_block_hash_covers_every_token_before_it",
              "tests/test_p4_3_prefix_caching.py::test_second_request_hits_k_blocks_and_prefills_only_the_rest",
-             "tests/test_p4_3_prefix_caching.py::test_caching_on_equals_caching_off_tiny_many_shared_prefixes",
-             "tests/test_layering.py::test_no_phase_names_a_later_one"],
+             "tests/test_p4_3_prefix_caching.py::test_caching_on_equals_caching_off_tiny_many_shared_prefixes"],
     "p4_4": ["tests/test_p4_4_preemption.py::test_greedy_outputs_equal_unlimited_pool_and_hf_under_many_preemptions",
              "tests/test_p4_4_preemption.py::test_latest_group_is_preempted_and_goes_back_to_the_front_of_the_queue",
              "tests/test_p4_4_reservation.py::test_a_request_never_writes_past_its_reservation"],
@@ -507,6 +685,7 @@ QUICK: dict[str, list[str]] = {
     "p5": ["tests/test_p5_serving.py::test_completion_equals_hf_greedy_and_streamed_text_equals_plain",
            "tests/test_p5_serving.py::test_invalid_requests_get_openai_error_bodies",
            "tests/test_p5_isolation.py::test_a_poisoned_request_fails_alone_beside_a_valid_stream"],
+    TOOLS: ["tests/test_layering.py::test_no_phase_names_a_later_one"],
 }
 QUICK_TIMEOUT_S, TIMEOUT_S = 120, 900     # a lesson's quick tests take seconds; all its own tests, minutes
 SELF_TEST = "tests/test_lessons.py"      # the check itself: never run inside a lesson (it would build again)
@@ -526,7 +705,8 @@ if args:
     if status == 5 and not quick:
         status = 0                                     # all deselected (gpu or notebook tests only)
 try:
-    importlib.import_module(package)
+    if package:                                        # the tools lesson has no package of its own
+        importlib.import_module(package)
 except Exception as e:
     print(f"importing {package} fails at this lesson: {type(e).__name__}: {e}")
     status = status or 1
@@ -764,7 +944,7 @@ def run_tests(repo: Path = ROOT, only: list[str] | None = None, branch: str = BR
             return LessonRun(short, commit, [], 0.0, False, tests)
         server = servers.get()
         try:
-            return run_lesson(server, repo, short, folders[short], commit, tests, quick)
+            return run_lesson(server, repo, short, folders.get(short, ""), commit, tests, quick)
         finally:
             servers.put(server)
 
