@@ -10,7 +10,7 @@ import logging
 import pytest
 import torch
 
-from phases.p3_4_gather_kernel.batch import random_paged_batch
+from measure.paged_inputs import random_paged_batch
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
 from phases.p3_4_gather_kernel.reference import gather_reference
 from phases.p3_5_paged_attention import ops
@@ -228,7 +228,7 @@ def test_kernels_run_when_triton_was_imported_before_the_interpreter_switch():
     """torch._dynamo imports triton when a model loads; tl.sum/tl.max/tl.zeros must still work after."""
     code = ("import sys, torch, torch._dynamo\n"
             "assert 'triton.language' in sys.modules\n"
-            "from phases.p3_4_gather_kernel.batch import random_paged_batch\n"
+            "from measure.paged_inputs import random_paged_batch\n"
             "from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton\n"
             "from phases.p3_5_paged_attention.reference import paged_decode_attention_reference\n"
             "b = random_paged_batch([3, 9], 4, 2, 16)\n"

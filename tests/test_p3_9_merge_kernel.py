@@ -66,7 +66,7 @@ def test_the_merge_and_every_decode_launch_compile_for_an_h100_without_spilling(
     `LAUNCH_CONFIGS` (the tuned bf16 default, head_dim 256, fp32 pools) at the largest head_dim the entry
     covers, one split and split-KV, keep everything in registers."""
     script = ("import torch\n"
-              "from phases.p3_9_tuned_decode_kernel.aot_check import compile_launch_configs, compile_merge_kernel\n"
+              "from measure.decode_aot_check import compile_launch_configs, compile_merge_kernel\n"
               "cost = compile_merge_kernel(torch.bfloat16, 128, 8)\n"
               "print('merge', cost.registers, cost.spill_bytes, cost.shared_bytes)\n"
               "for dtype, head_dim, split, config, cost in compile_launch_configs():\n"

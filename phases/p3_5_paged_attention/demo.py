@@ -20,7 +20,7 @@ from measure.demos import Option, RunConfig, demo
 from measure.kernel_bench import (LAYER, NOT_TIMED_CPU, POOL_LAYERS, KernelCase, kernel_options, kernel_sweep,
                                  timing_cell)
 from measure.report import Report
-from phases.p3_4_gather_kernel.batch import random_paged_batch
+from measure.paged_inputs import random_paged_batch
 from phases.p3_4_gather_kernel.reference import gather_reference
 from phases.p3_5_paged_attention.reference import (paged_decode_attention_gather_bmm,
                                                    paged_decode_attention_gather_sdpa,

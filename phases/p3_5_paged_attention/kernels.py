@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import torch
 
-from phases.p3_4_gather_kernel.interpreter import use_interpreter_without_gpu
+from phases.p3_4_gather_kernel.kernel import use_interpreter_without_gpu
 
 # Without a GPU the kernels below run in Triton's CPU interpreter; the switch
-# must be on before `@triton.jit` decorates them (see interpreter.py).
+# must be on before `@triton.jit` decorates them (phase 3.4's kernel.py).
 use_interpreter_without_gpu()
 
 import triton  # noqa: E402

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from phases.p3_4_gather_kernel.interpreter import use_interpreter_without_gpu
+from phases.p3_4_gather_kernel.kernel import use_interpreter_without_gpu
 
 use_interpreter_without_gpu()   # before `@triton.jit`: without a GPU the kernel runs in Triton's interpreter
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from phases.p2_2_scheduler.sequence import Status
-from phases.p3_4_gather_kernel.batch import random_paged_batch
+from measure.paged_inputs import random_paged_batch
 from phases.p3_6_batched_engine.engine import BatchedPagedEngine
 from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
 from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillEngine
