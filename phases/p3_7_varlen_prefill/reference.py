@@ -10,10 +10,8 @@ them that sequence's tokens in the pool:
 
 - `paged_prefill_attention_reference`: gather each segment's K/V with phase
   3.4's `gather_reference`, then attention written out in fp32. The oracle.
-- `sdpa_prefill_contiguous`: what a non-paged engine does, SDPA per segment
-  over K/V stored contiguously. The second oracle (no softcap: SDPA has none).
-
-The mask and the cap are phase 3.5's (`visible_keys`, `soft_cap`).
+- `sdpa_prefill_contiguous`: SDPA per segment over contiguous K/V (a non-paged
+  engine's way). The second oracle (no softcap). Mask and cap: phase 3.5's.
 """
 
 from __future__ import annotations

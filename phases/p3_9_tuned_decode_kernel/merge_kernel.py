@@ -2,7 +2,7 @@
 
 With n_splits > 1 the decode kernel leaves, per (sequence, query head), one
 partial output per split (each normalised over its own keys) and that split's
-log-sum-exp of scores. Phase 3.5's `merge_splits` combines them in PyTorch:
+log-sum-exp of scores. Phase 3.5's `merge_splits` (extras/) combines them in PyTorch:
 
     softmax over the whole context = sum_s e^(lse_s - top) * partial_s / sum_s e^(lse_s - top)
 

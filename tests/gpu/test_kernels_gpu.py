@@ -25,8 +25,8 @@ import torch
 
 from measure.paged_inputs import random_paged_batch
 from phases.p3_4_gather_kernel.reference import gather_reference
-from phases.p3_5_paged_attention.reference import (paged_decode_attention_reference, sdpa_decode_contiguous,
-                                                   write_kv_reference)
+from extras.p3_5_paged_attention.cpu_path import write_kv_reference
+from phases.p3_5_paged_attention.reference import paged_decode_attention_reference, sdpa_decode_contiguous
 from tests.gpu.conftest import tier_runs_on_cuda
 from tests.gpu.grid import BLOCK_SIZES, DTYPES, GQA_GROUPS, HEAD_DIMS, N_KV_HEADS
 
@@ -73,8 +73,8 @@ def _kernels():
     # Imported inside the tests: on a machine without a GPU, importing the kernel modules turns on
     # Triton's interpreter (phases/p3_4_gather_kernel/kernel.py); a skipped tier should not.
     from phases.p3_4_gather_kernel.kernel import gather_triton
-    from phases.p3_5_paged_attention.kernels import (paged_decode_attention_split, paged_decode_attention_triton,
-                                                     write_kv_triton)
+    from extras.p3_5_paged_attention.split_kv import paged_decode_attention_split
+    from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton, write_kv_triton
     return gather_triton, paged_decode_attention_triton, paged_decode_attention_split, write_kv_triton
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from measure.paged_inputs import random_paged_batch
-from phases.p3_5_paged_attention.kernels import merge_splits
+from extras.p3_5_paged_attention.split_kv import merge_splits
 from tests.gpu.conftest import tier_runs_on_cuda
 
 pytestmark = pytest.mark.gpu
