@@ -5,7 +5,7 @@ Oracles, in a chain:
 - the fp32 reference equals SDPA over the same K/V laid out contiguously, and with
   a softcap it equals Gemma 2's own eager attention from transformers;
 - the Triton kernel (under the CPU interpreter here) and the CPU path equal the reference.
-Every pool slot that is not a sequence's token holds NaN (pack.py), so reading one
+Every pool slot that is not a sequence's token holds NaN (measure/paged_inputs.py), so reading one
 shows up as a NaN in the output. Shapes stay small: the interpreter runs every
 program in Python.
 """

@@ -75,7 +75,7 @@ def test_bad_split_count_is_refused():
 
 def test_launch_config_keeps_the_measured_default_where_it_compiles_without_spilling():
     """DEFAULT_CONFIG for 16-bit pools up to head_dim 128; more warps on the same tile for fp32 and head_dim 256
-    (aot_check.py: where the default spills), and the most warps past the table."""
+    (measure/decode_aot_check.py: where the default spills), and the most warps past the table."""
     for head_dim in (16, 64, 128):
         assert launch_config(head_dim, torch.bfloat16) == launch_config(head_dim, torch.float16) == DEFAULT_CONFIG
     wider = [launch_config(128, torch.float32), launch_config(256, torch.bfloat16), launch_config(256, torch.float32)]
