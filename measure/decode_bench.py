@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import torch
 
+from extras.p3_5_paged_attention.contiguous import sdpa_decode_contiguous
 from measure.demos import Option, RunConfig
 from measure.kernel_bench import CALLS_PER_GRAPH, GRAPH_REPLAY, PER_CALL, gpu_time, median_ms
 from measure.report import Report
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton
-from phases.p3_5_paged_attention.reference import sdpa_decode_contiguous
 from phases.p3_9_tuned_decode_kernel.decode_kernel import DEFAULT_CONFIG, launch_config, tiled_decode_attention
 from phases.p3_9_tuned_decode_kernel.split_rule import choose_splits, sm_count
 from measure.decode_tuning import LAYER, best_config, decode_case, tune

@@ -25,10 +25,10 @@ from dataclasses import asdict
 
 import torch
 
+from extras.p3_5_paged_attention.contiguous import sdpa_decode_contiguous
 from measure.kernel_bench import CALLS_PER_GRAPH, GRAPH_REPLAY, PER_CALL, gpu_time, lengths_for, median_ms
 from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton
-from phases.p3_5_paged_attention.reference import sdpa_decode_contiguous
 from phases.p3_9_tuned_decode_kernel.decode_kernel import LaunchConfig, tiled_decode_attention
 from phases.p3_9_tuned_decode_kernel.split_rule import sm_count
 

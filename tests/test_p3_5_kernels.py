@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from measure.paged_inputs import random_paged_batch
+from extras.p3_5_paged_attention.contiguous import sdpa_decode_contiguous
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
 from phases.p3_4_gather_kernel.reference import gather_reference
 from phases.p3_5_paged_attention import ops
@@ -18,7 +19,7 @@ from extras.p3_5_paged_attention.cpu_path import (paged_decode_attention_gather_
                                                   write_kv_reference)
 from extras.p3_5_paged_attention.split_kv import paged_decode_attention_split
 from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton, write_kv_triton
-from phases.p3_5_paged_attention.reference import paged_decode_attention_reference, sdpa_decode_contiguous
+from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
 from tests.test_p3_4_gather_kernel import run_fresh_without_interpret_env
 
 LAYER = 1

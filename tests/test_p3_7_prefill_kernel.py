@@ -21,14 +21,14 @@ import torch
 from transformers.masking_utils import causal_mask_function, sliding_window_causal_mask_function
 from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward as gemma2_eager_attention
 
+from extras.p3_7_varlen_prefill.contiguous import sdpa_prefill_contiguous
 from extras.p3_7_varlen_prefill.cpu_path import paged_prefill_attention_cpu
 from measure.paged_inputs import random_prefill_pack
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
 from phases.p3_7_varlen_prefill import ops
 from phases.p3_7_varlen_prefill.kernel import paged_prefill_attention_triton
 from phases.p3_7_varlen_prefill.plan import plan_prefill, query_tiles
-from phases.p3_7_varlen_prefill.reference import (paged_prefill_attention_reference, sdpa_prefill_contiguous,
-                                                  visible_keys)
+from phases.p3_7_varlen_prefill.reference import paged_prefill_attention_reference, visible_keys
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 N_KV_HEADS = 2

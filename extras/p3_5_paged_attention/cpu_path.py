@@ -27,7 +27,8 @@ from phases.p3_4_gather_kernel.checks import check_tables
 from phases.p3_4_gather_kernel.reference import K_INDEX, V_INDEX, gather_reference, max_length
 from phases.p3_5_paged_attention.kernel_checks import (PADDING_SLOT, check_decode_inputs, check_window_and_softcap,
                                                        check_write_inputs)
-from phases.p3_5_paged_attention.reference import decode_visible, sdpa_decode_contiguous, soft_cap
+from extras.p3_5_paged_attention.contiguous import sdpa_decode_contiguous
+from phases.p3_5_paged_attention.reference import decode_visible, soft_cap
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,10 @@ from measure.kernel_bench import (LAYER, NOT_TIMED_CPU, POOL_LAYERS, KernelCase,
                                  timing_cell)
 from measure.report import Report
 from measure.paged_inputs import random_paged_batch
+from extras.p3_5_paged_attention.contiguous import sdpa_decode_contiguous
 from phases.p3_4_gather_kernel.reference import gather_reference
 from extras.p3_5_paged_attention.cpu_path import paged_decode_attention_gather_bmm, paged_decode_attention_gather_sdpa
-from phases.p3_5_paged_attention.reference import paged_decode_attention_reference, sdpa_decode_contiguous
+from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
 
 QUERY_SEED = 0
 

@@ -1,22 +1,19 @@
 """PyTorch references for phase 3.5's decode attention: the test oracles, and what the kernel must match.
 
-- `paged_decode_attention_reference`: gather the batch's K/V with phase 3.4's
-  `gather_reference`, then plain masked attention in fp32. The oracle.
-- `sdpa_decode_contiguous`: the second oracle, and what a non-paged engine
-  does: SDPA over K/V already stored contiguously (padded), with a length mask.
+`paged_decode_attention_reference` gathers the batch's K/V with phase 3.4's
+`gather_reference`, then runs plain masked attention in fp32: the oracle.
 
 What a layer may ask besides causality, honoured by every path that can express it:
 - a sliding window w (Mistral, Gemma 2/3's local layers): a query at position p
   sees keys p - w + 1 .. p (`visible_keys`; transformers' own definition);
 - a logit softcap c (Gemma 2): scores become c * tanh(scores / c) after the scale
-  (`soft_cap`). SDPA has no softcap, so the SDPA oracle takes a window only.
-The CPU paths of ops.py (same answers, shaped for speed) are in extras/p3_5_paged_attention/.
+  (`soft_cap`).
+The CPU paths of ops.py and SDPA over contiguous K/V (the second oracle) are in extras/.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from phases.p3_4_gather_kernel.reference import gather_reference, max_length
 from phases.p3_5_paged_attention.kernel_checks import check_decode_inputs, check_window_and_softcap
@@ -66,25 +63,3 @@ def paged_decode_attention_reference(q: torch.Tensor, kv_store: torch.Tensor, la
     probs = torch.nan_to_num(probs, nan=0.0)  # a fully masked row (length 0) softmaxes to NaN
     out = torch.einsum("bhl,bhld->bhd", probs, v)
     return out.to(q.dtype)
-
-
-def sdpa_decode_contiguous(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_lens: torch.Tensor,
-                           scale: float | None = None, sliding_window: int | None = None) -> torch.Tensor:
-    """SDPA for one query token per sequence over contiguous, padded K/V.
-
-    q [B, n_heads, head_dim]; k, v [B, n_kv_heads, max_len, head_dim]; positions at or
-    past seq_lens[b] are masked out (and, with a window w, those before seq_lens[b] - w).
-    Runs in the inputs' dtype, as a model would.
-    Returns [B, n_heads, head_dim]; a sequence of length 0 gets zeros.
-    """
-    batch, n_heads, _ = q.shape
-    n_kv_heads, max_len = k.shape[1], k.shape[2]
-    if n_heads % n_kv_heads:
-        raise ValueError(f"n_heads {n_heads} must be a multiple of n_kv_heads {n_kv_heads}")
-    check_window_and_softcap(sliding_window, None)
-    mask = decode_visible(seq_lens.to(q.device), max_len, sliding_window)                     # [B, L]
-    out = F.scaled_dot_product_attention(q[:, :, None, :], k.to(q.dtype), v.to(q.dtype),
-                                         attn_mask=mask[:, None, None, :], scale=scale,
-                                         enable_gqa=n_heads != n_kv_heads)              # [B, H, 1, D]
-    # SDPA turns a fully masked row into NaN; give it zeros, like the other paths.
-    return out[:, :, 0].masked_fill((seq_lens == 0).to(q.device)[:, None, None], 0)

@@ -1,6 +1,6 @@
-"""Varlen paged prefill attention in PyTorch: the oracle, and SDPA over contiguous K/V.
+"""Varlen paged prefill attention in PyTorch: the oracle the kernel is held to.
 
-Both share ops.py's contract: query i of segment s sits at absolute position
+It shares ops.py's contract: query i of segment s sits at absolute position
 p = context_lens[s] + i and attends the keys its layer lets it see, all of
 them that sequence's tokens in the pool:
 
@@ -8,20 +8,18 @@ them that sequence's tokens in the pool:
                     and k > p - w           only with a sliding window w (w keys, itself included)
     scores = q . K^T * scale                then c * tanh(scores / c) with a softcap c (Gemma 2)
 
-- `paged_prefill_attention_reference`: gather each segment's K/V with phase
-  3.4's `gather_reference`, then attention written out in fp32. The oracle.
-- `sdpa_prefill_contiguous`: SDPA per segment over contiguous K/V (a non-paged
-  engine's way). The second oracle (no softcap). Mask and cap: phase 3.5's.
+`paged_prefill_attention_reference` gathers each segment's K/V with phase 3.4's
+`gather_reference`, then writes attention out in fp32. Mask and cap: phase 3.5's.
+(SDPA over contiguous K/V, the second oracle: extras/p3_7_varlen_prefill/contiguous.py.)
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from phases.p3_4_gather_kernel.reference import gather_reference
 from phases.p3_5_paged_attention.reference import soft_cap, visible_keys  # noqa: F401  (re-exported)
-from phases.p3_7_varlen_prefill.checks import check_prefill_inputs, check_window_and_softcap
+from phases.p3_7_varlen_prefill.checks import check_prefill_inputs
 from phases.p3_7_varlen_prefill.plan import PrefillPlan, plan_prefill
 
 
@@ -57,32 +55,4 @@ def paged_prefill_attention_reference(q: torch.Tensor, kv_store: torch.Tensor, l
         visible = visible_keys(*segment_positions(plan, s, q.device), sliding_window)
         probs = scores.masked_fill(~visible, float("-inf")).softmax(dim=-1)    # each query sees itself: no NaN
         out[start:start + length] = (probs @ v).transpose(0, 1).to(q.dtype)   # [T, H, D]
-    return out
-
-
-def sdpa_prefill_contiguous(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                            context_lens: torch.Tensor, scale: float | None = None,
-                            sliding_window: int | None = None) -> torch.Tensor:
-    """The second oracle: SDPA per segment over contiguous K/V, in q's dtype.
-
-    q     [N, n_heads, head_dim]          packed queries, segment s = rows cu[s] .. cu[s+1] - 1
-    k, v  [S, n_kv_heads, max_len, head_dim]   row s holds sequence s's keys at positions
-                                          0 .. context_lens[s] + length_s - 1 (padding after is ignored)
-    Returns [N, n_heads, head_dim].
-    """
-    check_window_and_softcap(sliding_window, None)
-    plan = plan_prefill(cu_seqlens_q, context_lens, device=q.device)
-    if k.dim() != 4 or k.shape != v.shape or k.shape[0] != plan.n_segments:
-        raise ValueError(f"k and v must both be [S={plan.n_segments}, n_kv_heads, max_len, head_dim], "
-                         f"got {tuple(k.shape)} and {tuple(v.shape)}")
-    out = q.new_empty(q.shape)                                         # [N, H, D], contiguous
-    for s, (start, length, total) in enumerate(zip(plan.seg_starts, plan.seg_lens, plan.total_lens)):
-        if length == 0:
-            continue
-        qs = q[start:start + length].transpose(0, 1)[None]                     # [1, H, T, D]
-        ks, vs = k[s:s + 1, :, :total].to(q.dtype), v[s:s + 1, :, :total].to(q.dtype)   # [1, H_kv, L, D]
-        visible = visible_keys(*segment_positions(plan, s, q.device), sliding_window)   # [T, L]
-        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=visible[None, None], scale=scale,
-                                           enable_gqa=qs.shape[1] != ks.shape[1])
-        out[start:start + length] = o[0].transpose(0, 1)
     return out

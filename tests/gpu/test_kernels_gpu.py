@@ -24,9 +24,10 @@ import pytest
 import torch
 
 from measure.paged_inputs import random_paged_batch
+from extras.p3_5_paged_attention.contiguous import sdpa_decode_contiguous
 from phases.p3_4_gather_kernel.reference import gather_reference
 from extras.p3_5_paged_attention.cpu_path import write_kv_reference
-from phases.p3_5_paged_attention.reference import paged_decode_attention_reference, sdpa_decode_contiguous
+from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
 from tests.gpu.conftest import tier_runs_on_cuda
 from tests.gpu.grid import BLOCK_SIZES, DTYPES, GQA_GROUPS, HEAD_DIMS, N_KV_HEADS
 

@@ -26,9 +26,10 @@ import pytest
 import torch
 
 from phases.p3_7_varlen_prefill import ops
+from extras.p3_7_varlen_prefill.contiguous import sdpa_prefill_contiguous
 from measure.paged_inputs import random_prefill_pack
 from phases.p3_7_varlen_prefill.plan import plan_prefill
-from phases.p3_7_varlen_prefill.reference import paged_prefill_attention_reference, sdpa_prefill_contiguous
+from phases.p3_7_varlen_prefill.reference import paged_prefill_attention_reference
 from tests.gpu.conftest import tier_runs_on_cuda
 from tests.gpu.grid import BLOCK_SIZES, DTYPES, GQA_GROUPS, HEAD_DIMS, N_KV_HEADS
 
