@@ -1,1 +1,1 @@
-"""Off the reading path: alternative paths and speed-only variants that are not a phase's idea."""
+"""Off the reading path: speed-only variants and alternative code paths that are not a phase's idea."""

@@ -27,7 +27,7 @@
 # launch grid (which program reads which block of the pool and where it writes in the output), checks that the
 # kernel, the reference and the Python loop agree bit for bit, and times the three. The kernel runs under Triton's
 # CPU interpreter, so its time here says nothing about a GPU; the GPU numbers quoted below were measured on an H100.
-# Last, the blog's road not taken (`pad_stack.py`): one forward pass over a padded stack of gathered K/V.
+# Last, the blog's road not taken (`extras/p3_4_gather_kernel/pad_stack.py`): one forward pass over a padded stack of gathered K/V.
 
 # %%
 # %matplotlib inline
@@ -44,7 +44,7 @@ import torch
 
 from measure.report import read_markdown
 from phases.p3_3_paged_cache.gather import gather_python
-from phases.p3_4_gather_kernel.batch import random_paged_batch
+from measure.paged_inputs import random_paged_batch
 from phases.p3_4_gather_kernel.kernel import gather_triton
 from phases.p3_4_gather_kernel.reference import gather_reference
 
@@ -254,7 +254,7 @@ plt.show()
 #
 # Before writing its kernel, the blog asks why not gather every sequence's K/V into a padded tensor, stack them and
 # run one batched forward pass, and answers that the padding and copying make that slower than N calls "in the
-# common case". `PadStackScheduler` (`pad_stack.py`) is phase 3.3's scheduler with exactly that decode step: gather
+# common case". `PadStackScheduler` (`extras/p3_4_gather_kernel/pad_stack.py`) is phase 3.3's scheduler with exactly that decode step: gather
 # every decoding sequence's K/V (all layers), right-pad and stack them into one `DynamicCache` with a padding mask,
 # run **one** pass of `input_ids [N, 1]`, scatter the new K/V back into the pool.
 #
@@ -264,7 +264,7 @@ plt.show()
 # %%
 from common.model import load_model
 from phases.p3_3_paged_cache.scheduler import PagedScheduler
-from phases.p3_4_gather_kernel.pad_stack import PadStackScheduler
+from extras.p3_4_gather_kernel.pad_stack import PadStackScheduler
 
 lm = load_model("tiny", device="cpu", dtype=torch.float32)
 gen = torch.Generator().manual_seed(0)

@@ -94,7 +94,8 @@ plt.show()
 # ## 3. Kernel == reference == SDPA on contiguous K/V
 
 # %%
-from phases.p3_5_paged_attention.reference import paged_decode_attention_reference, sdpa_decode_contiguous
+from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
+from extras.p3_5_paged_attention.contiguous import sdpa_decode_contiguous
 from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton
 from phases.p3_4_gather_kernel.reference import gather_reference
 

@@ -29,8 +29,8 @@ print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', 
       'numpy', numpy.__version__)"
 
 echo "=== phase 3.7's prefill tiles, compiled with triton $DEVICE_TRITON"
-"$VENV/bin/python" -m phases.p3_7_varlen_prefill.aot_check
-for check in phases.p3_9_tuned_decode_kernel.aot_check phases.p3_11_fused_ops.aot_check; do
+"$VENV/bin/python" -m measure.prefill_aot_check
+for check in measure.decode_aot_check measure.fused_aot_check; do
     echo "=== $check, compiled with triton $DEVICE_TRITON (report in $VENV/aot)"
     COLUMNS=$REPORT_COLUMNS "$VENV/bin/python" -m "$check" --results-dir "$VENV/aot"
 done

@@ -185,7 +185,7 @@ def test_the_fused_kernels_compile_for_an_h100():
     import sys
     from tests.test_p3_7_prefill_kernel import REPO_ROOT
     script = ("import torch\n"
-              "from phases.p3_11_fused_ops.aot_check import compile_rms_norm, compile_rotary, compile_silu_and_mul\n"
+              "from measure.fused_aot_check import compile_rms_norm, compile_rotary, compile_silu_and_mul\n"
               "for cost in (compile_rms_norm(torch.bfloat16), compile_rotary(torch.bfloat16),"
               " compile_silu_and_mul(torch.float32)):\n"
               "    print(cost.registers, cost.spill_bytes)\n")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from phases.p3_3_paged_cache.gather import gather_python
-from phases.p3_4_gather_kernel.batch import random_paged_batch
+from measure.paged_inputs import random_paged_batch
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV, gather_kv
 from phases.p3_4_gather_kernel.kernel import gather_triton
 from phases.p3_4_gather_kernel.reference import gather_reference
@@ -112,7 +112,7 @@ def test_interpreter_switch_works_in_a_fresh_process():
     """kernel.py sets TRITON_INTERPRET before @triton.jit runs, even when triton was imported first."""
     stdout = run_fresh_without_interpret_env(
         "import triton, torch\n"
-        "from phases.p3_4_gather_kernel.batch import random_paged_batch\n"
+        "from measure.paged_inputs import random_paged_batch\n"
         "from phases.p3_4_gather_kernel.kernel import gather_triton\n"
         "b = random_paged_batch([3], 4, 1, 4)\n"
         "k, v = gather_triton(b.kv_store, 0, b.block_tables, b.seq_lens)\n"

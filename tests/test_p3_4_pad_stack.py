@@ -1,11 +1,11 @@
-"""The blog's road not taken (phase 3.4's pad_stack.py): one pass over a padded stack of every sequence's
+"""The blog's road not taken (extras/p3_4_gather_kernel/pad_stack.py): one pass over a padded stack of every sequence's
 gathered K/V gives HF's tokens, and `stack_bench` times it against phase 3.3's N passes."""
 
 import torch
 
 from common.model import load_model
 from phases.p3_3_paged_cache.scheduler import PagedScheduler
-from phases.p3_4_gather_kernel.pad_stack import PadStackScheduler
+from extras.p3_4_gather_kernel.pad_stack import PadStackScheduler
 from tests.oracles import hf_greedy
 from tests.test_p3_8_engine import random_prompts
 

@@ -10,16 +10,16 @@ import logging
 import pytest
 import torch
 
-from phases.p3_4_gather_kernel.batch import random_paged_batch
+from measure.paged_inputs import random_paged_batch
+from extras.p3_5_paged_attention.contiguous import sdpa_decode_contiguous
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
 from phases.p3_4_gather_kernel.reference import gather_reference
 from phases.p3_5_paged_attention import ops
-from phases.p3_5_paged_attention.kernels import (paged_decode_attention_split, paged_decode_attention_triton,
-                                                 write_kv_triton)
-from phases.p3_5_paged_attention.reference import (paged_decode_attention_gather_bmm,
-                                                   paged_decode_attention_gather_sdpa,
-                                                   paged_decode_attention_reference, sdpa_decode_contiguous,
-                                                   write_kv_reference)
+from extras.p3_5_paged_attention.cpu_path import (paged_decode_attention_gather_bmm, paged_decode_attention_gather_sdpa,
+                                                  write_kv_reference)
+from extras.p3_5_paged_attention.split_kv import paged_decode_attention_split
+from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton, write_kv_triton
+from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
 from tests.test_p3_4_gather_kernel import run_fresh_without_interpret_env
 
 LAYER = 1
@@ -58,7 +58,7 @@ def test_kernel_equals_reference_equals_sdpa(block_size, group):
 
 
 def test_cpu_path_takes_a_non_contiguous_query_and_refuses_a_plan_made_for_other_tables():
-    from phases.p3_5_paged_attention.plans import plan_decode
+    from extras.p3_5_paged_attention.cpu_path import plan_decode
     q, b = make_case(4, 2, lens=[3, 9], seed=23)
     ref = paged_decode_attention_reference(q, b.kv_store, LAYER, b.block_tables, b.seq_lens)
     q_strided = q.transpose(0, 1).contiguous().transpose(0, 1)        # same values, other strides
@@ -191,8 +191,6 @@ def test_dispatcher_reference_path_says_so_once(monkeypatch, caplog):
     assert msgs == ["no GPU: paged attention uses the PyTorch reference path"]
     monkeypatch.setenv(FORCE_KERNELS_ENV, "1")
     close(ops.paged_decode_attention(q, b.kv_store, LAYER, b.block_tables, b.seq_lens), out, torch.float32)
-    close(ops.paged_decode_attention(q, b.kv_store, LAYER, b.block_tables, b.seq_lens, blocks_per_split=1),
-          out, torch.float32)
     pool = b.kv_store.clone()
     ops.write_kv(pool, LAYER, b.kv_store[0, 0, 0].transpose(0, 1)[:2], b.kv_store[0, 0, 1].transpose(0, 1)[:2],
                  torch.tensor([5, 6]))
@@ -228,7 +226,7 @@ def test_kernels_run_when_triton_was_imported_before_the_interpreter_switch():
     """torch._dynamo imports triton when a model loads; tl.sum/tl.max/tl.zeros must still work after."""
     code = ("import sys, torch, torch._dynamo\n"
             "assert 'triton.language' in sys.modules\n"
-            "from phases.p3_4_gather_kernel.batch import random_paged_batch\n"
+            "from measure.paged_inputs import random_paged_batch\n"
             "from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton\n"
             "from phases.p3_5_paged_attention.reference import paged_decode_attention_reference\n"
             "b = random_paged_batch([3, 9], 4, 2, 16)\n"
@@ -252,7 +250,7 @@ def test_attn_bench_demo_quick(tmp_path):
 
 
 def test_per_pass_plans_give_the_same_answers_as_planning_per_call():
-    from phases.p3_5_paged_attention.plans import plan_decode, plan_write
+    from extras.p3_5_paged_attention.cpu_path import plan_decode, plan_write
     q, b = make_case(4, 3, lens=[1, 9, 30], seed=21)
     plan = plan_decode(b.kv_store, b.block_tables, b.seq_lens)
     for layer in range(b.kv_store.shape[1]):  # one plan serves every layer

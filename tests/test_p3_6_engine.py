@@ -103,7 +103,7 @@ def test_attention_switch_takes_the_full_walk_when_a_submodel_has_its_own_config
 
 def test_index_plans_are_made_once_per_forward_pass_not_per_layer(tiny32, monkeypatch):
     from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
-    from phases.p3_5_paged_attention import plans
+    from extras.p3_5_paged_attention import cpu_path as plans
     monkeypatch.setenv(FORCE_KERNELS_ENV, "0")  # plans belong to the CPU path
     made = {"write": 0, "decode": 0}
     for kind, fn in (("write", plans.plan_write), ("decode", plans.plan_decode)):

@@ -5,7 +5,7 @@ Oracles, in a chain:
 - the fp32 reference equals SDPA over the same K/V laid out contiguously, and with
   a softcap it equals Gemma 2's own eager attention from transformers;
 - the Triton kernel (under the CPU interpreter here) and the CPU path equal the reference.
-Every pool slot that is not a sequence's token holds NaN (pack.py), so reading one
+Every pool slot that is not a sequence's token holds NaN (measure/paged_inputs.py), so reading one
 shows up as a NaN in the output. Shapes stay small: the interpreter runs every
 program in Python.
 """
@@ -21,13 +21,14 @@ import torch
 from transformers.masking_utils import causal_mask_function, sliding_window_causal_mask_function
 from transformers.models.gemma2.modeling_gemma2 import eager_attention_forward as gemma2_eager_attention
 
+from extras.p3_7_varlen_prefill.contiguous import sdpa_prefill_contiguous
+from extras.p3_7_varlen_prefill.cpu_path import paged_prefill_attention_cpu
+from measure.paged_inputs import random_prefill_pack
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
 from phases.p3_7_varlen_prefill import ops
 from phases.p3_7_varlen_prefill.kernel import paged_prefill_attention_triton
-from phases.p3_7_varlen_prefill.pack import random_prefill_pack
 from phases.p3_7_varlen_prefill.plan import plan_prefill, query_tiles
-from phases.p3_7_varlen_prefill.reference import (paged_prefill_attention_cpu, paged_prefill_attention_reference,
-                                                  sdpa_prefill_contiguous, visible_keys)
+from phases.p3_7_varlen_prefill.reference import paged_prefill_attention_reference, visible_keys
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 N_KV_HEADS = 2
@@ -295,7 +296,7 @@ def test_kernel_compiles_for_an_h100_without_spilling():
     """Triton compiles for sm_90 ahead of time with the ptxas in its wheel; no GPU needed to build.
     Runs in its own process: this one has the kernel under the interpreter."""
     script = ("import torch\n"
-              "from phases.p3_7_varlen_prefill.aot_check import compile_prefill_kernel as c\n"
+              "from measure.prefill_aot_check import compile_prefill_kernel as c\n"
               "for cost in (c(torch.bfloat16, 128, window=True, softcap=True), c(torch.float32, 128)):\n"
               "    print(cost.registers, cost.spill_bytes, cost.shared_bytes)\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)

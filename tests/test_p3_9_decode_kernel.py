@@ -10,12 +10,12 @@ sweep's choice of a launch config.
 import pytest
 import torch
 
-from phases.p3_4_gather_kernel.batch import random_paged_batch
+from measure.paged_inputs import random_paged_batch
 from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
 from phases.p3_9_tuned_decode_kernel.decode_kernel import (DEFAULT_CONFIG, LaunchConfig, launch_config,
                                                           tiled_decode_attention)
 from phases.p3_9_tuned_decode_kernel.split_rule import MAX_SPLITS, choose_splits
-from phases.p3_9_tuned_decode_kernel.tuning import best_config
+from measure.decode_tuning import best_config
 from tests.test_p3_5_kernels import HEAD_DIM, LAYER, N_KV_HEADS, close
 
 
@@ -75,7 +75,7 @@ def test_bad_split_count_is_refused():
 
 def test_launch_config_keeps_the_measured_default_where_it_compiles_without_spilling():
     """DEFAULT_CONFIG for 16-bit pools up to head_dim 128; more warps on the same tile for fp32 and head_dim 256
-    (aot_check.py: where the default spills), and the most warps past the table."""
+    (measure/decode_aot_check.py: where the default spills), and the most warps past the table."""
     for head_dim in (16, 64, 128):
         assert launch_config(head_dim, torch.bfloat16) == launch_config(head_dim, torch.float16) == DEFAULT_CONFIG
     wider = [launch_config(128, torch.float32), launch_config(256, torch.bfloat16), launch_config(256, torch.float32)]

@@ -1,4 +1,4 @@
-"""Phase 3.9's fused split-KV merge (under the CPU interpreter) equals phase 3.5's `merge_splits`.
+"""Phase 3.9's fused split-KV merge (under the CPU interpreter) equals phase 3.5's `merge_splits` (extras/p3_5_paged_attention/split_kv.py).
 
 Split counts of 1, 3 (not a power of two: the split axis is padded and masked) and 16; an
 empty split (lse = -inf) weighs 0 and its partial is never read; a row whose splits are all
@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from phases.p3_5_paged_attention.kernels import merge_splits
+from extras.p3_5_paged_attention.split_kv import merge_splits
 from phases.p3_9_tuned_decode_kernel.decode_kernel import LAUNCH_CONFIGS
 from phases.p3_9_tuned_decode_kernel.merge_kernel import merge_splits_triton
 from tests.test_p3_7_prefill_kernel import H100_SHARED_BYTES, REPO_ROOT
@@ -66,7 +66,7 @@ def test_the_merge_and_every_decode_launch_compile_for_an_h100_without_spilling(
     `LAUNCH_CONFIGS` (the tuned bf16 default, head_dim 256, fp32 pools) at the largest head_dim the entry
     covers, one split and split-KV, keep everything in registers."""
     script = ("import torch\n"
-              "from phases.p3_9_tuned_decode_kernel.aot_check import compile_launch_configs, compile_merge_kernel\n"
+              "from measure.decode_aot_check import compile_launch_configs, compile_merge_kernel\n"
               "cost = compile_merge_kernel(torch.bfloat16, 128, 8)\n"
               "print('merge', cost.registers, cost.spill_bytes, cost.shared_bytes)\n"
               "for dtype, head_dim, split, config, cost in compile_launch_configs():\n"

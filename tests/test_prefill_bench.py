@@ -32,8 +32,8 @@ def test_pack_lengths_refuses_bad_specs(spec):
 @pytest.mark.parametrize("prefix", [0, 5])
 def test_contiguous_bound_on_cpu_equals_the_sdpa_oracle(prefix):
     """SDPA per segment, causal kernel when fresh and a shifted-triangle mask after a prefix, is the attention."""
-    from phases.p3_7_varlen_prefill.pack import random_prefill_pack
-    from phases.p3_7_varlen_prefill.reference import sdpa_prefill_contiguous
+    from measure.paged_inputs import random_prefill_pack
+    from extras.p3_7_varlen_prefill.contiguous import sdpa_prefill_contiguous
 
     seg_lens = [3, 7, 1]
     p = random_prefill_pack(seg_lens, [prefix] * 3, 4, n_kv_heads=2, group=3, head_dim=16, seed=prefix)

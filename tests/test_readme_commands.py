@@ -196,7 +196,7 @@ def test_every_readme_command_names_what_exists_and_parses():
     ("python -m common sweep --no-such-flag 3", "unrecognized arguments"),
     ("python -m common sweep --batch-sizes one", "invalid int value"),
     ("python -m common graph_workload --engines graps", "invalid choice"),
-    ("python -m phases.p3_9_tuned_decode_kernel.tuning --no-such-flag", "defines no"),
+    ("python -m measure.decode_tuning --no-such-flag", "defines no"),
     ("python -m pytest tests/test_no_such_file.py", "no such test path"),
     ("python -m pytest tests/test_registry.py::test_no_such_test", "has no test"),
     ("modal run modal_run.py::no_such_demo", "no entrypoint"),

@@ -1,7 +1,7 @@
 """Phase 3.10's demos: `graph_bench` (the decode step and its kernel) and `graph_workload` (the engine among all).
 
 graph_bench, four sections (`--sections`; tune only when named):
-  kernel  phase 3.9's tuned kernel beside SDPA and phase 3.5's kernel, one layer (p3_9_tuned_decode_kernel/bench.py)
+  kernel  phase 3.9's tuned kernel beside SDPA and phase 3.5's kernel, one layer (measure/decode_bench.py)
   step    one decode step of `batch` sequences (prompts of `prompt_len` tokens), median wall ms
           (the blog's ms/tok: every sequence makes one token per step): phase 3.8's decode pass
           built from Python lists, this phase's static step run eagerly, and replayed as a CUDA
@@ -11,7 +11,7 @@ graph_bench, four sections (`--sections`; tune only when named):
           At batch 1, HF generate with the compiled static cache for comparison (GPU).
   host    the step section's engines with each decode pass stubbed out (zero logits, no model): the host's own
           ms per step and us per sequence, the part a graph does not remove and overlapped steps must hide.
-  tune    (GPU) phase 3.9's launch-config sweep (p3_9_tuned_decode_kernel/bench.py)
+  tune    (GPU) phase 3.9's launch-config sweep (measure/decode_bench.py)
 graph_workload: workload_bench's equal and mixed work through phases 3.6, 3.8 and 3.10 (`graphs`, and
   `overlap` for the overlapped steps; GPU default, or `--engines ... overlap`) and the HF peers,
   ratios against this phase's targets (measure/workload_bench.py).
@@ -34,7 +34,7 @@ from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, blocks_for
 from phases.p3_6_batched_engine.demo import ALL_ENGINES as P3_6_ENGINES
 from phases.p3_8_chunked_prefill.demo import CHUNKED
 from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillEngine
-from phases.p3_9_tuned_decode_kernel.bench import KERNEL_OPTIONS, KERNEL_QUICK, kernel_section, tune_section
+from measure.decode_bench import KERNEL_OPTIONS, KERNEL_QUICK, kernel_section, tune_section
 from phases.p3_10_cuda_graphs.engine import StaticDecodeEngine
 from extras.p3_10_cuda_graphs.overlap import OverlappedDecodeEngine
 

@@ -6,7 +6,6 @@
                `fused_ops_on()` (the model is shared with prefill passes and the HF peers)
 - engine.py    `FusedDecodeEngine(StaticDecodeEngine)`: the static decode step (and so its CUDA graph) with the
                fused kernels; `FusedOverlappedEngine`, the same with phase 3.10's overlapped steps
-- aot_check.py the three kernels compiled for an H100 without one: registers, spills
 - demo.py      `fused_bench`: kernels per decode step, phase 3.10 vs this phase (any device), and the step's wall
                and GPU time (CUDA); `fused_workload`: the equal and mixed work
 - README.md    the idea, its files, how to run it; its tables: docs/measurements/p3_11_fused_ops.md

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from phases.p3_4_gather_kernel.interpreter import use_interpreter_without_gpu
+from phases.p3_4_gather_kernel.kernel import use_interpreter_without_gpu
 
 INTERPRETING = use_interpreter_without_gpu()   # before `@triton.jit`: without a GPU, Triton's interpreter
 

@@ -3,13 +3,10 @@
 Files:
 - checks.py       input checks shared by every paged kernel and reference
 - reference.py    `gather_reference`: the batched gather as one torch indexing op (CPU path, oracle)
-- kernel.py       `gather_triton`: the same gather as a Triton kernel, grid (sequence, block, KV head)
+- kernel.py       `gather_triton`: the same gather as a Triton kernel, grid (sequence, block, KV head);
+                  `use_interpreter_without_gpu`: runs Triton kernels on a CPU, in Triton's interpreter
 - dispatch.py     `gather_kv` / `use_kernels`: kernel on CUDA, reference on CPU (said once)
-- interpreter.py  runs Triton kernels without a GPU (Triton's CPU interpreter, switched on safely)
-- batch.py        `random_paged_batch`: a pool with scattered blocks and their tables, for tests and benchmarks
-- pad_stack.py    `PadStackScheduler`: the blog's road not taken, one decode pass over every sequence's
-                  K/V gathered into a padded stack (measured against phase 3.3's N passes)
 - demo.py         `gather_bench`: Python per-block gather vs reference vs kernel; `stack_bench`: N passes
-                  vs one padded stack
+                  vs one padded stack (extras/p3_4_gather_kernel/pad_stack.py, the blog's road not taken)
 - README.md       the idea, its files, how to run it; its tables: docs/measurements/p3_4_gather_kernel.md
 """

@@ -19,7 +19,7 @@ from measure.kernel_bench import (LAYER, NOT_TIMED_CPU, POOL_LAYERS, KernelCase,
                                  timing_cell)
 from measure.report import Report
 from phases.p3_3_paged_cache.gather import gather_python
-from phases.p3_4_gather_kernel.batch import random_paged_batch
+from measure.paged_inputs import random_paged_batch
 from phases.p3_4_gather_kernel.reference import gather_reference
 
 
@@ -101,7 +101,7 @@ def stack_bench(cfg: RunConfig) -> Report:
     from measure.step_bench import decode_step_ms, random_prompts
     from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, blocks_for
     from phases.p3_3_paged_cache.scheduler import PagedScheduler
-    from phases.p3_4_gather_kernel.pad_stack import PadStackScheduler
+    from extras.p3_4_gather_kernel.pad_stack import PadStackScheduler
     cfg.use_quick(batch_sizes=[2], steps=1, prompt_min=4, prompt_max=12)
     lm = cfg.load()
     report = cfg.new_report("stack_bench")
@@ -126,7 +126,7 @@ def stack_bench(cfg: RunConfig) -> Report:
     t.notes.append("N calls: phase 3.3's PagedScheduler, one forward pass of batch 1 per sequence, each attending "
                    "its own gathered K/V. pad + stack: every sequence's K/V gathered from the pool, padded to the "
                    "longest, stacked into one DynamicCache with a padding mask, ONE forward pass, the new K/V "
-                   "scattered back (pad_stack.py). Padded slots per token: wasted cache positions per real one "
+                   "scattered back (extras/p3_4_gather_kernel/pad_stack.py). Padded slots per token: wasted cache positions per real one "
                    "in the stack (at the prompts' lengths).")
     report.data["rows"] = rows
     return report

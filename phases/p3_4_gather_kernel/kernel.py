@@ -16,13 +16,37 @@ sequence's end does not even read its block-table entry (padding is never read).
 
 from __future__ import annotations
 
+import importlib
+import os
+import sys
+
 import torch
 
-from phases.p3_4_gather_kernel.interpreter import use_interpreter_without_gpu
+INTERPRET_ENV = "TRITON_INTERPRET"
 
-# Without a GPU the kernels below run in Triton's CPU interpreter; the switch
-# must be on before `@triton.jit` decorates them (see interpreter.py).
-use_interpreter_without_gpu()
+
+def use_interpreter_without_gpu() -> bool:
+    """Without CUDA, run Triton kernels in its CPU interpreter (unless TRITON_INTERPRET is set). Returns whether on.
+
+    Triton compiles only for GPUs; with TRITON_INTERPRET=1 it runs each program of the
+    grid in Python instead: slow, but exact enough to hold a kernel to its reference.
+    The switch is read when `@triton.jit` decorates a function, so call this before
+    defining kernels. Triton's own `tl.sum`, `tl.max`, ... are `@triton.jit` functions too,
+    decorated when `triton` is first imported (torch._dynamo imports it as a model loads):
+    if that happened before the switch, rebuild them, or a kernel calling them fails."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault(INTERPRET_ENV, "1")
+    interpreting = os.environ.get(INTERPRET_ENV, "0") == "1"
+    if interpreting and "triton.language" in sys.modules:
+        import triton.language as tl
+        from triton.runtime.interpreter import InterpretedFunction
+        if not isinstance(tl.standard.sum, InterpretedFunction):
+            importlib.reload(tl.standard)  # re-decorate tl.sum, tl.max, ... now that the switch is on
+            importlib.reload(tl)           # and rebind the `tl.` names to them
+    return interpreting
+
+
+use_interpreter_without_gpu()   # before the `@triton.jit` below
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

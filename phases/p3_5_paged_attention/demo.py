@@ -20,11 +20,11 @@ from measure.demos import Option, RunConfig, demo
 from measure.kernel_bench import (LAYER, NOT_TIMED_CPU, POOL_LAYERS, KernelCase, kernel_options, kernel_sweep,
                                  timing_cell)
 from measure.report import Report
-from phases.p3_4_gather_kernel.batch import random_paged_batch
+from measure.paged_inputs import random_paged_batch
+from extras.p3_5_paged_attention.contiguous import sdpa_decode_contiguous
 from phases.p3_4_gather_kernel.reference import gather_reference
-from phases.p3_5_paged_attention.reference import (paged_decode_attention_gather_bmm,
-                                                   paged_decode_attention_gather_sdpa,
-                                                   paged_decode_attention_reference, sdpa_decode_contiguous)
+from extras.p3_5_paged_attention.cpu_path import paged_decode_attention_gather_bmm, paged_decode_attention_gather_sdpa
+from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
 
 QUERY_SEED = 0
 
@@ -52,7 +52,8 @@ def measure_attention(case: KernelCase, gen: torch.Generator, split_blocks: int)
     cpu_ms = case.time(lambda: paged_decode_attention_gather_bmm(*paged, max_len=context))
     kernel_ms, split_ms, kernel_gpu, split_gpu, kernel_err = NOT_TIMED_CPU, NOT_TIMED_CPU, None, None, "-"
     if case.check_kernel:
-        from phases.p3_5_paged_attention.kernels import paged_decode_attention_split, paged_decode_attention_triton
+        from extras.p3_5_paged_attention.split_kv import paged_decode_attention_split
+        from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton
 
         def split():
             return paged_decode_attention_split(*paged, blocks_per_split=split_blocks)

@@ -1,28 +1,23 @@
-"""The paged-attention operations the engine calls, each routed to a Triton kernel or its reference.
+"""The paged-attention operations the engine calls: the Triton kernels on CUDA, PyTorch paths on CPU.
 
     paged_decode_attention(q, kv_store, layer_idx, block_tables, seq_lens, scale, plan=None,
                            sliding_window=None, softcap=None) -> [B, n_heads, head_dim]
     write_kv(kv_store, layer_idx, k, v, slot_mapping, plan=None)                  (in place)
     plan_decode(kv_store, block_tables, seq_lens) / plan_write(kv_store, slot_mapping)
-        what the CPU paths can work out once per forward pass (plans.py); None on a GPU
+        what the CPU paths work out once per forward pass; None on a GPU
     gather_kv(kv_store, layer_idx, block_tables, seq_lens) -> (k, v)              (phase 3.4)
 
-On CUDA tensors the Triton kernels run. On CPU the PyTorch references run
-(Triton has no CPU backend; its interpreter is a correctness tool, not a
-fast path), and the first call says so once. For attention the CPU path is
-a gather per KV head + grouped batched matmuls (`paged_decode_attention_gather_bmm`,
-whose docstring says what it avoids), tested equal to the fp32 reference.
-ENGINE_FORCE_TRITON_INTERPRET=1 forces the kernels on CPU, under the
-interpreter, for tests.
+On CPU tensors (Triton has no CPU backend) the paths in extras/p3_5_paged_attention/cpu_path.py
+run, tested equal to reference.py's oracles, and the first call says so once.
+ENGINE_FORCE_TRITON_INTERPRET=1 forces the kernels on CPU, in Triton's interpreter, for tests.
 """
 
 from __future__ import annotations
 
 import torch
 
+from extras.p3_5_paged_attention import cpu_path
 from phases.p3_4_gather_kernel.dispatch import announce_reference_once, gather_kv, use_kernels
-from phases.p3_5_paged_attention import plans
-from phases.p3_5_paged_attention.reference import paged_decode_attention_gather_bmm, write_kv_reference
 
 __all__ = ["paged_decode_attention", "write_kv", "gather_kv", "plan_decode", "plan_write"]
 
@@ -30,9 +25,8 @@ ATTENTION_FEATURE = "paged attention"
 
 
 def paged_decode_attention(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int,
-                           block_tables: torch.Tensor, seq_lens: torch.Tensor,
-                           scale: float | None = None, blocks_per_split: int | None = None,
-                           plan: plans.DecodePlan | None = None, sliding_window: int | None = None,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float | None = None,
+                           plan: cpu_path.DecodePlan | None = None, sliding_window: int | None = None,
                            softcap: float | None = None) -> torch.Tensor:
     """Decode attention for a batch, K/V read from the pool in place.
 
@@ -41,47 +35,37 @@ def paged_decode_attention(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: i
     block_tables [B, max_blocks] int32   physical block ids (pad with 0; never read past the length)
     seq_lens     [B] int32               tokens in the pool per sequence, the new one included
     scale        softmax scale (default head_dim ** -0.5)
-    blocks_per_split  None: one program per (sequence, KV head) covers the whole context.
-                      n: split-KV, each program covers n blocks (GPU, long context at small batch).
     plan         `plan_decode(...)` of these tables, made once per forward pass (CPU path; None: made here)
     sliding_window  None, or w: the query (at position seq_len - 1) sees only the last w keys
     softcap      None, or c: scores become c * tanh(scores / c) after scaling (Gemma 2)
     Returns [B, n_heads, head_dim] in q's dtype.
     """
     if use_kernels(q.device):
-        from phases.p3_5_paged_attention import kernels  # imports triton only on this path
-        if blocks_per_split is None:
-            return kernels.paged_decode_attention_triton(q, kv_store, layer_idx, block_tables, seq_lens, scale,
-                                                         sliding_window, softcap)
-        return kernels.paged_decode_attention_split(q, kv_store, layer_idx, block_tables, seq_lens, scale,
-                                                    blocks_per_split, sliding_window, softcap)
+        from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton  # imports triton here only
+        return paged_decode_attention_triton(q, kv_store, layer_idx, block_tables, seq_lens, scale,
+                                             sliding_window, softcap)
     announce_reference_once(ATTENTION_FEATURE)
-    return paged_decode_attention_gather_bmm(q, kv_store, layer_idx, block_tables, seq_lens, scale, plan=plan,
-                                             sliding_window=sliding_window, softcap=softcap)
+    return cpu_path.paged_decode_attention_gather_bmm(q, kv_store, layer_idx, block_tables, seq_lens, scale,
+                                                      plan=plan, sliding_window=sliding_window, softcap=softcap)
 
 
 def write_kv(kv_store: torch.Tensor, layer_idx: int, k: torch.Tensor, v: torch.Tensor,
-             slot_mapping: torch.Tensor, plan: plans.WritePlan | None = None) -> None:
+             slot_mapping: torch.Tensor, plan: cpu_path.WritePlan | None = None) -> None:
     """Store k, v [T, n_kv_heads, head_dim] at slot_mapping [T] (block_id * block_size + offset; -1 skips).
-    plan: `plan_write(...)` of these slots, made once per forward pass (CPU path; None: made here).
-
-    Both versions are kept: the Triton one is one launch that writes K and V of every token and every head;
-    the torch one is two index_put calls. They are not measured against each other on a GPU here, so the
-    choice follows the module's rule (torch on CPU, Triton on CUDA), and `kernels.write_kv_triton` /
-    `reference.write_kv_reference` stay importable for a GPU comparison."""
+    plan: `plan_write(...)` of these slots, made once per forward pass (CPU path; None: made here)."""
     if use_kernels(kv_store.device):
         from phases.p3_5_paged_attention.kernels import write_kv_triton
         write_kv_triton(kv_store, layer_idx, k, v, slot_mapping)
     else:
-        write_kv_reference(kv_store, layer_idx, k, v, slot_mapping, plan=plan)
+        cpu_path.write_kv_reference(kv_store, layer_idx, k, v, slot_mapping, plan=plan)
 
 
-def plan_write(kv_store: torch.Tensor, slot_mapping: torch.Tensor) -> plans.WritePlan | None:
+def plan_write(kv_store: torch.Tensor, slot_mapping: torch.Tensor) -> cpu_path.WritePlan | None:
     """The per-pass half of `write_kv` on CPU; None where the Triton kernel runs (it needs none)."""
-    return None if use_kernels(kv_store.device) else plans.plan_write(kv_store, slot_mapping)
+    return None if use_kernels(kv_store.device) else cpu_path.plan_write(kv_store, slot_mapping)
 
 
 def plan_decode(kv_store: torch.Tensor, block_tables: torch.Tensor,
-                seq_lens: torch.Tensor) -> plans.DecodePlan | None:
+                seq_lens: torch.Tensor) -> cpu_path.DecodePlan | None:
     """The per-pass half of `paged_decode_attention` on CPU; None where the Triton kernel runs."""
-    return None if use_kernels(kv_store.device) else plans.plan_decode(kv_store, block_tables, seq_lens)
+    return None if use_kernels(kv_store.device) else cpu_path.plan_decode(kv_store, block_tables, seq_lens)

@@ -31,7 +31,7 @@ from phases.p3_4_gather_kernel.dispatch import use_kernels
 from phases.p3_5_paged_attention.ops import write_kv
 from phases.p3_6_batched_engine.attention import PagedBatch, Segment, paged_attention_forward
 from phases.p3_7_varlen_prefill.ops import paged_prefill_attention
-from phases.p3_7_varlen_prefill.pack import PrefillPack, random_prefill_pack
+from measure.paged_inputs import PrefillPack, random_prefill_pack
 from phases.p3_7_varlen_prefill.plan import plan_prefill
 
 LAYER = 1                 # the layer the table attends in (of a 2-layer pool)

@@ -26,19 +26,19 @@ Key tiles the tile cannot see are never visited (lo and hi, causal and windowed)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 
-from phases.p3_4_gather_kernel.interpreter import use_interpreter_without_gpu
+from phases.p3_4_gather_kernel.kernel import use_interpreter_without_gpu
 
 # Without a GPU the kernel below runs in Triton's CPU interpreter; the switch
-# must be on before `@triton.jit` decorates it (see interpreter.py).
+# must be on before `@triton.jit` decorates it (phase 3.4's kernel.py).
 INTERPRETING = use_interpreter_without_gpu()
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from extras.p3_7_varlen_prefill.tile_configs import tile_config  # noqa: E402  (speed-only launch table)
 from phases.p3_4_gather_kernel.checks import require_power_of_two  # noqa: E402
 from phases.p3_7_varlen_prefill.checks import check_prefill_inputs  # noqa: E402
 from phases.p3_7_varlen_prefill.plan import DEFAULT_BLOCK_M, MIN_DOT_TILE, PrefillPlan, plan_prefill  # noqa: E402
@@ -46,37 +46,6 @@ from phases.p3_7_varlen_prefill.plan import DEFAULT_BLOCK_M, MIN_DOT_TILE, Prefi
 LOG2E = tl.constexpr(math.log2(math.e))   # e^x = 2^(x * log2 e)
 NO_WINDOW = 0      # the kernel's `window` argument when the layer has none (never read then)
 NO_SOFTCAP = 1.0   # its `softcap` argument when the layer has none (never read then)
-MAX_HEAD_DIM = 256
-
-
-@dataclass(frozen=True)
-class TileConfig:
-    block_n: int       # key rows per tile (BLOCK_N)
-    num_warps: int
-    num_stages: int    # software-pipelining depth of the key-tile loop
-
-
-# (fp32?, largest head_dim) -> config, with BLOCK_M = the plan's block_m (64). Picked without a GPU:
-# a few candidates were compiled for sm_90 (H100) with aot_check.py, and these are the largest
-# tiles among them that compiled without register spills. aot_check compiles with the
-# 16-divisibility a launch marks on aligned pointers and strides; with it, fp32 at head_dim 128
-# spills registers on 4 warps, so it runs on 8. They are
-# not timed; tune them on a GPU. fp32 needs smaller tiles: `tl.dot` in exact fp32 ("ieee") runs
-# on the FMA units, not the tensor cores, and holds far more per thread.
-TILE_CONFIGS = {
-    (False, 64): TileConfig(64, 4, 2), (False, 128): TileConfig(64, 8, 2), (False, 256): TileConfig(32, 8, 2),
-    (True, 64): TileConfig(32, 8, 2), (True, 128): TileConfig(16, 8, 1), (True, 256): TileConfig(16, 8, 1),
-}
-
-
-def tile_config(head_dim: int, dtype: torch.dtype) -> TileConfig:
-    """The kernel's key tile and launch settings for a head_dim (<= MAX_HEAD_DIM) and dtype."""
-    if head_dim > MAX_HEAD_DIM:
-        raise ValueError(f"head_dim {head_dim} > {MAX_HEAD_DIM}: the prefill kernel has no tile config for it; "
-                         f"use the PyTorch path (reference.paged_prefill_attention_cpu)")
-    fp32 = dtype == torch.float32
-    return next(config for (is_fp32, largest), config in TILE_CONFIGS.items()
-                if is_fp32 == fp32 and head_dim <= largest)
 
 
 @triton.jit
@@ -193,7 +162,7 @@ def paged_prefill_attention_triton(q: torch.Tensor, kv_store: torch.Tensor, laye
     require_power_of_two("block_n", block_n)
     if min(head_dim, block_n) < MIN_DOT_TILE:
         raise ValueError(f"head_dim ({head_dim}) and block_n ({block_n}) must be >= {MIN_DOT_TILE} for tl.dot; "
-                         f"use the PyTorch path (reference.paged_prefill_attention_cpu) for smaller heads")
+                         f"use the PyTorch path (ops.paged_prefill_attention on CPU) for smaller heads")
     if q.dtype != kv_store.dtype:
         raise ValueError(f"q ({q.dtype}) and kv_store ({kv_store.dtype}) must share a dtype: tl.dot takes one")
     if plan.tiles.device != q.device:

@@ -1,25 +1,16 @@
-"""The varlen prefill attention the engine calls, routed to the Triton kernel or the CPU path.
+"""The varlen prefill attention the engine calls: `plan_prefill` once per pass, then this in every layer.
 
-    plan_prefill(cu_seqlens_q, context_lens, block_m=64, device=...) -> PrefillPlan     once per forward pass
-    paged_prefill_attention(q, kv_store, layer_idx, block_tables, cu_seqlens_q, context_lens, scale,
-                            sliding_window=None, softcap=None, plan=None, new_kv=None)
-        -> [N, n_heads, head_dim]                                                        every layer
-
-On CUDA tensors the Triton kernel runs: one launch per layer for the whole
-packed prefill. On CPU the PyTorch path runs (`paged_prefill_attention_cpu`,
-SDPA per segment; Triton has no CPU backend and its interpreter is a
-correctness tool, not a fast path), and the first call says so once.
-ENGINE_FORCE_TRITON_INTERPRET=1 forces the kernel on CPU, under the
-interpreter, for tests (phase 3.4's dispatch rule, as phase 3.5 uses it).
+CUDA: the Triton kernel. CPU (no Triton backend): extras/p3_7_varlen_prefill/cpu_path.py, the
+oracle's answer computed fast for a CPU. ENGINE_FORCE_TRITON_INTERPRET=1: the kernel, interpreted.
 """
 
 from __future__ import annotations
 
 import torch
 
+from extras.p3_7_varlen_prefill.cpu_path import paged_prefill_attention_cpu
 from phases.p3_4_gather_kernel.dispatch import announce_reference_once, use_kernels
 from phases.p3_7_varlen_prefill.plan import DEFAULT_BLOCK_M, PrefillPlan, plan_prefill
-from phases.p3_7_varlen_prefill.reference import paged_prefill_attention_cpu
 
 __all__ = ["paged_prefill_attention", "plan_prefill", "PrefillPlan", "DEFAULT_BLOCK_M"]
 
@@ -43,9 +34,8 @@ def paged_prefill_attention(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: 
     softcap       None, or c: scores become c * tanh(scores / c) after scaling (Gemma 2)
     plan          `plan_prefill(cu_seqlens_q, context_lens, device=q.device)`, made once per forward
                   pass and reused by every layer (None: made here, which on a GPU reads cu_seqlens_q back)
-    new_kv        optional (k, v), each [N, n_kv_heads, head_dim]: the new tokens' K/V just written to the
-                  pool. The CPU path then reads a fresh segment's K/V from them instead of copying them back
-                  out of the pool (see reference.paged_prefill_attention_cpu); the kernel reads the pool in place.
+    new_kv        optional (k, v), each [N, n_kv_heads, head_dim], just written to the pool: the CPU path
+                  reads a fresh segment's K/V from them instead of copying them back out of the pool
     Query i of segment s sits at position context_lens[s] + i and attends keys 0 .. that position.
     Query head h reads KV head h // (n_heads // n_kv_heads). Returns [N, n_heads, head_dim] in q's dtype.
     """

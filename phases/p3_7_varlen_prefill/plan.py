@@ -5,19 +5,15 @@ A packed prefill row holds S segments (one per sequence) back to back:
     q rows:   [ seg 0: 5 tokens | seg 1: 1 token | seg 2: 20 tokens ]      N = 26
     cu_seqlens_q = [0, 5, 6, 26]                                             [S + 1]
 
-The Triton kernel cuts every segment into query tiles of BLOCK_M rows and
-runs one program per (tile, query head). A program must know which segment
-its tile belongs to, and where in that segment the tile starts. That list is
-the same in every layer (only the layer index changes), so it is made once
-per forward pass here and uploaded as one small int32 tensor:
+The kernel runs one program per (query tile of BLOCK_M rows, query head). A
+program must know its tile's segment and first row. That list is the same in
+every layer, so it is made once per forward pass, one small int32 tensor:
 
     block_m = 16:  tiles = [(0, 0), (1, 0), (2, 0), (2, 16)]                [n_tiles, 2]
                             seg 0    seg 1   seg 2 rows 0..15, rows 16..19
 
 A tile never straddles two segments, so causality never crosses one. The
-plan also keeps the segment lengths and context lengths as plain Python ints:
-the CPU path loops over segments with them, and the checks use them without
-reading a GPU tensor (which would stall the stream in every layer).
+lengths are kept as Python ints too: the checks never read a GPU tensor.
 """
 
 from __future__ import annotations

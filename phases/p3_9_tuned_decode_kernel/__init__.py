@@ -4,10 +4,7 @@
                     split count a grid axis fixed per launch; `LaunchConfig`, `launch_config`
 - merge_kernel.py   Triton: the split-KV merge (partials and log-sum-exps -> output) in one launch
 - split_rule.py     programs per (sequence, KV head): batch x KV heads against the SMs, capped by the context
-- bench.py          the kernel beside SDPA and phase 3.5's kernel (ms, GB/s, share of HBM), and the sweep's table
-- demo.py           `decode_bench`: bench.py's two tables as this phase's demo
-- aot_check.py      every launch config and the merge compiled for an H100 without one: registers, spills, shared
-And:
-- tuning.py         every launch config and split count timed on a GPU (the table behind DEFAULT_CONFIG)
+- demo.py           `decode_bench`: the kernel beside SDPA and phase 3.5's (measure/decode_bench.py)
 - README.md         the idea, its files, how to run it; its tables: docs/measurements/p3_9_tuned_decode_kernel.md
+The launch sweep (measure/decode_tuning.py) and the sm_90 compile check (measure/decode_aot_check.py) live in measure/.
 """

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from phases.p3_4_gather_kernel.interpreter import use_interpreter_without_gpu
+from phases.p3_4_gather_kernel.kernel import use_interpreter_without_gpu
 
 # Without a GPU the kernel runs in Triton's CPU interpreter; the switch must be on before `@triton.jit`.
 INTERPRETING = use_interpreter_without_gpu()
@@ -57,15 +57,11 @@ class LaunchConfig:
         return max(self.tile_blocks, -(-MIN_DOT // block_size))
 
 
-# Measured best on an H100 for Qwen3-0.6B's shape in bf16 at batch 32-256 (tuning.py).
+# The fastest config on an H100 for Qwen3-0.6B's shape in bf16 at batch 32-256 (measure/decode_tuning.py).
 DEFAULT_CONFIG = LaunchConfig(tile_blocks=4, num_warps=2, num_stages=3)
 
-# Where DEFAULT_CONFIG spills registers once compiled for an H100 (aot_check.py): an fp32 pool (the gpu
-# tier's token-exact runs; fp32 `tl.dot`s hold twice the bytes) at any head_dim, or head_dim 256 in 16-bit.
-# There the same tile is shared by more warps: the first count that compiled without a spill, with and
-# without split-KV, under both the pinned triton and an older one a GPU box may carry, whose compiler
-# spills fp32 at 4 warps (head_dim 128, split-KV) and 8 (head_dim 256, one split) where the pinned one does not.
-# Picked by compiling, not timed. (fp32?, largest head_dim) -> config.
+# Where DEFAULT_CONFIG spills registers on an H100 (fp32 pools, or head_dim 256 in 16-bit), the same tile
+# shared by more warps: the first count that compiled without a spill (measure/decode_aot_check.py).
 LAUNCH_CONFIGS = {
     (False, 128): DEFAULT_CONFIG,
     (False, 256): LaunchConfig(tile_blocks=4, num_warps=4, num_stages=3),

@@ -1,6 +1,6 @@
 """`decode_bench`: this phase's kernel on the clock, beside SDPA and phase 3.5's kernel, and (GPU) its launch sweep.
 
-The two sections are bench.py's: `kernel` (one layer's decode attention at the model's shape; timed on a GPU,
+The two sections are measure/decode_bench.py's: `kernel` (one layer's decode attention at the model's shape; timed on a GPU,
 checked against the reference in Triton's interpreter on a CPU) and `tune` (GPU: the launch-config sweep).
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from measure.demos import Option, RunConfig, demo, run_sections
 from measure.report import Report
-from phases.p3_9_tuned_decode_kernel.bench import KERNEL_OPTIONS, KERNEL_QUICK, kernel_section, tune_section
+from measure.decode_bench import KERNEL_OPTIONS, KERNEL_QUICK, kernel_section, tune_section
 
 
 @demo("decode_bench", phase="p3_9",

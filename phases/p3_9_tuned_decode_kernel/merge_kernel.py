@@ -2,18 +2,13 @@
 
 With n_splits > 1 the decode kernel leaves, per (sequence, query head), one
 partial output per split (each normalised over its own keys) and that split's
-log-sum-exp of scores. Phase 3.5's `merge_splits` combines them in PyTorch:
+log-sum-exp of scores. Phase 3.5's `merge_splits` (extras/) combines them in PyTorch:
 
     softmax over the whole context = sum_s e^(lse_s - top) * partial_s / sum_s e^(lse_s - top)
 
-with top = max_s lse_s. In PyTorch that is about a dozen small element-wise
-and reduction kernels (amax, where, exp, two sums, a product, a divide, then a
-cast to the model's dtype), each reading or writing [B, H, S, D] or [B, H, S]
-through HBM. Timed per call on a GPU with a slow host, where each launch costs
-tens of microseconds, a split at small batches cost more than no split at all
-(README, the split-KV rule). In a CUDA graph the
-host's launches are gone, but a dozen kernels in a row each still start, drain
-and pass over memory on the GPU: the merge should be one.
+with top = max_s lse_s. In PyTorch that is about a dozen small element-wise and
+reduction kernels, each a pass over [B, H, S, D] or [B, H, S] in HBM; even in a
+CUDA graph each still starts, drains and passes over memory. So it is one kernel.
 
 This kernel is one program per (sequence, query head): it loads the row's S
 log-sum-exps and S x D partials once, in fp32, and writes the D outputs
@@ -27,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from phases.p3_4_gather_kernel.interpreter import use_interpreter_without_gpu
+from phases.p3_4_gather_kernel.kernel import use_interpreter_without_gpu
 
 use_interpreter_without_gpu()   # before `@triton.jit`: without a GPU the kernel runs in Triton's interpreter
 

@@ -15,8 +15,8 @@ programs to switch between while their loads are in flight. So:
   context length, and a graph replays one grid).
 
 On a CPU there are no SMs to fill (the PyTorch path ignores splits): one split.
-The constants are what the split sweep of tuning.py (`python -m
-phases.p3_9_tuned_decode_kernel.tuning`) measured on an H100.
+The constants are what the split sweep (`python -m measure.decode_tuning`)
+measured on an H100.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from phases.p3_4_gather_kernel.batch import random_paged_batch
+from measure.paged_inputs import random_paged_batch
 from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
 from phases.p3_9_tuned_decode_kernel.decode_kernel import LaunchConfig, launch_config, tiled_decode_attention
 from phases.p3_10_cuda_graphs.engine import StaleGraphs, StaticDecodeEngine

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from phases.p2_2_scheduler.sequence import Status
-from phases.p3_4_gather_kernel.batch import random_paged_batch
+from measure.paged_inputs import random_paged_batch
 from phases.p3_6_batched_engine.engine import BatchedPagedEngine
 from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
 from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillEngine
@@ -105,7 +105,8 @@ def test_window_and_softcap_models_equal_hf_generate(window_models, no_tf32, nam
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window, softcap", [(5, None), (None, 2.0), (37, 50.0)])
 def test_decode_kernel_window_and_softcap_compiled(gpu_device, no_tf32, dtype, window, softcap):
-    from phases.p3_5_paged_attention.kernels import paged_decode_attention_split, paged_decode_attention_triton
+    from extras.p3_5_paged_attention.split_kv import paged_decode_attention_split
+    from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton
     lens = [1, 7, 17, 70] + ([300, 1000] if ON_CUDA else [])
     batch = random_paged_batch(lens, 16, 2, 64, dtype=dtype, device=gpu_device, seed=5)
     q = (4 * torch.randn(len(lens), 8, 64, generator=torch.Generator().manual_seed(6))).to(gpu_device, dtype)

@@ -23,10 +23,11 @@ import zlib
 import pytest
 import torch
 
-from phases.p3_4_gather_kernel.batch import random_paged_batch
+from measure.paged_inputs import random_paged_batch
+from extras.p3_5_paged_attention.contiguous import sdpa_decode_contiguous
 from phases.p3_4_gather_kernel.reference import gather_reference
-from phases.p3_5_paged_attention.reference import (paged_decode_attention_reference, sdpa_decode_contiguous,
-                                                   write_kv_reference)
+from extras.p3_5_paged_attention.cpu_path import write_kv_reference
+from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
 from tests.gpu.conftest import tier_runs_on_cuda
 from tests.gpu.grid import BLOCK_SIZES, DTYPES, GQA_GROUPS, HEAD_DIMS, N_KV_HEADS
 
@@ -71,10 +72,10 @@ COPY_IDS = _ids(COPY_CASES, ("bs", "d", ""))
 
 def _kernels():
     # Imported inside the tests: on a machine without a GPU, importing the kernel modules turns on
-    # Triton's interpreter (phases/p3_4_gather_kernel/interpreter.py); a skipped tier should not.
+    # Triton's interpreter (phases/p3_4_gather_kernel/kernel.py); a skipped tier should not.
     from phases.p3_4_gather_kernel.kernel import gather_triton
-    from phases.p3_5_paged_attention.kernels import (paged_decode_attention_split, paged_decode_attention_triton,
-                                                     write_kv_triton)
+    from extras.p3_5_paged_attention.split_kv import paged_decode_attention_split
+    from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton, write_kv_triton
     return gather_triton, paged_decode_attention_triton, paged_decode_attention_split, write_kv_triton
 
 
@@ -162,5 +163,5 @@ def test_the_grid_is_the_full_one_on_cuda(gpu_device):
         pytest.skip("not on CUDA: the interpreter runs a sample of the grid")
     assert len(ATTENTION_CASES) == len(BLOCK_SIZES) * len(GQA_GROUPS) * len(HEAD_DIMS) * len(DTYPES)
     assert len(COPY_CASES) == len(BLOCK_SIZES) * len(HEAD_DIMS) * len(DTYPES)
-    from phases.p3_4_gather_kernel.interpreter import INTERPRET_ENV
+    from phases.p3_4_gather_kernel.kernel import INTERPRET_ENV
     assert os.environ.get(INTERPRET_ENV, "0") != "1", "on a GPU the kernels must be compiled, not interpreted"

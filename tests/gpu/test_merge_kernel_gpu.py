@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from phases.p3_4_gather_kernel.batch import random_paged_batch
-from phases.p3_5_paged_attention.kernels import merge_splits
+from measure.paged_inputs import random_paged_batch
+from extras.p3_5_paged_attention.split_kv import merge_splits
 from tests.gpu.conftest import tier_runs_on_cuda
 
 pytestmark = pytest.mark.gpu

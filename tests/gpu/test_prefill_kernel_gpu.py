@@ -26,9 +26,10 @@ import pytest
 import torch
 
 from phases.p3_7_varlen_prefill import ops
-from phases.p3_7_varlen_prefill.pack import random_prefill_pack
+from extras.p3_7_varlen_prefill.contiguous import sdpa_prefill_contiguous
+from measure.paged_inputs import random_prefill_pack
 from phases.p3_7_varlen_prefill.plan import plan_prefill
-from phases.p3_7_varlen_prefill.reference import paged_prefill_attention_reference, sdpa_prefill_contiguous
+from phases.p3_7_varlen_prefill.reference import paged_prefill_attention_reference
 from tests.gpu.conftest import tier_runs_on_cuda
 from tests.gpu.grid import BLOCK_SIZES, DTYPES, GQA_GROUPS, HEAD_DIMS, N_KV_HEADS
 
@@ -74,7 +75,7 @@ WINDOW_GRID = ([(d, name, w, c) for d in (128, GEMMA2_HEAD_DIM) for name in DTYP
 
 def _kernel():
     # Imported inside the tests: on a machine without a GPU, importing the kernel module turns on
-    # Triton's interpreter (phases/p3_4_gather_kernel/interpreter.py); a skipped tier should not.
+    # Triton's interpreter (phases/p3_4_gather_kernel/kernel.py); a skipped tier should not.
     from phases.p3_7_varlen_prefill.kernel import paged_prefill_attention_triton
     return paged_prefill_attention_triton
 
@@ -175,5 +176,5 @@ def test_the_grid_is_the_full_one_on_cuda(gpu_device):
         assert ATTENTION_CASES == INTERPRETER_CASES
         pytest.skip("not on CUDA: the interpreter runs a sample of the grid")
     assert len(ATTENTION_CASES) == len(BLOCK_SIZES) * len(GQA_GROUPS) * len(HEAD_DIMS) * len(DTYPES)
-    from phases.p3_4_gather_kernel.interpreter import INTERPRET_ENV
+    from phases.p3_4_gather_kernel.kernel import INTERPRET_ENV
     assert os.environ.get(INTERPRET_ENV, "0") != "1", "on a GPU the kernel must be compiled, not interpreted"

@@ -1,14 +1,14 @@
-"""Compile the prefill kernel for an H100 without one: does it build, and what does it cost per thread?
+"""Compile phase 3.7's prefill kernel for an H100 without one: does it build, and what does it cost per thread?
 
 Triton compiles ahead of time for a named target: Python -> Triton IR -> PTX ->
 a cubin, through the `ptxas` that ships inside the triton wheel. None of that
 needs a GPU. Running the kernel does, so this checks only what compilation
 can: that every variant builds for sm_90, and the registers, spilled bytes
 and shared memory each variant asks for (`ptxas -v`). The tile configs in
-kernel.py were picked with it: among a few candidates, the largest tiles that
+phases/p3_7_varlen_prefill/kernel.py were picked with it: among a few candidates, the largest tiles that
 built without spilling registers.
 
-    python -m phases.p3_7_varlen_prefill.aot_check        # the table, one row per config
+    python -m measure.prefill_aot_check        # the table, one row per config
 
 It must run in its own process: with no GPU the kernel module normally turns on
 Triton's interpreter, which replaces the compiler for the whole process.
@@ -23,7 +23,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 
-from phases.p3_4_gather_kernel.interpreter import INTERPRET_ENV
+INTERPRET_ENV = "TRITON_INTERPRET"   # Triton's switch to its CPU interpreter
 
 if "phases.p3_7_varlen_prefill.kernel" not in sys.modules:
     os.environ[INTERPRET_ENV] = "0"   # compile, do not interpret (must precede the kernel's import)
@@ -34,6 +34,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 
 from measure.report import Report, environment_meta  # noqa: E402
+from extras.p3_7_varlen_prefill import tile_configs  # noqa: E402
 from phases.p3_7_varlen_prefill import kernel  # noqa: E402
 
 H100_ARCH = 90
@@ -65,6 +66,15 @@ def compiled_report(name: str, model: str, dtype: str, arch: int = H100_ARCH) ->
     return report
 
 
+def finish_report(report: Report, rows: list[dict], results_dir: str | None) -> None:
+    """Attach the rows, print the report, and save it under results_dir if one was given."""
+    from measure.report import print_report, save_report
+    report.data = dict(rows=rows)
+    print_report(report)
+    if results_dir:
+        print(f"saved {save_report(report, results_dir)}")
+
+
 def compile_for_gpu(fn, signature: dict[str, str], constants: dict, arch: int = H100_ARCH,
                     divisible: tuple[str, ...] = (), **options) -> KernelCost:
     """Compile `@triton.jit` fn for sm_<arch> with these argument types and constexprs (Triton's defaults for
@@ -91,7 +101,7 @@ def compile_prefill_kernel(dtype: torch.dtype, head_dim: int, window: bool = Fal
     if kernel.INTERPRETING:
         raise RuntimeError("the kernel module was imported under Triton's interpreter; run this in a fresh process")
     fn = kernel._paged_prefill_kernel
-    config = kernel.tile_config(head_dim, dtype)
+    config = tile_configs.tile_config(head_dim, dtype)
     signature = {name: "i32" for name in fn.arg_names}
     signature.update({name: "*" + TRITON_DTYPES[dtype] for name in POINTER_ARGS})
     signature.update({name: "*i32" for name in INDEX_POINTER_ARGS})
@@ -106,7 +116,7 @@ def compile_prefill_kernel(dtype: torch.dtype, head_dim: int, window: bool = Fal
 def main() -> None:
     print(f"{'dtype':6} {'head_dim':>8} {'BLOCK_M':>7} {'BLOCK_N':>7} {'warps':>5} {'stages':>6} "
           f"{'regs':>5} {'spill B':>7} {'shared B':>8}")
-    for (fp32, largest), config in kernel.TILE_CONFIGS.items():
+    for (fp32, largest), config in tile_configs.TILE_CONFIGS.items():
         for dtype in ((torch.float32,) if fp32 else (torch.float16, torch.bfloat16)):
             cost = compile_prefill_kernel(dtype, largest, window=True, softcap=True)
             print(f"{TRITON_DTYPES[dtype]:6} {largest:>8} {kernel.DEFAULT_BLOCK_M:>7} {config.block_n:>7} "

@@ -25,16 +25,16 @@ from dataclasses import asdict
 
 import torch
 
+from extras.p3_5_paged_attention.contiguous import sdpa_decode_contiguous
 from measure.kernel_bench import CALLS_PER_GRAPH, GRAPH_REPLAY, PER_CALL, gpu_time, lengths_for, median_ms
 from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton
-from phases.p3_5_paged_attention.reference import sdpa_decode_contiguous
 from phases.p3_9_tuned_decode_kernel.decode_kernel import LaunchConfig, tiled_decode_attention
 from phases.p3_9_tuned_decode_kernel.split_rule import sm_count
 
 TILE_CHOICES = (1, 2, 4, 8)
 WARP_CHOICES = (2, 4, 8)
-STAGE_CHOICES = (1, 2, 3)   # 4 builds the same kernel as 3 (identical PTX for sm_90 with triton 3.7: aot_check.py),
+STAGE_CHOICES = (1, 2, 3)   # 4 builds the same kernel as 3 (identical PTX for sm_90 with triton 3.7: measure/decode_aot_check.py),
                             # so timing it would measure only noise
 SPLIT_CHOICES = (1, 2, 4, 8)
 POOL_LAYERS = 2          # the layer read is not the first in its block (the pool interleaves layers per block)
@@ -127,7 +127,7 @@ def best_config(rows: list[dict], min_batch: int = 32) -> dict | None:
     return dict(tile_blocks=best[0], num_warps=best[1], num_stages=best[2], total_ms=totals[best])
 
 
-# --- `python -m phases.p3_9_tuned_decode_kernel.tuning --out DIR`: the sweep behind DEFAULT_CONFIG, split_rule.py
+# --- `python -m measure.decode_tuning --out DIR`: the sweep behind DEFAULT_CONFIG, split_rule.py
 GRID_BATCHES, GRID_CONTEXTS = [32, 64, 128, 256], [512, 1024, 2048]
 SPLIT_BATCHES, SPLIT_CONTEXTS = [1, 4, 16, 32, 64, 128, 256], [512, 2048, 8192]
 QWEN3_0_6B = dict(n_heads=16, n_kv_heads=8, head_dim=128)   # the shape the GPU runs use (dummy:qwen3-0.6b)
@@ -159,7 +159,7 @@ def main() -> None:
                                         best=best, splits=splits, sms=sm_count("cuda"),
                                         timing=f"ms: {GRAPH_REPLAY} ({CALLS_PER_GRAPH} calls per graph); "
                                                f"ms_per_call: {PER_CALL}; split-KV merge: merge_kernel.py",
-                                        made_by="python -m phases.p3_9_tuned_decode_kernel.tuning")))
+                                        made_by="python -m measure.decode_tuning")))
 
     grid = tune(GRID_BATCHES, GRID_CONTEXTS, splits=(1, 2), progress=say, **shape)
     best = best_config(grid)

@@ -8,7 +8,7 @@ Two report sections, each `section(cfg, lm, report)` (measure/demos.run_sections
           of K/V read and that as a share of the GPU's HBM bandwidth (nominal, and a measured
           device-to-device copy). CPU: the kernels only run in Triton's interpreter, so they are
           checked on the first cell, not timed.
-  tune    (GPU) every LaunchConfig x split count (tuning.py): the best configs and, per cell,
+  tune    (GPU) every LaunchConfig x split count (measure/decode_tuning.py): the best configs and, per cell,
           the best split count beside the rule's choice.
 `cfg` carries kernel_batches, kernel_contexts and block_size.
 """
@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import torch
 
+from extras.p3_5_paged_attention.contiguous import sdpa_decode_contiguous
 from measure.demos import Option, RunConfig
 from measure.kernel_bench import CALLS_PER_GRAPH, GRAPH_REPLAY, PER_CALL, gpu_time, median_ms
 from measure.report import Report
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton
-from phases.p3_5_paged_attention.reference import sdpa_decode_contiguous
 from phases.p3_9_tuned_decode_kernel.decode_kernel import DEFAULT_CONFIG, launch_config, tiled_decode_attention
 from phases.p3_9_tuned_decode_kernel.split_rule import choose_splits, sm_count
-from phases.p3_9_tuned_decode_kernel.tuning import LAYER, best_config, decode_case, tune
+from measure.decode_tuning import LAYER, best_config, decode_case, tune
 
 # Nominal HBM bandwidth (bytes/s) by GPU name: the datasheets' figures.
 HBM_BYTES_PER_S = {"H100 80GB HBM3": 3.35e12, "H100 PCIe": 2.0e12, "H200": 4.8e12, "A100-SXM4-80GB": 2.04e12}

@@ -1,16 +1,16 @@
-"""Compile this phase's kernels for an H100 without one: registers, spills and shared memory per variant.
+"""Compile phase 3.9's kernels for an H100 without one: registers, spills and shared memory per variant.
 
-Phase 3.7's aot_check compiles a kernel ahead of time for sm_90 (Triton IR ->
+measure/prefill_aot_check.py compiles a kernel ahead of time for sm_90 (Triton IR ->
 PTX -> `ptxas -v`, all inside the triton wheel, no GPU). This runs the same
-compile step over the decode kernel's tuning grid (tuning.py: every
+compile step over the decode kernel's tuning grid (measure/decode_tuning.py: every
 LaunchConfig, with one split and with split-KV) for a model's shape, over every
 entry of LAUNCH_CONFIGS (what `launch_config` picks: the tuned default, fp32
 pools, head_dim 256), and over the merge kernel. It cannot say how fast a variant runs; it says which ones
 spill registers to local memory, which a timing on a GPU should then explain,
 and that every variant builds.
 
-    python -m phases.p3_9_tuned_decode_kernel.aot_check                      # Qwen3-0.6B's shape in bf16
-    python -m phases.p3_9_tuned_decode_kernel.aot_check --head-dim 64 --group 3   # SmolLM2-135M's
+    python -m measure.decode_aot_check                      # Qwen3-0.6B's shape in bf16
+    python -m measure.decode_aot_check --head-dim 64 --group 3   # SmolLM2-135M's
 
 Like phase 3.7's, it runs in its own process: without a GPU the kernel modules
 otherwise switch Triton's interpreter on for the whole process.
@@ -22,7 +22,7 @@ import argparse
 import os
 import sys
 
-from phases.p3_4_gather_kernel.interpreter import INTERPRET_ENV
+INTERPRET_ENV = "TRITON_INTERPRET"   # Triton's switch to its CPU interpreter
 
 if "phases.p3_9_tuned_decode_kernel.decode_kernel" not in sys.modules:
     os.environ[INTERPRET_ENV] = "0"   # compile, do not interpret (must precede the kernels' import)
@@ -30,13 +30,12 @@ if "phases.p3_9_tuned_decode_kernel.decode_kernel" not in sys.modules:
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from measure.report import print_report, save_report  # noqa: E402
-from phases.p3_7_varlen_prefill.aot_check import (H100_ARCH, TRITON_DTYPES, KernelCost, compile_for_gpu,  # noqa: E402
-                                                  compiled_report)
+from measure.prefill_aot_check import (H100_ARCH, TRITON_DTYPES, KernelCost, compile_for_gpu,  # noqa: E402
+                                       compiled_report, finish_report)
 from phases.p3_9_tuned_decode_kernel import decode_kernel, merge_kernel  # noqa: E402
 from phases.p3_9_tuned_decode_kernel.decode_kernel import (DEFAULT_CONFIG, LAUNCH_CONFIGS, MIN_DOT,  # noqa: E402
                                                   LaunchConfig, launch_config)
-from phases.p3_9_tuned_decode_kernel.tuning import SPLIT_CHOICES, config_grid  # noqa: E402
+from measure.decode_tuning import SPLIT_CHOICES, config_grid  # noqa: E402
 
 # Qwen3-0.6B (the GPU runs' model): 16 query heads over 8 KV heads of 128 dims; the pool's block size.
 QWEN3_HEAD_DIM, QWEN3_GROUP, BLOCK_SIZE = 128, 2, 16
@@ -107,7 +106,7 @@ def compile_merge_kernel(out_dtype: torch.dtype, head_dim: int, n_splits: int, a
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m phases.p3_9_tuned_decode_kernel.aot_check",
+    p = argparse.ArgumentParser(prog="python -m measure.decode_aot_check",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--head-dim", type=int, default=QWEN3_HEAD_DIM)
     p.add_argument("--group", type=int, default=QWEN3_GROUP, help="query heads per KV head")
@@ -120,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     model = "qwen3-0.6b-shape" if qwen3 else f"head-dim-{args.head_dim}-group-{args.group}"
     report = compiled_report("decode_aot", model, args.dtype)
     columns = ["tile blocks", "warps", "stages", "splits", "registers", "spill B / thread", "shared B"]
-    t = report.table(f"the decode kernel over tuning.py's grid, compiled for sm_{H100_ARCH} ({shape}, {args.dtype})",
+    t = report.table(f"the decode kernel over decode_tuning.py's grid, compiled for sm_{H100_ARCH} ({shape}, {args.dtype})",
                      columns)
     rows = []
     for config in config_grid():
@@ -152,10 +151,7 @@ def main(argv: list[str] | None = None) -> None:
         cost = compile_merge_kernel(dtype, args.head_dim, n_splits)
         m.add_row(n_splits, cost.registers, cost.spill_bytes, cost.shared_bytes)
         rows.append(dict(merge_splits=n_splits, **vars(cost)))
-    report.data = dict(rows=rows)
-    print_report(report)
-    if args.results_dir:
-        print(f"saved {save_report(report, args.results_dir)}")
+    finish_report(report, rows, args.results_dir)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Compile the fused kernels for an H100 without one: registers, spills and shared memory per kernel.
+"""Compile phase 3.11's fused kernels for an H100 without one: registers, spills and shared memory per kernel.
 
 The same compile step as phases 3.7 and 3.9 (`compile_for_gpu`: Triton IR ->
 PTX -> `ptxas -v`, inside the triton wheel, no GPU), over the three kernels as
@@ -6,7 +6,7 @@ the fused step launches them for Qwen3-0.6B (hidden 1,024; 16 query heads and 8
 KV heads of 128 dims; MLP width 3,072). It says that they build for sm_90 and
 what they ask of a thread; not how fast they run.
 
-    python -m phases.p3_11_fused_ops.aot_check --results-dir results
+    python -m measure.fused_aot_check --results-dir results
 
 It runs in its own process: without a GPU the kernel module otherwise switches
 Triton's interpreter on for the whole process.
@@ -18,7 +18,7 @@ import argparse
 import os
 import sys
 
-from phases.p3_4_gather_kernel.interpreter import INTERPRET_ENV
+INTERPRET_ENV = "TRITON_INTERPRET"   # Triton's switch to its CPU interpreter
 
 if "phases.p3_11_fused_ops.kernels" not in sys.modules:
     os.environ[INTERPRET_ENV] = "0"   # compile, do not interpret (must precede the kernels' import)
@@ -26,9 +26,8 @@ if "phases.p3_11_fused_ops.kernels" not in sys.modules:
 import torch  # noqa: E402
 import triton  # noqa: E402
 
-from measure.report import print_report, save_report  # noqa: E402
-from phases.p3_7_varlen_prefill.aot_check import (H100_ARCH, TRITON_DTYPES, KernelCost, compile_for_gpu,  # noqa: E402
-                                                  compiled_report)
+from measure.prefill_aot_check import (H100_ARCH, TRITON_DTYPES, KernelCost, compile_for_gpu,  # noqa: E402
+                                       compiled_report, finish_report)
 from phases.p3_11_fused_ops import kernels  # noqa: E402
 
 QWEN3_HIDDEN, QWEN3_HEAD_DIM = 1024, 128
@@ -76,7 +75,7 @@ def compile_silu_and_mul(dtype: torch.dtype, arch: int = H100_ARCH) -> KernelCos
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m phases.p3_11_fused_ops.aot_check", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m measure.fused_aot_check", description=__doc__.split("\n\n")[0])
     p.add_argument("--results-dir", default=None, help="also save the report there (json + md)")
     args = p.parse_args(argv)
     report = compiled_report("fused_aot", "qwen3-0.6b-shape", "bf16 and fp32")
@@ -92,10 +91,7 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(dict(kernel=name, dtype=TRITON_DTYPES[dtype], **vars(cost)))
     t.notes.append(f"triton {triton.__version__} and the ptxas in its wheel; pointers and row strides marked "
                    "divisible by 16, as a launch specialises them; nothing here is timed")
-    report.data = dict(rows=rows)
-    print_report(report)
-    if args.results_dir:
-        print(f"saved {save_report(report, args.results_dir)}")
+    finish_report(report, rows, args.results_dir)
 
 
 if __name__ == "__main__":
