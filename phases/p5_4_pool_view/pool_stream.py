@@ -25,9 +25,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 
 from phases.p2_2_scheduler.sequence import Status
 
+POOL_PAGE = Path(__file__).resolve().parent / "pool_page"   # index.html, pool.css, pool.js: draws the frames
 PAGE_QUEUE_FRAMES = 64   # frames a slow page may fall behind before it loses the oldest
 GONE_CHECK_S = 0.5       # how often a stream checks that its page is still there (idle, it sends a comment)
 

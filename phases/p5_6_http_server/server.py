@@ -14,7 +14,7 @@ What a request goes through:
                                         503 when the waiting line is full
   5. text deltas from the engine thread, as SSE chunks or one JSON body.
 A client that disconnects is aborted, which frees its KV blocks at once. A
-step that fails on this request (isolation.py) answers 500, or an error
+step that fails on this request (`StepFailed`) answers 500, or an error
 event inside the stream; the other requests of that step carry on.
 
 The routes are module-level functions: what they need of one server (the
@@ -30,7 +30,6 @@ import json
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -42,20 +41,19 @@ from phases.p3_6_batched_engine.engine import DEFAULT_MAX_RUNNING
 from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from phases.p4_5_speculative_decoding.engine import DEFAULT_NUM_SPECULATIVE_TOKENS
 from phases.p4_6_tensor_parallel.engine import use_tensor_parallel
-from phases.p5_serving import protocol as P
-from phases.p5_serving.async_engine import DEFAULT_MAX_WAITING, AsyncEngine, EngineFailed, QueueFull
-from phases.p5_serving.formats import ChatFormat, CompletionFormat
-from phases.p5_serving.kv_events import (DEFAULT_KV_EVENTS_TOPIC, EventRecordingAllocator, KVEvents,
+from phases.p5_5_openai_api import protocol as P
+from phases.p5_1_served_engine.engine import ServingEngine
+from phases.p5_2_async_engine.async_engine import DEFAULT_MAX_WAITING, EngineFailed, QueueFull
+from phases.p5_5_openai_api.formats import ChatFormat, CompletionFormat
+from phases.p5_4_pool_view.kv_events import (DEFAULT_KV_EVENTS_TOPIC, EventRecordingAllocator, KVEvents,
                                          ZmqEventPublisher, reset_prefix_cache)
-from phases.p5_serving.metrics import exposition, metrics_registry
-from phases.p5_serving.pool_stream import PoolWatch
-from phases.p5_serving.samples import SAMPLES
-from phases.p5_serving.vllm_metrics import VllmCollector
+from phases.p5_3_metrics.metrics import MeteredAsyncEngine, exposition, metrics_registry
+from phases.p5_4_pool_view.pool_stream import POOL_PAGE, PoolWatch
+from phases.p5_3_metrics.vllm_metrics import VllmCollector
 
 DISCONNECT_POLL_S = 0.25   # how often a non-streamed request checks that its client is still there
 RETRY_AFTER_S = 1          # what a 503 suggests
 SSE_DONE = "data: [DONE]\n\n"
-POOL_PAGE = Path(__file__).resolve().parent / "pool_page"   # index.html, pool.css, pool.js
 POOL_FILES = {"pool.css": "text/css", "pool.js": "text/javascript"}
 
 
@@ -63,7 +61,7 @@ POOL_FILES = {"pool.css": "text/css", "pool.js": "text/javascript"}
 class ServerState:
     """One server: what its routes read."""
     lm: object               # the LoadedModel
-    aengine: AsyncEngine
+    aengine: MeteredAsyncEngine
     served: str              # the model name clients must send
     started: int             # unix time, for /v1/models
     metrics: object          # its prometheus-client registry
@@ -273,7 +271,7 @@ async def _generate(request: Request, state: ServerState, body: P._Sampling, pro
     return await _collect(request, state.aengine, req, body, fmt)
 
 
-async def _stream(aengine: AsyncEngine, req, body: P._Sampling, fmt):
+async def _stream(aengine: MeteredAsyncEngine, req, body: P._Sampling, fmt):
     n_tokens = [0] * req.n
     try:
         for chunk in fmt.opening(req.n):
@@ -290,7 +288,7 @@ async def _stream(aengine: AsyncEngine, req, body: P._Sampling, fmt):
     yield SSE_DONE
 
 
-async def _collect(request: Request, aengine: AsyncEngine, req, body: P._Sampling, fmt):
+async def _collect(request: Request, aengine: MeteredAsyncEngine, req, body: P._Sampling, fmt):
     texts, reasons, n_tokens = [""] * req.n, [None] * req.n, [0] * req.n
 
     async def run():
@@ -340,7 +338,7 @@ def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DE
                kv_events_topic: str = DEFAULT_KV_EVENTS_TOPIC, tensor_parallel=None) -> FastAPI:
     """The app for one loaded model.
 
-    The engine is the last of the line (samples.py) unless one is given: prefix caching on unless
+    The engine is a `ServingEngine` (phase 5.1) unless one is given: prefix caching on unless
     `prefix_caching=False`, preemption by recomputation unless `preemption_mode="swap"`, long prompts
     prefilled in chunks of at most `max_num_batched_tokens` tokens per step (decode tokens included), and
     speculative decoding when `speculative` names a method ("ngram", or "draft": a self-draft of `draft_layers`).
@@ -357,15 +355,14 @@ def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DE
             raise ValueError("speculative='draft' is not supported under tensor parallelism; use 'ngram'")
         allocator = EventRecordingAllocator.for_model(lm, block_size=block_size, n_blocks=n_blocks) \
             if events_on else None
-        engine = SAMPLES.engine_class(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks,
-                                      prefix_caching=prefix_caching, preemption_mode=preemption_mode,
-                                      max_num_batched_tokens=max_num_batched_tokens, speculative=speculative,
-                                      num_speculative_tokens=num_speculative_tokens, draft_layers=draft_layers,
-                                      allocator=allocator,
-                                      **({} if tensor_parallel is None else {"cuda_graphs": False}))
+        engine = ServingEngine(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks,
+                               prefix_caching=prefix_caching, preemption_mode=preemption_mode,
+                               max_num_batched_tokens=max_num_batched_tokens, speculative=speculative,
+                               num_speculative_tokens=num_speculative_tokens, draft_layers=draft_layers,
+                               allocator=allocator, **({} if tensor_parallel is None else {"cuda_graphs": False}))
         if tensor_parallel is not None:
             use_tensor_parallel(engine, tensor_parallel)
-    aengine = AsyncEngine(engine, max_waiting=max_waiting)
+    aengine = MeteredAsyncEngine(engine, max_waiting=max_waiting)
     served = model_name or lm.name
     kv_events = None
     if events_on:
