@@ -1,25 +1,11 @@
 """`AsyncEngine`: the served engine, stepped by one thread while requests come and go on an asyncio loop.
 
-The served engine (engine.py of phase 5.1) is synchronous: `add_group()` queues, `step()`
-runs one forward pass, decode tokens and prefill chunks together, and returns the tokens it made. A server
-has many clients at once, each waiting on its own tokens, on an asyncio event loop that must never block
-for a forward pass. So the engine lives in its own thread and nothing else touches it:
-
-  event loop (HTTP handlers)                 engine thread
-  --------------------------                 -------------
-  submit()  -> inbox ("add") -----------.
-  abort()   -> inbox ("abort") ---------+->  drain the inbox: engine.add_group / abort
-                                        |    engine.step()  (one batched pass for all)
-  req.events  <- call_soon_threadsafe --+--  route each StepOutput to its request
-                                             nothing to do? sleep on an Event (no spin)
-
-- Each request has its own `asyncio.Queue` of `TokenEvent`s, filled from the engine thread with
-  `loop.call_soon_threadsafe` (once per step). A client that goes away is aborted within one step.
-- The waiting line is bounded (`max_waiting`): past it `submit` raises `QueueFull` (the server answers
-  503) instead of queueing without limit or dropping anything silently.
-- A step that raises fails only its culprit (`StepFailed`): the tokens made before the failure are
-  delivered, the culprit's client gets the error, the others carry on (`_fail_culprits`). Only an error
-  the engine cannot recover from fails every request in it, as a shutdown does.
+The served engine (phase 5.1) is synchronous and a forward pass blocks, so it lives in a thread of its
+own that nothing else touches (the README draws the two sides). The loop posts "add" and "abort" to an
+inbox; the thread drains it between steps, steps, and hands each request its `TokenEvent`s on its own
+`asyncio.Queue` with one `loop.call_soon_threadsafe` per step. Past `max_waiting` requests that have made
+no token, `submit` raises `QueueFull`. A step that raises fails only its culprit's client
+(`_fail_culprits`); an error the engine cannot recover from fails every request in it, as a shutdown does.
 """
 
 from __future__ import annotations
@@ -104,10 +90,6 @@ class AsyncEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
-        # Callables (engine, outputs) the engine thread runs after each step: the pool view while a page
-        # watches, the KV events while they are on. A tuple, replaced whole (never mutated), so the engine
-        # thread reads the old one or the new one; empty, the step pays one loop over nothing.
-        self.step_observers: tuple = ()
 
     # --- lifecycle (event loop) -------------------------------------------------------
     def start(self) -> None:
@@ -216,11 +198,6 @@ class AsyncEngine:
             for ev in events:
                 req.events.put_nowait(ev)
 
-    def call_on_engine(self, fn) -> None:
-        """Run `fn()` on the engine thread between two steps (reading or changing the engine safely)."""
-        self._inbox.append(("call", fn, None))
-        self._wake.set()
-
     # --- engine thread ----------------------------------------------------------------
     def _post(self, op: str, req: Request, index: int | None = None) -> None:
         self._inbox.append((op, req, index))  # deque.append is atomic: no lock needed
@@ -253,37 +230,16 @@ class AsyncEngine:
                 self._fail_all(EngineFailed(f"engine step failed: {type(e).__name__}: {e}"))
                 continue
             self._dispatch(outputs)
-            for observe in self.step_observers:
-                self._observe(observe, outputs)
             # The engine keeps every finished Sequence for `run()`'s answer; a server
             # that runs for days must not, and has already routed their tokens.
             self.engine.finished.clear()
         self._fail_all(EngineFailed("the server is shutting down"))
-
-    def _observe(self, observe, outputs) -> None:
-        try:
-            observe(self.engine, outputs)
-        except Exception:  # noqa: BLE001 - a broken watcher must not stop the engine: it is dropped
-            log.exception("a step observer raised; it is removed")
-            self.remove_step_observer(observe)
-
-    def add_step_observer(self, observe) -> None:
-        self.step_observers = (*self.step_observers, observe)
-
-    def remove_step_observer(self, observe) -> None:
-        # `!=`, not `is not`: a bound method is a new object at each access (equal, never identical)
-        self.step_observers = tuple(o for o in self.step_observers if o != observe)
 
     def _drain(self) -> None:
         while self._inbox:
             op, req, index = self._inbox.popleft()
             if op == "add":
                 self._add(req)
-            elif op == "call":    # (call_on_engine: the second item is the function)
-                try:
-                    req()
-                except Exception:  # noqa: BLE001 - a failed call fails alone, never the engine thread
-                    log.exception("a call on the engine thread raised")
             elif req.group is not None:
                 self._abort(req, index)
 
@@ -313,12 +269,6 @@ class AsyncEngine:
         if len(req.ended) == req.n:  # nothing more will come for it: forget it
             self._owner.pop(req.group, None)
             self.engine.forget(req.group)
-
-    def label_of(self, seq) -> str | None:
-        """The label (the API's response id) of the request `seq` serves; None once it is over. Engine thread."""
-        group = self.engine.group_or_none(seq)
-        req = self._owner.get(group) if group is not None else None
-        return req.label if req is not None else None
 
     @staticmethod
     def _labels(reqs) -> list[str]:

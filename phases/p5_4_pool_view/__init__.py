@@ -1,6 +1,8 @@
 """Phase 5.4 adds a view of the KV pool to phase 5.3's engine: one frame of every block's owners per step, streamed to a page while one watches, and the prefix cache's changes as vLLM's KV events.
 
 Files, in reading order:
+- watched.py      `WatchedAsyncEngine`: phase 5.3's async engine with step observers (run after each step
+                  on the engine thread) and `call_on_engine`
 - pool_stream.py  `pool_frame(engine)`: the pool and queues after a step; `PoolWatch` streams frames to the
                   pages that watch (pool_page/ draws them), and costs nothing while none does
 - kv_events.py    KV events in vLLM's format (BlockStored, BlockRemoved, AllBlocksCleared; msgpack over ZMQ)

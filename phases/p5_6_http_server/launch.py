@@ -85,16 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                      draft_layers=args.draft_layers, kv_events_endpoint=args.kv_events_endpoint,
                      kv_events_topic=args.kv_events_topic, tensor_parallel=group)
     pool = app.state.engine.engine.allocator
-    print(f"serving '{lm.name}' ({lm.device}, {str(lm.dtype).removeprefix('torch.')}) on "
-          f"http://{args.host}:{args.port}/v1  - KV pool {pool.n_blocks} blocks x {pool.block_size} tokens, "
-          f"max_running {args.max_running}, max_waiting {args.max_waiting}, "
-          f"max_num_batched_tokens {args.max_num_batched_tokens}, "
-          f"prefix caching {'off' if args.no_prefix_caching else 'on'}, preemption by {args.preemption_mode}, "
-          f"speculative decoding {args.speculative or 'off'}, "
-          f"tensor parallel size {args.tensor_parallel_size}, "
-          f"KV events {'on ' + args.kv_events_endpoint if args.kv_events_endpoint else 'off'}; "
-          f"the pool: http://{args.host}:{args.port}/pool",
-          flush=True)
+    settings = ", ".join(f"{k} {v}" for k, v in vars(args).items() if k not in ("host", "port", "model"))
+    print(f"serving '{lm.name}' on http://{args.host}:{args.port}/v1 (the pool, live: /pool): KV pool "
+          f"{pool.n_blocks} blocks x {pool.block_size} tokens; {settings}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     return 0
