@@ -167,6 +167,26 @@ def test_a_poisoned_request_fails_alone_beside_a_valid_stream(tiny32, kind, capl
 
 
 # --- 3. the whole engine, observed: /health and /metrics; an undersized pool --------------------------
+def test_health_and_metrics_report_the_engine(srv):
+    c = client(srv)
+    kw = dict(model="tiny", prompt=" ".join([PROMPT] * 8), max_tokens=4,   # 40 tokens: 2 full blocks of 16
+              temperature=0, extra_body={"ignore_eos": True})
+    c.completions.create(**kw)
+    c.completions.create(**kw)            # the same prompt again: its full blocks come from the prefix cache
+    h = assert_all_blocks_free(srv)
+    for key in ("running", "waiting", "preempted", "free_blocks", "total_blocks", "prefix_hit_rate", "tokens_per_s",
+                "preemptions", "generated_tokens", "step_failures", "queued_requests", "max_waiting"):
+        assert key in h, key
+    assert h["prefix_hit_rate"] > 0 and h["tokens_per_s"] > 0 and h["generated_tokens"] >= 8
+    r = httpx.get(srv.url + "/metrics", timeout=CLIENT_TIMEOUT_S, trust_env=False)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    m = metrics(srv)
+    assert m["engine_running_sequences"] == 0 and m["engine_waiting_sequences"] == 0
+    assert m["engine_preempted_sequences"] == 0 and m["engine_kv_blocks_free"] == m["engine_kv_blocks_total"] == 128
+    assert 0 < m["engine_prefix_cache_hit_rate"] <= 1 and m["engine_generation_tokens_per_second"] > 0
+    assert m["engine_generation_tokens_total"] >= 8 and "engine_preemptions_total" in m
+
+
 def test_an_undersized_pool_preempts_and_every_request_equals_hf_greedy(tiny32):
     """8 concurrent greedy requests whose KV at their end needs 16 blocks, in a pool of 8: optimistic admission
     preempts (by recomputation), every request completes, no 5xx, and each text equals HF generate's."""

@@ -27,6 +27,7 @@ from phases.p4_3_prefix_caching.prefix_cache import PrefixCachingAllocator
 from phases.p5_4_pool_view.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 from measure.background_server import BackgroundServer
 from phases.p5_6_http_server.server import create_app
+from tests.test_p5_3_metrics import assert_vllms_names_equal_ours, samples_of
 
 TIMEOUT_S = 30
 SYSTEM = "You are a careful assistant. Answer in one short sentence, and never make anything up. " * 3
@@ -134,6 +135,36 @@ def test_events_and_view_off_leave_the_engine_as_phase_4_3_built_it(tiny32):
             assert time.monotonic() < deadline, "the stream's observer stayed after the page left"
             complete(srv, "hi", 2)   # the server notices a gone client when it next writes to it
             time.sleep(0.05)
+
+
+# --- vLLM's metric names, over HTTP ----------------------------------------------------------
+def scrape(srv) -> dict[str, float]:
+    """Every sample of /metrics, parsed by prometheus-client (tests/test_p5_3_metrics.py)."""
+    return samples_of(httpx.get(srv.url + "/metrics", timeout=TIMEOUT_S, trust_env=False).text, srv.served)
+
+
+def test_metrics_parse_and_vllms_names_hold_our_values(tiny32):
+    # 20 blocks for 3 requests of 2 samples, each request up to 13 blocks: the pool runs dry, so preemptions count
+    srv = serve(tiny32, n_blocks=20, block_size=16, max_running=4)
+    with srv:
+        answers = []
+        threads = [threading.Thread(target=lambda i=i: answers.append(
+            complete(srv, SYSTEM + f"Q{i}?", 60, ignore_eos=True, n=2))) for i in range(3)]
+        for t in threads:
+            t.start()
+        mid = scrape(srv)            # while they run
+        for t in threads:
+            t.join(TIMEOUT_S)
+        assert len(answers) == 3
+        end = scrape(srv)
+    for m in (mid, end):
+        assert_vllms_names_equal_ours(m)
+    assert end["vllm:generation_tokens_total"] == 3 * 2 * 60
+    assert end["vllm:num_preemptions_total"] > 0
+    assert end["vllm:prefix_cache_hits_total"] > 0
+    assert end["vllm:time_to_first_token_seconds_count"] == 3
+    assert end["vllm:inter_token_latency_seconds_count"] == 3 * 2 * 59
+    assert end["vllm:num_requests_running"] == 0 and end["vllm:kv_cache_usage_perc"] == 0
 
 
 # --- the page, in a real browser ---------------------------------------------------------------
