@@ -239,9 +239,9 @@ SERVE_IDLE_S = 300       # a container with no requests for this long is stopped
 @modal.concurrent(max_inputs=SERVE_MAX_INPUTS)
 @modal.asgi_app()
 def serve_api():
-    """The FastAPI app of phases/p5_serving on SERVE_MODEL; the engine thread starts with the app."""
+    """The FastAPI app of phases/p5_6_http_server on SERVE_MODEL; the engine thread starts with the app."""
     from common.model import load_model
-    from phases.p5_serving.server import create_app
+    from phases.p5_6_http_server.server import create_app
 
     return create_app(load_model(SERVE_MODEL))
 

@@ -5,7 +5,7 @@ Runs any registered demo locally, prints its tables, saves JSON + markdown
 `--reference` under results/, the reference runs the READMEs quote.
 `--list` lists demos.
 `python -m common serve [--model M --port 8000 ...]` starts the OpenAI-compatible
-server of phase 5 instead (see phases/p5_serving).
+server of phase 5.6 instead (see phases/p5_6_http_server).
 
 Only the module that defines the chosen demo is imported (measure/demos.py),
 so a demo that needs a package missing here fails alone. Bad input (an
@@ -137,7 +137,7 @@ def check_device_and_dtype(device: str | None, dtype: str | None) -> None:
 
 def serve(argv: list[str]) -> int:
     try:
-        from phases.p5_serving.launch import main as serve_main
+        from phases.p5_6_http_server.launch import main as serve_main
     except ModuleNotFoundError as e:
         package = registry.missing_distribution(e)
         if package is None:

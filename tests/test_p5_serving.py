@@ -7,17 +7,15 @@ client call has a timeout and every wait a deadline, so nothing here can hang.
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 
 import httpx
 import openai
 import pytest
 
-from phases.p5_serving.detokenize import IncrementalDetokenizer, StopStrings, TextStream
-from phases.p5_serving.launch import BackgroundServer
-from phases.p5_serving.samples import SAMPLES
-from phases.p5_serving.server import create_app
+from measure.background_server import BackgroundServer
+from phases.p5_1_served_engine.engine import ServingEngine
+from phases.p5_6_http_server.server import create_app
 from tests.oracles import hf_greedy
 
 CLIENT_TIMEOUT_S = 30
@@ -52,7 +50,7 @@ def post(srv, path: str, content: bytes) -> httpx.Response:
                       timeout=CLIENT_TIMEOUT_S, trust_env=False)
 
 
-class RecordingEngine(SAMPLES.engine_class):
+class RecordingEngine(ServingEngine):
     """Remembers every abort of a sequence that was running, and how far it had got."""
 
     def __init__(self, *a, **kw):
@@ -82,46 +80,6 @@ def tiny_idle(tiny_srv):
 
 
 # --- detokenization and stop strings (no server) ------------------------------------------------
-def test_incremental_detokenizer_equals_full_decode(tiny32):
-    tok = tiny32.tokenizer
-    tricky = tok("Héllo 🤖 wörld — 日本語 naïve", add_special_tokens=False)["input_ids"] + [2, 1792]
-    rng = random.Random(0)
-    # random ids biased to single-byte tokens, so UTF-8 characters break at every possible place
-    cases = [tricky] + [[rng.choice([rng.randrange(260), rng.randrange(len(tok))]) for _ in range(30)]
-                        for _ in range(50)]
-    for ids in cases:
-        d = IncrementalDetokenizer(tok)
-        deltas = [d.push(i) for i in ids] + [d.flush()]
-        assert "".join(deltas) == tok.decode(ids, skip_special_tokens=True)
-    d = IncrementalDetokenizer(tok)
-    assert [d.push(i) for i in tok("日", add_special_tokens=False)["input_ids"]][-1] == "日"  # held back until whole
-
-
-def test_stop_strings_cut_before_the_stop_and_hold_back_its_prefix():
-    s = StopStrings(["STOP", "xy"])
-    released = s.push("hello S") + s.push("TO")  # "STO" might still become "STOP": held back
-    assert released == "hello " and not s.stopped
-    assert s.push("P and more") == "" and s.stopped and s.text == "hello "
-    s = StopStrings(["STOP"])
-    assert s.push("ab") == "" and s.flush() == "ab"  # the sequence ended: the held-back tail goes out
-    s = StopStrings(["b", "abc"])
-    assert s.push("zzabc") == "zz" and s.text == "zz"  # the earliest stop wins ("abc" at 2, not "b" at 3)
-    s = StopStrings(None)
-    assert s.push("anything") == "anything"
-
-
-def test_text_stream_streamed_equals_final_text(tiny32):
-    ids = tiny32.tokenizer(" one two three four five", add_special_tokens=False)["input_ids"]
-    ts = TextStream(tiny32.tokenizer, stops=["four"])
-    out = ""
-    for i in ids:
-        out += ts.push(i)
-        if ts.stopped:
-            break
-    out += ts.finish()
-    assert ts.stopped and out == ts.text == " one two three "
-
-
 # --- the HTTP API on the tiny model --------------------------------------------------------
 def test_models_and_health(tiny_idle):
     models = client(tiny_idle).models.list()
@@ -298,7 +256,7 @@ def test_full_queue_gets_503_and_pool_limits_get_400(tiny32):
         wait_idle(srv)
 
 
-class FailingEngine(SAMPLES.engine_class):
+class FailingEngine(ServingEngine):
     """Raises inside the next forward pass when told to (after admission took blocks), as a CUDA error would."""
     fail_next = False
 
@@ -352,7 +310,7 @@ def test_packaged_model_chat_equals_hf_greedy(smol32):
 
 def test_packaged_model_served_with_speculation_equals_hf_greedy(smol32):
     """`--speculative ngram`: the served answer is the plain greedy answer, made in fewer steps."""
-    from phases.p5_serving.launch import build_parser
+    from phases.p5_6_http_server.launch import build_parser
     args = build_parser().parse_args(["--speculative", "ngram", "--num-speculative-tokens", "3"])
     app = create_app(smol32, max_running=4, n_blocks=64, speculative=args.speculative,
                      num_speculative_tokens=args.num_speculative_tokens)
@@ -379,21 +337,9 @@ def test_bench_serve_quick_runs():
     assert row[1] == "3/3" and report.data["output_tok_per_s"][0] > 0
 
 
-def test_serve_workload_runs_the_served_engine_beside_3_5_and_3_7_with_the_same_outputs():
-    from measure.cli import run_demo
-    report = run_demo("serve_workload", model="tiny", device="cpu", dtype="fp32", quick=True)
-    notes = " ".join(n for t in report.tables for n in t.notes)
-    for engine in ("graphs", "served"):       # greedy, fixed lengths: every engine's tokens equal the first's
-        assert f"{engine}: 4/4 outputs identical to batched's" in notes
-    rows = report.data["results"]["equal"]
-    assert rows["served"]["tok_s"] > 0 and rows["batched"]["tok_s"] > 0
-    targets = next(t for t in report.tables if t.columns[-2:] == ["target", "met"])
-    assert {tuple(r[:2]) for r in targets.rows} == {("equal", "served / batched tok/s"), ("mixed", "served / batched tok/s")}
-
-
 def test_the_server_serves_the_last_engine_with_its_flags(tiny32):
     from phases.p4_4_preemption.engine import PreemptingEngine
-    from phases.p5_serving.launch import build_parser
+    from phases.p5_6_http_server.launch import build_parser
     engine = create_app(tiny32, n_blocks=8).state.engine.engine
     assert isinstance(engine, PreemptingEngine) and engine.prefix_caching and engine.preemption_mode == "recompute"
     args = build_parser().parse_args(["--no-prefix-caching", "--preemption-mode", "swap"])

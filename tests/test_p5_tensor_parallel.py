@@ -11,9 +11,10 @@ import openai
 import pytest
 
 from phases.p4_6_tensor_parallel import launch, use_tensor_parallel
-from phases.p5_serving.isolation import ServingEngine
-from phases.p5_serving.launch import BackgroundServer, main
-from phases.p5_serving.server import create_app
+from phases.p5_1_served_engine.engine import ServingEngine
+from measure.background_server import BackgroundServer
+from phases.p5_6_http_server.launch import main
+from phases.p5_6_http_server.server import create_app
 from tests.test_p4_6_tensor_parallel import run_recorded, trace_with_everything
 
 

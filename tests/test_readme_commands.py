@@ -94,7 +94,7 @@ def check_common(args: list[str]) -> str | None:
         return None
     name, rest = args[0], args[1:]
     if name == "serve":
-        from phases.p5_serving.launch import build_parser as serve_parser
+        from phases.p5_6_http_server.launch import build_parser as serve_parser
         return parses(serve_parser(), rest)
     if name not in registry.names():
         return f"no demo named {name!r}"

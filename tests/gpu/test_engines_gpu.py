@@ -117,14 +117,12 @@ def run_p4_1(lm, prompts):
 
 def run_p5(lm, prompts):
     """The engine the phase-5 server drives (the last of the line, prefix caching on), one sample each."""
-    from phases.p5_serving.samples import SAMPLES
-    engine = SAMPLES.engine_class(lm, max_running=MAX_RUNNING, block_size=BLOCK_SIZE, n_blocks=POOL_BLOCKS)
-    tickets = [SAMPLES.add(engine, p, 1, NEW_TOKENS, GREEDY, True) for p in prompts]
+    from phases.p5_1_served_engine.engine import ServingEngine
+    engine = ServingEngine(lm, max_running=MAX_RUNNING, block_size=BLOCK_SIZE, n_blocks=POOL_BLOCKS)
+    groups = [engine.add_group(p, NEW_TOKENS, GREEDY, True, n=1) for p in prompts]
     engine.run()
     assert_no_leak(engine.allocator)
-    # The adapter names each request's key (a group, or a seq id) and finds it from a finished sequence.
-    by_request = {SAMPLES.key_of(engine, s): s.output_ids for s in engine.finished}
-    return [by_request[SAMPLES.keys(t)[0]] for t in tickets]
+    return [g.seqs[0].output_ids for g in groups]
 
 
 ENGINES = {"p0": run_p0, "p1": run_p1, "p2_1": run_p2_1, "p2_2": run_p2_2, "p2_3": run_p2_3, "p3_3": run_p3_3,

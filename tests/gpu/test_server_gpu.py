@@ -19,10 +19,11 @@ pytestmark = pytest.mark.gpu
 for _package in ("fastapi", "uvicorn", "httpx", "openai"):
     pytest.importorskip(_package, reason=f"the phase-5 server test needs '{_package}' (see requirements.txt)")
 
-from phases.p5_serving.launch import BackgroundServer  # noqa: E402
-from phases.p5_serving.server import create_app  # noqa: E402
+from measure.background_server import BackgroundServer  # noqa: E402
+from phases.p5_6_http_server.server import create_app  # noqa: E402
 from tests.oracles import hf_greedy  # noqa: E402
-from tests.test_p5_isolation import POISON_MAX_TOKENS, PoisonedEngine, metrics  # noqa: E402
+from tests.test_p5_1_served_engine import POISON_MAX_TOKENS, PoisonedEngine  # noqa: E402
+from tests.test_p5_isolation import metrics  # noqa: E402
 from tests.test_p5_serving import PROMPT, client, post, wait_idle  # noqa: E402
 
 MAX_TOKENS = 12

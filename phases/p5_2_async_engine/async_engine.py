@@ -1,25 +1,11 @@
 """`AsyncEngine`: the served engine, stepped by one thread while requests come and go on an asyncio loop.
 
-The engine (the last of the line: samples.py) is synchronous: `add_group()` queues, `step()`
-runs one forward pass, decode tokens and prefill chunks together, and returns the tokens it made. A server
-has many clients at once, each waiting on its own tokens, on an asyncio event loop that must never block
-for a forward pass. So the engine lives in its own thread and nothing else touches it:
-
-  event loop (HTTP handlers)                 engine thread
-  --------------------------                 -------------
-  submit()  -> inbox ("add") -----------.
-  abort()   -> inbox ("abort") ---------+->  drain the inbox: engine.add_group / abort
-                                        |    engine.step()  (one batched pass for all)
-  req.events  <- call_soon_threadsafe --+--  route each StepOutput to its request
-                                             nothing to do? sleep on an Event (no spin)
-
-- Each request has its own `asyncio.Queue` of `TokenEvent`s, filled from the engine thread with
-  `loop.call_soon_threadsafe` (once per step). A client that goes away is aborted within one step.
-- The waiting line is bounded (`max_waiting`): past it `submit` raises `QueueFull` (the server answers
-  503) instead of queueing without limit or dropping anything silently.
-- A step that raises fails only its culprit (isolation.py): the tokens made before the failure are
-  delivered, the culprit's client gets the error, the others carry on (`_fail_culprits`). Only an error
-  the engine cannot recover from fails every request in it, as a shutdown does.
+The served engine (phase 5.1) is synchronous and a forward pass blocks, so it lives in a thread of its
+own that nothing else touches (the README draws the two sides). The loop posts "add" and "abort" to an
+inbox; the thread drains it between steps, steps, and hands each request its `TokenEvent`s on its own
+`asyncio.Queue` with one `loop.call_soon_threadsafe` per step. Past `max_waiting` requests that have made
+no token, `submit` raises `QueueFull`. A step that raises fails only its culprit's client
+(`_fail_culprits`); an error the engine cannot recover from fails every request in it, as a shutdown does.
 """
 
 from __future__ import annotations
@@ -34,10 +20,9 @@ from dataclasses import dataclass
 from typing import AsyncIterator
 
 from common.sampling import GREEDY, SamplingParams
-from phases.p5_serving.detokenize import TextStream
-from phases.p5_serving.isolation import StepFailed
-from phases.p5_serving.metrics import EngineStats, LatencyStats, RateMeter, snapshot
-from phases.p5_serving.samples import SAMPLES
+from phases.p4_1_copy_on_write.engine import SequenceGroup
+from phases.p5_1_served_engine.engine import StepFailed
+from phases.p5_2_async_engine.detokenize import TextStream
 
 log = logging.getLogger(__name__)
 
@@ -86,36 +71,25 @@ class Request:
         self.accepted: asyncio.Future = loop.create_future()  # resolved once the engine has queued it
         self.done = [False] * n      # loop side: samples that need nothing more from the engine
         self.waiting = True          # loop side: counts against max_waiting until its first token
-        self.ticket = None           # engine side: what SAMPLES.add returned
+        self.group: SequenceGroup | None = None   # engine side: the engine's group, its samples in order
         self.ended: set[int] = set() # engine side: samples finished or aborted
-        self.arrival = time.monotonic()        # loop side: for time to first token
-        self.last_token_at: list[float | None] = [None] * n   # loop side: per sample, for inter-token latency
+        self.arrival = time.monotonic()        # loop side: when it came
 
 
 class AsyncEngine:
-    def __init__(self, engine, max_waiting: int = DEFAULT_MAX_WAITING, samples=SAMPLES):
+    def __init__(self, engine, max_waiting: int = DEFAULT_MAX_WAITING):
         if max_waiting < 1:
             raise ValueError(f"max_waiting must be >= 1, got {max_waiting}")
-        self.engine = engine
+        self.engine = engine            # a ServingEngine
         self.max_waiting = max_waiting
-        self.samples = samples
         self.n_queued = 0                              # loop side: requests counted against max_waiting
         self._inbox: deque[tuple[str, Request, int | None]] = deque()
         self._wake = threading.Event()
-        self._owner: dict[object, Request] = {}        # engine side: sample key -> request
+        self._owner: dict[SequenceGroup, Request] = {}  # engine side: the engine's group -> its request
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
-        self.n_generated = 0                           # engine side: tokens routed to requests
-        self.n_requests_failed = 0                     # engine side: requests a failed step failed
-        self.token_rate = RateMeter()
-        self.latency = LatencyStats()                  # loop side: time to first token, inter-token latency
-        self.stats: EngineStats = self._snapshot()
-        # Callables (engine, outputs) the engine thread runs after each step: the pool view while a page
-        # watches, the KV events while they are on. A tuple, replaced whole (never mutated), so the engine
-        # thread reads the old one or the new one; empty, the step pays one loop over nothing.
-        self.step_observers: tuple = ()
 
     # --- lifecycle (event loop) -------------------------------------------------------
     def start(self) -> None:
@@ -219,26 +193,10 @@ class AsyncEngine:
             req.accepted.set_exception(error)
 
     def _deliver(self, batch: dict[Request, list]) -> None:
-        now = time.monotonic()
         for req, events in batch.items():
             self._started(req)
             for ev in events:
-                if isinstance(ev, TokenEvent):
-                    self._time(req, ev.index, now)
                 req.events.put_nowait(ev)
-
-    def _time(self, req: Request, index: int, now: float) -> None:
-        """Time to first token (a request's first token, any sample), inter-token latency (per sample)."""
-        if all(t is None for t in req.last_token_at):
-            self.latency.ttft.observe(now - req.arrival)
-        elif req.last_token_at[index] is not None:
-            self.latency.itl.observe(now - req.last_token_at[index])
-        req.last_token_at[index] = now
-
-    def call_on_engine(self, fn) -> None:
-        """Run `fn()` on the engine thread between two steps (reading or changing the engine safely)."""
-        self._inbox.append(("call", fn, None))
-        self._wake.set()
 
     # --- engine thread ----------------------------------------------------------------
     def _post(self, op: str, req: Request, index: int | None = None) -> None:
@@ -251,13 +209,9 @@ class AsyncEngine:
         except RuntimeError:
             pass  # the event loop is closed: nobody is left to tell
 
-    def _snapshot(self) -> EngineStats:
-        return snapshot(self.engine, self.n_generated, self.n_requests_failed)
-
     def _run(self) -> None:
         while True:
             self._drain()
-            self.stats = self._snapshot()  # one reference assignment: readers see old or new, never half
             if self._stopping:
                 break
             if not self.engine.has_work:
@@ -276,39 +230,17 @@ class AsyncEngine:
                 self._fail_all(EngineFailed(f"engine step failed: {type(e).__name__}: {e}"))
                 continue
             self._dispatch(outputs)
-            for observe in self.step_observers:
-                self._observe(observe, outputs)
             # The engine keeps every finished Sequence for `run()`'s answer; a server
             # that runs for days must not, and has already routed their tokens.
             self.engine.finished.clear()
         self._fail_all(EngineFailed("the server is shutting down"))
-        self.stats = self._snapshot()
-
-    def _observe(self, observe, outputs) -> None:
-        try:
-            observe(self.engine, outputs)
-        except Exception:  # noqa: BLE001 - a broken watcher must not stop the engine: it is dropped
-            log.exception("a step observer raised; it is removed")
-            self.remove_step_observer(observe)
-
-    def add_step_observer(self, observe) -> None:
-        self.step_observers = (*self.step_observers, observe)
-
-    def remove_step_observer(self, observe) -> None:
-        # `!=`, not `is not`: a bound method is a new object at each access (equal, never identical)
-        self.step_observers = tuple(o for o in self.step_observers if o != observe)
 
     def _drain(self) -> None:
         while self._inbox:
             op, req, index = self._inbox.popleft()
             if op == "add":
                 self._add(req)
-            elif op == "call":    # (call_on_engine: the second item is the function)
-                try:
-                    req()
-                except Exception:  # noqa: BLE001 - a failed call fails alone, never the engine thread
-                    log.exception("a call on the engine thread raised")
-            elif req.ticket is not None:
+            elif req.group is not None:
                 self._abort(req, index)
 
     def _add(self, req: Request) -> None:
@@ -316,31 +248,27 @@ class AsyncEngine:
             self._call(self._settle, req, EngineFailed("the server is shutting down"))
             return
         try:
-            req.ticket = self.samples.add(self.engine, req.prompt_ids, req.n, req.max_tokens,
-                                          req.sampling, req.ignore_eos)
+            # One group of n samples: the prompt is prefilled once and its samples share its blocks;
+            # sample i draws with seed + i, so a seed makes the request reproducible.
+            req.group = self.engine.add_group(req.prompt_ids, req.max_tokens, req.sampling, req.ignore_eos, n=req.n)
         except ValueError as e:
             self._call(self._settle, req, e)
             return
-        for key in self.samples.keys(req.ticket):
-            self._owner[key] = req
+        self._owner[req.group] = req
         self._call(self._settle, req, None)
 
     def _abort(self, req: Request, index: int | None) -> None:
-        self.samples.abort(self.engine, req.ticket, index)
+        if index is None:
+            self.engine.abort_group(req.group)
+        else:
+            self.engine.abort(req.group.seqs[index])   # the group's members are in sample order
         self._ended(req, range(req.n) if index is None else [index])
 
     def _ended(self, req: Request, indices) -> None:
         req.ended.update(indices)
         if len(req.ended) == req.n:  # nothing more will come for it: forget it
-            for key in self.samples.keys(req.ticket):
-                self._owner.pop(key, None)
-            self.samples.forget(self.engine, req.ticket)
-
-    def label_of(self, seq) -> str | None:
-        """The label (the API's response id) of the request `seq` serves; None once it is over. Engine thread."""
-        key = self.samples.key_of(self.engine, seq)
-        req = self._owner.get(key) if key is not None else None
-        return req.label if req is not None else None
+            self._owner.pop(req.group, None)
+            self.engine.forget(req.group)
 
     @staticmethod
     def _labels(reqs) -> list[str]:
@@ -348,26 +276,22 @@ class AsyncEngine:
 
     def _fail_culprits(self, failure: StepFailed) -> None:
         """Tell the culprits' clients; log the failure with its traceback and who it touched."""
-        culprits = [self._owner[key] for g in failure.failed for key in self.samples.keys(g) if key in self._owner]
-        retried = [self._owner[key] for g in failure.retried for key in self.samples.keys(g) if key in self._owner]
+        culprits = [self._owner[g] for g in failure.failed if g in self._owner]
+        retried = [self._owner[g] for g in failure.retried if g in self._owner]
         log.error("engine step %d failed: %s; failed: %s; rolled back to retry in narrower passes: %s",
                   self.engine.n_steps, failure, self._labels(culprits) or "none", self._labels(retried) or "none",
                   exc_info=(type(failure.error), failure.error, failure.error.__traceback__))
-        for req in {id(r): r for r in culprits}.values():
-            self.n_requests_failed += 1
+        for req in culprits:
             self._ended(req, range(req.n))
             self._call(self._deliver, {req: [EngineFailed(f"engine step failed on this request: {failure}")]})
 
     def _dispatch(self, outputs) -> None:
-        self.n_generated += len(outputs)
-        if outputs:
-            self.token_rate.add(len(outputs))
         batch: dict[Request, list[TokenEvent]] = defaultdict(list)
         for out in outputs:
-            req = self._owner.get(self.samples.key_of(self.engine, out.seq))
+            req = self._owner.get(self.engine.group_or_none(out.seq))
             if req is None:
                 continue
-            index = self.samples.index_of(req.ticket, out.seq)
+            index = req.group.index(out.seq)   # the parent is sample 0
             batch[req].append(TokenEvent(index, out.token_id, out.finished,
                                          out.seq.finish_reason if out.finished else None))
             if out.finished:
@@ -377,9 +301,9 @@ class AsyncEngine:
 
     def _fail_all(self, error: EngineFailed) -> None:
         """Abort every request in the engine and tell its client (a step raised, or shutdown)."""
-        for req in {id(r): r for r in self._owner.values()}.values():
-            self.samples.abort(self.engine, req.ticket)
-            self.samples.forget(self.engine, req.ticket)
+        for req in list(self._owner.values()):
+            self.engine.abort_group(req.group)
+            self.engine.forget(req.group)
             self._call(self._deliver, {req: [error]})
         self._owner.clear()
         # Sequences nobody owns any more (e.g. caught mid-step) must not hold blocks either.

@@ -1,6 +1,7 @@
 """What `/health` and `/metrics` report: a snapshot of the engine, and the Prometheus exposition of it.
 
-The engine thread takes an `EngineStats` snapshot after every step (one
+`MeteredAsyncEngine` is the async engine, measured: its engine thread takes
+an `EngineStats` snapshot after every step (one
 reference assignment: a reader sees the old one or the new one, never half
 of each), so the HTTP handlers never touch the engine. `/metrics` turns the
 latest snapshot into Prometheus' text format with the `prometheus-client`
@@ -21,11 +22,13 @@ from bisect import bisect_left
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
+from weakref import WeakKeyDictionary
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from phases.p4_4_preemption.engine import PREEMPTED
+from phases.p5_2_async_engine.async_engine import AsyncEngine, TokenEvent
 
 TOKEN_RATE_WINDOW_S = 10.0
 METRIC_PREFIX = "engine"
@@ -135,6 +138,61 @@ class LatencyStats:
     def __init__(self):
         self.ttft = Histogram(TTFT_BUCKETS_S)
         self.itl = Histogram(ITL_BUCKETS_S)
+
+
+class MeteredAsyncEngine(AsyncEngine):
+    """Phase 5.2's async engine, measured: a snapshot of the engine after every drain of the inbox (so after every
+    step, and while idle), the tokens handed out, the requests failed, the token rate, TTFT and ITL."""
+
+    def __init__(self, engine, **kwargs):
+        super().__init__(engine, **kwargs)
+        self.n_generated = 0                           # engine side: tokens the engine made
+        self.n_requests_failed = 0                     # engine side: requests a failed step failed
+        self.token_rate = RateMeter()
+        self.latency = LatencyStats()                  # loop side: time to first token, inter-token latency
+        # loop side: request -> when each sample's last token came; an entry goes with its request
+        self._last_token_at: WeakKeyDictionary = WeakKeyDictionary()
+        self.stats: EngineStats = self._snapshot()
+
+    def _snapshot(self) -> EngineStats:
+        return snapshot(self.engine, self.n_generated, self.n_requests_failed)
+
+    # --- engine thread ----------------------------------------------------------------
+    def _drain(self) -> None:
+        super()._drain()
+        self.stats = self._snapshot()  # one reference assignment: readers see old or new, never half
+
+    def _fail_all(self, error) -> None:
+        super()._fail_all(error)
+        self.stats = self._snapshot()
+
+    def _dispatch(self, outputs) -> None:
+        self.n_generated += len(outputs)
+        if outputs:
+            self.token_rate.add(len(outputs))
+        super()._dispatch(outputs)
+
+    def _fail_culprits(self, failure) -> None:
+        self.n_requests_failed += sum(g in self._owner for g in failure.failed)
+        super()._fail_culprits(failure)
+
+    # --- event loop -------------------------------------------------------------------
+    def _deliver(self, batch: dict) -> None:
+        now = time.monotonic()
+        for req, events in batch.items():
+            for ev in events:
+                if isinstance(ev, TokenEvent):
+                    self._time(req, ev.index, now)
+        super()._deliver(batch)
+
+    def _time(self, req, index: int, now: float) -> None:
+        """Time to first token (a request's first token, any sample), inter-token latency (per sample)."""
+        last = self._last_token_at.setdefault(req, [None] * req.n)
+        if all(t is None for t in last):
+            self.latency.ttft.observe(now - req.arrival)
+        elif last[index] is not None:
+            self.latency.itl.observe(now - last[index])
+        last[index] = now
 
 
 class EngineCollector:

@@ -24,7 +24,7 @@ from measure.report import Report
 from measure.workload_bench import run_workload_bench, workload_options
 from phases.p3_6_batched_engine.demo import BATCHED
 from phases.p3_10_cuda_graphs.demo import GRAPHS, prefilled_graph_engine, run_graphs
-from phases.p5_serving.samples import ServingEngine
+from phases.p5_1_served_engine.engine import ServingEngine
 
 SERVED = EngineRunner("served", "ServingEngine (p5): the served engine, every layer of phases 4.1-5 on 3.10's "
                       "static decode step", partial(run_graphs, engine_cls=ServingEngine))
@@ -35,7 +35,7 @@ TARGETS = {  # (workload, faster, slower) -> the ratio this phase aims for: the 
 }
 
 
-@demo("serve_workload", phase="p5",
+@demo("serve_workload", phase="p5_1",
       help="workload_bench's equal and mixed work through the served engine, phase 3.6's and 3.10's engines",
       options=workload_options(["batched", "graphs", "served"], ["hf_static", "batched", "graphs", "served"],
                                [e.name for e in ENGINES] + ["hf_cb"]))

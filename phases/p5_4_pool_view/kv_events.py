@@ -16,12 +16,10 @@ vLLM's decodes ours:
 `ZmqEventPublisher` sends them: [topic, sequence number (8 bytes, big-endian), msgpack payload]; a
 subscriber that sees a gap in the numbers knows it missed a batch.
 
-Where they come from: `EventRecordingAllocator` is phase 4.3's `PrefixCachingAllocator` that notes an
-event where the table changes: `register` of a new entry (BlockStored), `_forget` of an evicted one
-(BlockRemoved), and `reset_prefix_cache` (AllBlocksCleared). The server picks it only when events are asked for
-(`--kv-events-endpoint`), so with events off the engine runs phase 4.3's allocator, unchanged, and
-does no work for them. One BlockStored names one block (vLLM batches a run of blocks into one event:
-a consumer reads both the same way, block by block along `block_hashes`).
+`EventRecordingAllocator` is phase 4.3's allocator noting an event where its table changes: `register`
+of a new entry (BlockStored), `_forget` of an evicted one (BlockRemoved), `reset_prefix_cache`
+(AllBlocksCleared); with events off the engine runs phase 4.3's allocator, unchanged. One BlockStored
+names one block (vLLM may batch a run: a consumer reads both block by block along `block_hashes`).
 """
 
 from __future__ import annotations

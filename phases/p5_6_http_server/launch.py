@@ -1,16 +1,12 @@
-"""Run the server: `python -m common serve` (the command), or `BackgroundServer` (tests, the benchmark).
+"""Run the server: `python -m common serve`, its flags (`--help`), and uvicorn on the app.
 
-`BackgroundServer` runs uvicorn in a daemon thread on a port the OS picks on
-127.0.0.1 (never another address): the socket is bound here first, so the
-port is known before the server starts and no other process can take it.
+Tests, the benchmark and the notebook serve the app in-process instead, with
+`measure.background_server.BackgroundServer` (uvicorn in a thread on a free port).
 """
 
 from __future__ import annotations
 
 import argparse
-import socket
-import threading
-import time
 
 import uvicorn
 
@@ -19,57 +15,11 @@ from phases.p3_6_batched_engine.engine import DEFAULT_MAX_RUNNING
 from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from phases.p4_4_preemption.engine import PREEMPTION_MODES
 from phases.p4_5_speculative_decoding.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, SPECULATIVE_METHODS
-from phases.p5_serving.async_engine import DEFAULT_MAX_WAITING
+from phases.p5_2_async_engine.async_engine import DEFAULT_MAX_WAITING
 
 LOCALHOST = "127.0.0.1"
 DEFAULT_PORT = 8000
-STARTUP_TIMEOUT_S = 30
-SHUTDOWN_TIMEOUT_S = 15
 GRACEFUL_SHUTDOWN_S = 2  # open streams get this long to finish before uvicorn cancels them
-STARTUP_POLL_S = 0.02
-
-
-class BackgroundServer:
-    """`with BackgroundServer(app) as srv:` ... `srv.base_url` is `http://127.0.0.1:<port>/v1`."""
-
-    def __init__(self, app, log_level: str = "warning"):
-        self.app = app
-        self.log_level = log_level
-        self.port: int | None = None
-        self._server: uvicorn.Server | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{LOCALHOST}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return self.url + "/v1"
-
-    def __enter__(self) -> "BackgroundServer":
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((LOCALHOST, 0))
-        self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, log_level=self.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        name=f"uvicorn-{self.port}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.__exit__(None, None, None)
-                raise RuntimeError(f"the server did not start on {self.url} within {STARTUP_TIMEOUT_S} s")
-            time.sleep(STARTUP_POLL_S)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(SHUTDOWN_TIMEOUT_S)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from common.model import load_model
-    from phases.p5_serving.server import create_app
+    from phases.p5_6_http_server.server import create_app
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -135,16 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                      draft_layers=args.draft_layers, kv_events_endpoint=args.kv_events_endpoint,
                      kv_events_topic=args.kv_events_topic, tensor_parallel=group)
     pool = app.state.engine.engine.allocator
-    print(f"serving '{lm.name}' ({lm.device}, {str(lm.dtype).removeprefix('torch.')}) on "
-          f"http://{args.host}:{args.port}/v1  - KV pool {pool.n_blocks} blocks x {pool.block_size} tokens, "
-          f"max_running {args.max_running}, max_waiting {args.max_waiting}, "
-          f"max_num_batched_tokens {args.max_num_batched_tokens}, "
-          f"prefix caching {'off' if args.no_prefix_caching else 'on'}, preemption by {args.preemption_mode}, "
-          f"speculative decoding {args.speculative or 'off'}, "
-          f"tensor parallel size {args.tensor_parallel_size}, "
-          f"KV events {'on ' + args.kv_events_endpoint if args.kv_events_endpoint else 'off'}; "
-          f"the pool: http://{args.host}:{args.port}/pool",
-          flush=True)
+    settings = ", ".join(f"{k} {v}" for k, v in vars(args).items() if k not in ("host", "port", "model"))
+    print(f"serving '{lm.name}' on http://{args.host}:{args.port}/v1 (the pool, live: /pool): KV pool "
+          f"{pool.n_blocks} blocks x {pool.block_size} tokens; {settings}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     return 0

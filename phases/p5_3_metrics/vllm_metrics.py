@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from phases.p5_serving.metrics import EngineStats
+from phases.p5_3_metrics.metrics import EngineStats
 
 VLLM_PREFIX = "vllm"
 

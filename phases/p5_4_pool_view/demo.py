@@ -35,10 +35,9 @@ from phases.p4_2_beam_search.engine import BeamSearchEngine
 from phases.p4_3_prefix_caching.demo import request_ids
 from phases.p4_3_prefix_caching.engine import PrefixCachingEngine
 from phases.p4_4_preemption.engine import PREEMPTION_MODES, PreemptingEngine
-from phases.p5_serving.pool_stream import counters, pool_frame
+from phases.p5_4_pool_view.pool_stream import POOL_PAGE as PAGE, counters, pool_frame
 
 REPLAYS = ("tput", "cow_demo", "share_demo", "prefix_demo", "preempt_demo")
-PAGE = Path(__file__).resolve().parent / "pool_page"
 MAX_STEPS = 5000            # a replay longer than this is cut (a page keeps 5000 frames)
 TPUT_POOL_BLOCKS = 64       # tput's pool: room for the four running, so nobody waits for blocks
 PREFIX_POOL_BLOCKS = 64     # prefix_demo's pool: room for a few prompts, so the oldest are evicted
@@ -125,7 +124,7 @@ def write_replay(report: Report, folder: Path) -> Path:
     return path
 
 
-@demo("pool_replay", phase="p5", writes=write_replay,
+@demo("pool_replay", phase="p5_4", writes=write_replay,
       help="a demo's run (tput, cow_demo, share_demo, prefix_demo, preempt_demo) as one HTML file that draws the pool step by step",
       options=[Option("of", str, cpu="cow_demo", choices=REPLAYS, positional=True, help="the demo to replay"),
                Option("n", int, cpu=3,

@@ -1,26 +1,10 @@
 """`create_app(lm)`: an OpenAI-compatible HTTP API (FastAPI) over the async engine.
 
-Routes: `POST /v1/completions`, `POST /v1/chat/completions` (both with
-`stream: true` as server-sent events ending in `data: [DONE]`),
-`GET /v1/models`, `GET /health`, `GET /metrics` (Prometheus, our names and vLLM's),
-`GET /pool` (the KV pool, live: pool_page/, fed by `GET /pool/stream`), `POST /reset_prefix_cache`.
-KV events in vLLM's format go out on a ZMQ socket when `kv_events_endpoint` is given (kv_events.py).
-
-What a request goes through:
-  1. validation (protocol.py)        -> 400 with an OpenAI error body, `param` naming the field
-  2. model name                      -> 404 if it is not the one served
-  3. tokenize (chat template for chat), check prompt + max_tokens fit the context -> 400
-  4. AsyncEngine.submit              -> the engine's own checks (SamplingParams, the pool) -> 400;
-                                        503 when the waiting line is full
-  5. text deltas from the engine thread, as SSE chunks or one JSON body.
-A client that disconnects is aborted, which frees its KV blocks at once. A
-step that fails on this request (isolation.py) answers 500, or an error
-event inside the stream; the other requests of that step carry on.
-
-The routes are module-level functions: what they need of one server (the
-model, the async engine, the served name) is a `ServerState` on
-`app.state.server`, which `create_app` builds, so every server in one
-process (tests start several) has its own.
+Routes: `POST /v1/completions` and `POST /v1/chat/completions` (with `stream: true`, server-sent events
+ending in `data: [DONE]`), `GET /v1/models`, `/health`, `/metrics`, `/pool` (and its stream and files),
+`POST /reset_prefix_cache`. The README lists what a request goes through, and the status of each refusal.
+The routes are module-level functions: what they need of one server is a `ServerState` on
+`app.state.server`, so every server in one process (tests start several) has its own.
 """
 
 from __future__ import annotations
@@ -30,32 +14,30 @@ import json
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_6_batched_engine.engine import DEFAULT_MAX_RUNNING
 from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from phases.p4_5_speculative_decoding.engine import DEFAULT_NUM_SPECULATIVE_TOKENS
 from phases.p4_6_tensor_parallel.engine import use_tensor_parallel
-from phases.p5_serving import protocol as P
-from phases.p5_serving.async_engine import DEFAULT_MAX_WAITING, AsyncEngine, EngineFailed, QueueFull
-from phases.p5_serving.formats import ChatFormat, CompletionFormat
-from phases.p5_serving.kv_events import (DEFAULT_KV_EVENTS_TOPIC, EventRecordingAllocator, KVEvents,
+from phases.p5_5_openai_api import protocol as P
+from phases.p5_5_openai_api.errors import APIError, add_error_handlers
+from phases.p5_1_served_engine.engine import ServingEngine
+from phases.p5_2_async_engine.async_engine import DEFAULT_MAX_WAITING, EngineFailed, QueueFull
+from phases.p5_5_openai_api.formats import ChatFormat, CompletionFormat
+from phases.p5_4_pool_view.kv_events import (DEFAULT_KV_EVENTS_TOPIC, EventRecordingAllocator, KVEvents,
                                          ZmqEventPublisher, reset_prefix_cache)
-from phases.p5_serving.metrics import exposition, metrics_registry
-from phases.p5_serving.pool_stream import PoolWatch
-from phases.p5_serving.samples import SAMPLES
-from phases.p5_serving.vllm_metrics import VllmCollector
+from phases.p5_3_metrics.metrics import exposition, metrics_registry
+from phases.p5_4_pool_view.pool_stream import POOL_PAGE, PoolWatch
+from phases.p5_4_pool_view.watched import WatchedAsyncEngine
+from phases.p5_3_metrics.vllm_metrics import VllmCollector
 
 DISCONNECT_POLL_S = 0.25   # how often a non-streamed request checks that its client is still there
 RETRY_AFTER_S = 1          # what a 503 suggests
 SSE_DONE = "data: [DONE]\n\n"
-POOL_PAGE = Path(__file__).resolve().parent / "pool_page"   # index.html, pool.css, pool.js
 POOL_FILES = {"pool.css": "text/css", "pool.js": "text/javascript"}
 
 
@@ -63,7 +45,7 @@ POOL_FILES = {"pool.css": "text/css", "pool.js": "text/javascript"}
 class ServerState:
     """One server: what its routes read."""
     lm: object               # the LoadedModel
-    aengine: AsyncEngine
+    aengine: WatchedAsyncEngine
     served: str              # the model name clients must send
     started: int             # unix time, for /v1/models
     metrics: object          # its prometheus-client registry
@@ -73,43 +55,6 @@ class ServerState:
 
 def _state(request: Request) -> ServerState:
     return request.app.state.server
-
-
-# --- errors, all in OpenAI's shape ------------------------------------------------------
-class APIError(Exception):
-    def __init__(self, status: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
-        self.headers = headers
-
-
-def _error(status: int, message: str, type: str, param=None, code=None, headers=None) -> JSONResponse:
-    return JSONResponse(P.error_body(message, type, param, code), status_code=status, headers=headers)
-
-
-async def on_api_error(request: Request, e: APIError):
-    return _error(e.status, e.message, e.type, e.param, e.code, e.headers)
-
-
-async def on_invalid_request(request: Request, e: RequestValidationError):
-    err = e.errors()[0] if e.errors() else {}
-    if err.get("type") == "json_invalid":
-        return _error(400, f"the request body is not valid JSON: {err.get('ctx', {}).get('error', '')}",
-                      "invalid_request_error")
-    loc = [str(p) for p in err.get("loc", []) if p != "body"]
-    param = ".".join(loc) or None
-    msg = err.get("msg", "invalid request").removeprefix("Value error, ")
-    return _error(400, f"{param}: {msg}" if param else msg, "invalid_request_error", param)
-
-
-async def on_http_error(request: Request, e: StarletteHTTPException):
-    kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-    return _error(e.status_code, str(e.detail), kind)
-
-
-async def on_crash(request: Request, e: Exception):
-    return _error(500, f"internal error: {type(e).__name__}: {e}", "server_error")
 
 
 def _sse(payload) -> str:
@@ -273,7 +218,7 @@ async def _generate(request: Request, state: ServerState, body: P._Sampling, pro
     return await _collect(request, state.aengine, req, body, fmt)
 
 
-async def _stream(aengine: AsyncEngine, req, body: P._Sampling, fmt):
+async def _stream(aengine: WatchedAsyncEngine, req, body: P._Sampling, fmt):
     n_tokens = [0] * req.n
     try:
         for chunk in fmt.opening(req.n):
@@ -290,7 +235,7 @@ async def _stream(aengine: AsyncEngine, req, body: P._Sampling, fmt):
     yield SSE_DONE
 
 
-async def _collect(request: Request, aengine: AsyncEngine, req, body: P._Sampling, fmt):
+async def _collect(request: Request, aengine: WatchedAsyncEngine, req, body: P._Sampling, fmt):
     texts, reasons, n_tokens = [""] * req.n, [None] * req.n, [0] * req.n
 
     async def run():
@@ -340,7 +285,7 @@ def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DE
                kv_events_topic: str = DEFAULT_KV_EVENTS_TOPIC, tensor_parallel=None) -> FastAPI:
     """The app for one loaded model.
 
-    The engine is the last of the line (samples.py) unless one is given: prefix caching on unless
+    The engine is a `ServingEngine` (phase 5.1) unless one is given: prefix caching on unless
     `prefix_caching=False`, preemption by recomputation unless `preemption_mode="swap"`, long prompts
     prefilled in chunks of at most `max_num_batched_tokens` tokens per step (decode tokens included), and
     speculative decoding when `speculative` names a method ("ngram", or "draft": a self-draft of `draft_layers`).
@@ -357,15 +302,14 @@ def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DE
             raise ValueError("speculative='draft' is not supported under tensor parallelism; use 'ngram'")
         allocator = EventRecordingAllocator.for_model(lm, block_size=block_size, n_blocks=n_blocks) \
             if events_on else None
-        engine = SAMPLES.engine_class(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks,
-                                      prefix_caching=prefix_caching, preemption_mode=preemption_mode,
-                                      max_num_batched_tokens=max_num_batched_tokens, speculative=speculative,
-                                      num_speculative_tokens=num_speculative_tokens, draft_layers=draft_layers,
-                                      allocator=allocator,
-                                      **({} if tensor_parallel is None else {"cuda_graphs": False}))
+        engine = ServingEngine(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks,
+                               prefix_caching=prefix_caching, preemption_mode=preemption_mode,
+                               max_num_batched_tokens=max_num_batched_tokens, speculative=speculative,
+                               num_speculative_tokens=num_speculative_tokens, draft_layers=draft_layers,
+                               allocator=allocator, **({} if tensor_parallel is None else {"cuda_graphs": False}))
         if tensor_parallel is not None:
             use_tensor_parallel(engine, tensor_parallel)
-    aengine = AsyncEngine(engine, max_waiting=max_waiting)
+    aengine = WatchedAsyncEngine(engine, max_waiting=max_waiting)
     served = model_name or lm.name
     kv_events = None
     if events_on:
@@ -376,9 +320,6 @@ def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DE
                                    metrics_registry(aengine, VllmCollector(aengine, served)), PoolWatch(aengine),
                                    kv_events)
     app.state.engine = aengine
-    app.add_exception_handler(APIError, on_api_error)
-    app.add_exception_handler(RequestValidationError, on_invalid_request)
-    app.add_exception_handler(StarletteHTTPException, on_http_error)
-    app.add_exception_handler(Exception, on_crash)
+    add_error_handlers(app)
     app.include_router(router)
     return app

@@ -28,14 +28,14 @@ from __future__ import annotations
 from measure.demos import RunConfig, demo
 from measure.report import Report
 from measure.serve_bench import ServingStack, bench_serve_options, plot_bench_serve, run_bench_serve
-from phases.p5_serving.launch import BackgroundServer
-from phases.p5_serving.server import create_app
+from measure.background_server import BackgroundServer
+from phases.p5_6_http_server.server import create_app
 
 # The app keeps its AsyncEngine in app.state.engine; the engine it steps is that one's `.engine`.
 STACK = ServingStack(create_app=create_app, serve=BackgroundServer, engine_of=lambda app: app.state.engine.engine)
 
 
-@demo("bench_serve", phase="p5", options=bench_serve_options(), plot=plot_bench_serve,
+@demo("bench_serve", phase="p5_6", options=bench_serve_options(), plot=plot_bench_serve,
       help="OpenAI-compatible server under Poisson load: req/s, output tok/s, TTFT and ITL p50/p99 per request "
            "rate; --workload fewshot (prefix caching on vs off) or undersized (preemption under load)")
 def bench_serve(cfg: RunConfig) -> Report:

@@ -9,15 +9,10 @@
     queues   waiting, running, swapped (sequence ids, in queue order)
     step     what this step did: preemptions, copy-on-write copies, prefix-hit blocks, who finished
 
-The owners of a block are the sequences whose table lists it, so the frame sends each table once
-(`seqs[i].blocks`) and the page inverts it; refs[b] is the allocator's own count, and the page checks
-the two agree. Any engine of phases 3.6-5 gives a frame: what one has not (a prefix cache, a swap
-space) is empty.
-
-`PoolWatch` streams frames to the pages that watch, and costs the engine nothing while none does:
-its observer is on the async engine only between the first page's arrival and the last one's leaving.
-The engine thread builds the frame (a few list copies) and hands it to the event loop; each page has a
-short queue of its own, and a page that falls behind loses its oldest frames, never slowing the engine.
+The frame sends each block table once and the page inverts them into each block's owners, checked
+against the allocator's own refs[b]. Any engine of phases 3.6-5 gives a frame (what one has not, a
+prefix cache or a swap space, is empty). `PoolWatch` streams frames to the pages watching a
+`WatchedAsyncEngine`, and observes it only while one does.
 """
 
 from __future__ import annotations
@@ -25,9 +20,11 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 
 from phases.p2_2_scheduler.sequence import Status
 
+POOL_PAGE = Path(__file__).resolve().parent / "pool_page"   # index.html, pool.css, pool.js: draws the frames
 PAGE_QUEUE_FRAMES = 64   # frames a slow page may fall behind before it loses the oldest
 GONE_CHECK_S = 0.5       # how often a stream checks that its page is still there (idle, it sends a comment)
 

@@ -4,7 +4,7 @@ from the async engine and hand them to one of these."""
 
 from __future__ import annotations
 
-from phases.p5_serving import protocol as P
+from phases.p5_5_openai_api import protocol as P
 
 
 class CompletionFormat:

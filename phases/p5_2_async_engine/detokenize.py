@@ -1,26 +1,13 @@
 """Tokens in, text out, one token at a time: incremental detokenization and stop strings.
 
-A streaming server must send text as each token arrives, but a token is not
-a piece of text: a byte-level BPE token can be half of a UTF-8 character
-(`'日'` is three byte-tokens; the first two decode to `'\ufffd'`), and a
-decoder may treat the first token of a string differently from the same
-token in the middle. Decoding each token on its own therefore garbles text,
-and decoding the whole output again at every step costs O(n) per token.
-
-`IncrementalDetokenizer` keeps two offsets into the output ids, as vLLM
-does: `prefix_offset..read_offset` is a few tokens already sent (context for
-the decoder) and `read_offset..` the tokens not yet sent. Each step decodes
-only that small window twice and sends the difference, and holds back
-while the window ends in an unfinished character.
-
-`StopStrings` watches the text for the request's `stop` strings. When one
-appears the text is cut just before it (OpenAI semantics: the stop string is
-not returned) and the caller ends the sequence. While streaming it holds back
-the last `len(longest stop) - 1` characters, since they might be the start
-of a stop string that the next token completes.
-
-`TextStream` is both, for one sampled sequence. The streamed deltas
-concatenate to exactly `text`, which is what a non-streamed response returns.
+A byte-level BPE token can be half of a UTF-8 character (`'日'` is three byte-tokens; the first two decode
+to `'\ufffd'`), so decoding each token alone garbles text, and decoding the whole output at every step
+costs O(n) per token. `IncrementalDetokenizer` keeps two offsets into the ids, as vLLM does:
+`prefix_offset..read_offset` is a few tokens already sent (context for the decoder), `read_offset..` the
+ones not yet sent; it decodes that window twice, sends the difference, and holds back while the window
+ends in an unfinished character. `StopStrings` cuts the text just before a stop string (OpenAI's rule)
+and holds back `len(longest stop) - 1` characters that might start one. `TextStream` is both, for one
+sample: its deltas concatenate to exactly `text`, what a non-streamed answer returns.
 """
 
 from __future__ import annotations
