@@ -682,9 +682,19 @@ QUICK: dict[str, list[str]] = {
              "tests/test_p4_5_speculative.py::test_seeded_acceptance_draws_are_reproducible"],
     "p4_6": ["tests/test_p4_6_tensor_parallel.py::test_split_cuts_contiguous_ranges_that_cover_everything",
              "tests/test_p4_6_tensor_parallel.py::test_a_pass_message_decodes_to_the_batch_it_encoded"],
-    "p5": ["tests/test_p5_serving.py::test_completion_equals_hf_greedy_and_streamed_text_equals_plain",
-           "tests/test_p5_serving.py::test_invalid_requests_get_openai_error_bodies",
-           "tests/test_p5_isolation.py::test_a_poisoned_request_fails_alone_beside_a_valid_stream"],
+    "p5_1": ["tests/test_p5_1_served_engine.py::test_a_fork_that_fails_half_way_rolls_back",
+             "tests/test_p5_1_served_engine.py::test_the_served_engine_fails_only_the_group_whose_fork_failed"],
+    "p5_2": ["tests/test_p5_2_async_engine.py::"
+             "test_the_async_engine_streams_each_client_its_text_and_a_client_that_leaves_is_aborted",
+             "tests/test_p5_2_async_engine.py::test_stop_strings_cut_before_the_stop_and_hold_back_its_prefix"],
+    "p5_3": ["tests/test_p5_3_metrics.py::test_the_metered_engine_counts_what_it_served_and_vllms_names_equal_ours"],
+    "p5_4": ["tests/test_p5_4_pool_frames.py::test_a_frame_shows_samples_sharing_their_prompt_blocks_until_they_finish",
+             "tests/test_p5_4_pool_frames.py::test_the_watched_engine_runs_observers_after_steps_and_calls_between_them"],
+    "p5_5": ["tests/test_p5_5_openai_api.py::test_defaults_and_vllms_extensions",
+             "tests/test_p5_5_openai_api.py::test_the_two_endpoints_shape_the_same_deltas"],
+    "p5_6": ["tests/test_p5_serving.py::test_completion_equals_hf_greedy_and_streamed_text_equals_plain",
+             "tests/test_p5_serving.py::test_invalid_requests_get_openai_error_bodies",
+             "tests/test_p5_isolation.py::test_a_poisoned_request_fails_alone_beside_a_valid_stream"],
     TOOLS: ["tests/test_layering.py::test_no_phase_names_a_later_one"],
 }
 QUICK_TIMEOUT_S, TIMEOUT_S = 120, 900     # a lesson's quick tests take seconds; all its own tests, minutes

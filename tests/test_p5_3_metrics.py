@@ -1,7 +1,7 @@
 """Phase 5.3: the metered async engine, driven directly on an event loop (no HTTP): its Prometheus exposition,
 parsed by prometheus-client's parser, counts what it served (tokens, TTFT and ITL observations, preemptions,
 prefix hits), and every vLLM-named series equals ours, while requests run and after. (Over HTTP, /health and
-/metrics: tests/test_p5_isolation.py and tests/test_p5_pool_view.py.)
+/metrics are tested with phase 5.6's server.)
 """
 
 from __future__ import annotations
