@@ -11,27 +11,17 @@
                sample, update
     close: send STOP                  -->  leave the loop, exit
 
-The backend follows the device: gloo on CPUs (so all of this runs on a
-laptop), NCCL on GPUs, one GPU per rank. The same code runs across machines
-given an address other than 127.0.0.1; nothing here is a transport of ours.
-
-No process outlives the driver: workers are daemons (ended when the driver
-exits normally or on Ctrl-C), and on Linux each asks the kernel to kill it
-when its parent dies (PR_SET_PDEATHSIG), which covers a driver killed with
-SIGKILL. A worker that dies is seen before the next message (`is_alive`) or
-by the collective it breaks, and every later call raises `WorkerDied`.
+The backend follows the device: gloo on CPUs (so all of this runs on a laptop), NCCL on GPUs, one GPU per
+rank. No worker outlives the driver (common/processes.py), and a dead worker is seen before the next message
+(`is_alive`) or by the collective it breaks: every later call raises `WorkerDied`.
 """
 
 from __future__ import annotations
 
 import atexit
-import ctypes
 import multiprocessing as mp
 import os
-import queue
 import signal
-import socket
-import sys
 import time
 import traceback
 import warnings
@@ -42,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from common.model import load_model, pick_device, pick_dtype
+from common.processes import POLL_S, WorkerDied, die_with_parent, free_port, wait_ready
 from phases.p3_1_block_allocator.allocator import BlockAllocator
 from phases.p3_6_batched_engine.attention import use_paged_attention
 from phases.p4_1_copy_on_write.block_ops import CopyQueue
@@ -51,25 +42,10 @@ from phases.p4_6_tensor_parallel.message import (COPY, HEADER_LEN, PASS, SETUP, 
                                                  MessageStats, decode_pass, header, payload_len)
 from phases.p4_6_tensor_parallel.shard import Comm, ShardInfo, check_world_size, shard_model
 
-READY_TIMEOUT_S = 300          # a worker loads and cuts its model in this long, or the launch fails
-# Collectives wait this long. A worker idles inside a broadcast between requests, so this is long; a dead
-# peer is noticed at once anyway, since its sockets close.
+# A worker idles inside a broadcast between requests, so collectives wait long; a dead peer's sockets close.
 COLLECTIVE_TIMEOUT = timedelta(days=1)
 JOIN_TIMEOUT_S = 10            # after STOP, a worker exits in this long or is killed
-POLL_S = 0.1                   # how often the driver looks at a worker it is waiting on
 DEATH_GRACE_S = 2.0            # after a collective fails, how long a worker that caused it has to be seen dead
-PR_SET_PDEATHSIG = 1           # prctl option (linux/prctl.h)
-
-
-class WorkerDied(RuntimeError):
-    """A tensor-parallel worker exited or broke a collective: this group can run nothing more."""
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on now (the OS picks it), for the rendezvous."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def backend_for(device: str) -> str:
@@ -130,7 +106,7 @@ class WorkerGroup:
         return [not self.closed] + [p.is_alive() for p in self.processes]
 
     def health(self) -> dict:
-        """What /health says of the group: its size, which ranks are alive, and the error that broke it."""
+        """The group's size, which ranks are alive, and the error that broke it."""
         alive = self.alive()
         return {"world_size": self.world_size, "alive": alive,
                 "error": None if self.error is None and all(alive) else str(self.error or "a worker exited")}
@@ -148,8 +124,8 @@ class WorkerGroup:
             raise self.error
 
     def failed(self, error: BaseException) -> WorkerDied:
-        """The WorkerDied that a collective's `error` means (a dead worker, named if one is). A peer's socket
-        can close before its process is seen to exit, so give it DEATH_GRACE_S to be seen."""
+        """The WorkerDied a failed collective means, naming the dead worker: its socket can close before its
+        process is seen to exit, so it has DEATH_GRACE_S to be seen."""
         deadline = time.monotonic() + DEATH_GRACE_S
         while self.error is None and all(p.is_alive() for p in self.processes) and time.monotonic() < deadline:
             time.sleep(POLL_S)
@@ -169,8 +145,7 @@ class WorkerGroup:
                 dist.broadcast(payload.to(self.message_device), src=0)
         except RuntimeError as error:
             raise self.failed(error) from error
-        n_payload = 0 if payload is None else payload.numel()
-        self.messages.add(int(head[0]), 8 * (HEADER_LEN + n_payload))
+        self.messages.add(int(head[0]), 8 * (HEADER_LEN + (0 if payload is None else payload.numel())))
 
     def send_ids(self, op: int, src: list[int], dst: list[int]) -> None:
         """A COPY, SWAP_OUT or SWAP_IN of blocks src[i] -> dst[i]."""
@@ -202,10 +177,8 @@ class WorkerGroup:
 
 
 def launch(model: str, world_size: int, device: str | None = None, dtype=None):
-    """Start a tensor-parallel group of `world_size` ranks for `model`.
-
-    Returns (group, lm): lm is the driver's LoadedModel, its model cut to rank 0's shard (its n_heads and
-    n_kv_heads are the shard's, so a pool built for it holds rank 0's heads)."""
+    """Start a tensor-parallel group of `world_size` ranks for `model`. Returns (group, lm): lm is the driver's,
+    its model cut to rank 0's shard (n_heads, n_kv_heads the shard's, so a pool built for it holds its heads)."""
     if dist.is_initialized():
         raise RuntimeError("this process already runs a torch.distributed group (one tensor-parallel group per "
                            "process): close it first")
@@ -248,40 +221,11 @@ def holding(model, info: ShardInfo) -> dict:
                 intermediate=info.intermediate)
 
 
-def wait_ready(processes: list, ready) -> dict[int, dict]:
-    """Wait until every worker has its shard, or fail with the first worker's error or death. Returns what each
-    worker holds, by rank."""
-    waiting = {rank for rank in range(1, len(processes) + 1)}
-    held = {}
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while waiting:
-        try:
-            status, rank, detail = ready.get(timeout=POLL_S)
-        except queue.Empty:
-            dead = [p for p in processes if not p.is_alive()]
-            if dead:
-                raise WorkerDied(f"{dead[0].name} exited with code {dead[0].exitcode} while starting")
-            if time.monotonic() > deadline:
-                raise WorkerDied(f"workers {sorted(waiting)} not ready after {READY_TIMEOUT_S} s")
-            continue
-        if status == "error":
-            raise WorkerDied(f"worker rank {rank} failed to start:\n{detail}")
-        waiting.discard(rank)
-        held[rank] = detail
-    return held
-
-
 def init(spec: Spec, rank: int) -> None:
     if torch.device(spec.device).type == "cuda":
         torch.cuda.set_device(rank)
     dist.init_process_group(backend_for(spec.device), init_method=f"tcp://127.0.0.1:{spec.port}", rank=rank,
                             world_size=spec.world_size, timeout=COLLECTIVE_TIMEOUT)
-
-
-def die_with_parent() -> None:
-    """Linux: the kernel sends this process SIGKILL when its parent dies, however the parent died."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def worker_main(rank: int, spec: Spec, ready) -> None:
@@ -291,8 +235,7 @@ def worker_main(rank: int, spec: Spec, ready) -> None:
     torch.set_num_threads(spec.threads)
     try:
         lm = load_model(spec.model, device=rank_device(spec.device, rank), dtype=spec.dtype)
-        comm = Comm(rank, spec.world_size)
-        info = shard_model(lm.model, rank, spec.world_size, comm)
+        info = shard_model(lm.model, rank, spec.world_size, Comm(rank, spec.world_size))
     except BaseException:
         ready.put(("error", rank, traceback.format_exc()))
         return
@@ -323,18 +266,14 @@ class Worker:
         return h, payload
 
     def serve(self) -> None:
-        while True:
-            h, payload = self.receive()
-            op = h[0]
-            if op == STOP:
-                return
-            if op == SETUP:
+        while (message := self.receive())[0][0] != STOP:
+            h, payload = message
+            if h[0] == SETUP:
                 self.setup(*h[1:4])
-            elif op == PASS:
+            elif h[0] == PASS:
                 self.run_pass(h, payload)
             else:
-                src, dst = payload.view(2, -1).tolist()
-                self.move(op, src, dst)
+                self.move(h[0], *payload.view(2, -1).tolist())
 
     def setup(self, n_blocks: int, block_size: int, cpu_blocks: int) -> None:
         lm = self.lm
@@ -353,8 +292,7 @@ class Worker:
     def move(self, op: int, src: list[int], dst: list[int]) -> None:
         """The driver's block copies, on this worker's pool: inside the pool, or to and from its CPU pool."""
         if op == COPY:
-            copies = CopyQueue(list(src), list(dst))
-            copies.flush(self.pool)
+            CopyQueue(list(src), list(dst)).flush(self.pool)
         elif op == SWAP_OUT:
             self.swap._copy(self.pool, self.swap.cpu.kv_store, src, dst)
         elif op == SWAP_IN:
