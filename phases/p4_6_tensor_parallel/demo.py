@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from common.clock import now
+from common.processes import backend_for
 from common.prompts import SHORT_PROMPTS, LONG_PROMPTS
 from measure.demos import Option, RunConfig, demo
 from measure.harness import run_prompts
@@ -25,7 +26,7 @@ from measure.report import Report
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p4_5_speculative_decoding.engine import SpeculativeEngine
 from phases.p4_6_tensor_parallel.engine import TensorParallelEngine
-from phases.p4_6_tensor_parallel.workers import backend_for, launch, param_bytes
+from phases.p4_6_tensor_parallel.workers import launch, param_bytes
 
 QUICK = dict(n_requests=2, max_new_tokens=3, max_running=2, n_blocks=64)
 WARMUP_NEW_TOKENS = 2

@@ -12,27 +12,25 @@
     close: send STOP                  -->  leave the loop, exit
 
 The backend follows the device: gloo on CPUs (so all of this runs on a laptop), NCCL on GPUs, one GPU per
-rank. No worker outlives the driver (common/processes.py), and a dead worker is seen before the next message
-(`is_alive`) or by the collective it breaks: every later call raises `WorkerDied`.
+rank. How a worker starts, stops and dies is any worker's (common/processes.py): no worker outlives the
+driver, and once one dies every later call raises `WorkerDied`.
 """
 
 from __future__ import annotations
 
-import atexit
 import multiprocessing as mp
 import os
 import signal
-import time
 import traceback
 import warnings
 from dataclasses import dataclass, replace
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from common.model import load_model, pick_device, pick_dtype
-from common.processes import POLL_S, WorkerDied, die_with_parent, free_port, wait_ready
+from common.processes import WorkerDied  # noqa: F401  (this phase's error: its callers import it from here)
+from common.processes import Workers, die_with_parent, free_port, init_rank, rank_device, wait_ready
 from phases.p3_1_block_allocator.allocator import BlockAllocator
 from phases.p3_6_batched_engine.attention import use_paged_attention
 from phases.p4_1_copy_on_write.block_ops import CopyQueue
@@ -41,20 +39,6 @@ from phases.p4_6_tensor_parallel.engine import DriverModel
 from phases.p4_6_tensor_parallel.message import (COPY, HEADER_LEN, PASS, SETUP, STOP, SWAP_IN, SWAP_OUT,
                                                  MessageStats, decode_pass, header, payload_len)
 from phases.p4_6_tensor_parallel.shard import Comm, ShardInfo, check_world_size, shard_model
-
-# A worker idles inside a broadcast between requests, so collectives wait long; a dead peer's sockets close.
-COLLECTIVE_TIMEOUT = timedelta(days=1)
-JOIN_TIMEOUT_S = 10            # after STOP, a worker exits in this long or is killed
-DEATH_GRACE_S = 2.0            # after a collective fails, how long a worker that caused it has to be seen dead
-
-
-def backend_for(device: str) -> str:
-    return "nccl" if torch.device(device).type == "cuda" else "gloo"
-
-
-def rank_device(device: str, rank: int) -> str:
-    """One GPU per rank on CUDA; every rank on the CPU otherwise."""
-    return f"cuda:{rank}" if torch.device(device).type == "cuda" else "cpu"
 
 
 @dataclass
@@ -80,30 +64,22 @@ def check_launch(world_size, n_kv_heads: int, device: str) -> None:
                       "so this shows the mechanism, not a speed-up", stacklevel=3)
 
 
-class WorkerGroup:
+class WorkerGroup(Workers):
     """The driver's end: the worker processes, the control messages, and what the driver's shard sent."""
 
     def __init__(self, spec: Spec, processes: list, comm: Comm, info: ShardInfo, held: dict[int, dict],
                  threads_before: int):
+        super().__init__("tensor-parallel group", processes, rank_device(spec.device, 0), stop=header(STOP))
         self.spec = spec
-        self.processes = processes              # ranks 1 .. N-1
         self.comm = comm                        # the driver's collectives (the all-reduces of its shard)
         self.info = info                        # what the driver's shard holds
         self.held = held                        # rank -> its weight bytes, heads and MLP features
         self.messages = MessageStats()
-        self.message_device = rank_device(spec.device, 0)
-        self.error: BaseException | None = None
-        self.closed = False
         self._threads_before = threads_before
-        atexit.register(self.close)
 
     @property
     def world_size(self) -> int:
         return self.spec.world_size
-
-    def alive(self) -> list[bool]:
-        """Whether each rank is alive: the driver, then the workers."""
-        return [not self.closed] + [p.is_alive() for p in self.processes]
 
     def health(self) -> dict:
         """The group's size, which ranks are alive, and the error that broke it."""
@@ -111,40 +87,9 @@ class WorkerGroup:
         return {"world_size": self.world_size, "alive": alive,
                 "error": None if self.error is None and all(alive) else str(self.error or "a worker exited")}
 
-    def check(self) -> None:
-        """Raise WorkerDied if this group can run nothing more."""
-        if self.error is not None:
-            raise WorkerDied(f"tensor-parallel group is broken: {self.error}") from self.error
-        if self.closed:
-            raise WorkerDied("tensor-parallel group is closed")
-        dead = [(r + 1, p) for r, p in enumerate(self.processes) if not p.is_alive()]
-        if dead:
-            self.error = WorkerDied(", ".join(f"worker rank {r} (pid {p.pid}) exited with code {p.exitcode}"
-                                              for r, p in dead))
-            raise self.error
-
-    def failed(self, error: BaseException) -> WorkerDied:
-        """The WorkerDied a failed collective means, naming the dead worker: its socket can close before its
-        process is seen to exit, so it has DEATH_GRACE_S to be seen."""
-        deadline = time.monotonic() + DEATH_GRACE_S
-        while self.error is None and all(p.is_alive() for p in self.processes) and time.monotonic() < deadline:
-            time.sleep(POLL_S)
-        try:
-            self.check()
-        except WorkerDied as died:
-            return died
-        self.error = WorkerDied(f"a collective failed: {error}")
-        return self.error
-
     def send(self, head: torch.Tensor, payload: torch.Tensor | None = None) -> None:
-        """Broadcast one message (header, then its payload) to every worker."""
-        self.check()
-        try:
-            dist.broadcast(head.to(self.message_device), src=0)
-            if payload is not None and payload.numel():
-                dist.broadcast(payload.to(self.message_device), src=0)
-        except RuntimeError as error:
-            raise self.failed(error) from error
+        """Broadcast one message (header, then its payload) to every worker, and count it."""
+        super().send(head, *([] if payload is None else [payload]))
         self.messages.add(int(head[0]), 8 * (HEADER_LEN + (0 if payload is None else payload.numel())))
 
     def send_ids(self, op: int, src: list[int], dst: list[int]) -> None:
@@ -156,24 +101,8 @@ class WorkerGroup:
         self.send(header(SETUP, n_blocks, block_size, cpu_blocks))
 
     def close(self) -> None:
-        """Stop every worker, then make sure each has exited (killed if it must be). Safe to call twice."""
-        if self.closed:
-            return
-        if self.error is None and all(p.is_alive() for p in self.processes):
-            try:
-                self.send(header(STOP))
-            except WorkerDied:
-                pass
-        self.closed = True
-        for p in self.processes:
-            p.join(JOIN_TIMEOUT_S if self.error is None else POLL_S)   # a broken group's workers get killed
-            if p.is_alive():
-                p.kill()
-                p.join(JOIN_TIMEOUT_S)
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        super().close()
         torch.set_num_threads(self._threads_before)
-        atexit.unregister(self.close)
 
 
 def launch(model: str, world_size: int, device: str | None = None, dtype=None):
@@ -198,7 +127,7 @@ def launch(model: str, world_size: int, device: str | None = None, dtype=None):
     try:
         held = wait_ready(processes, ready)
         torch.set_num_threads(threads)
-        init(spec, 0)
+        init_rank(spec.device, spec.port, 0, world_size)
     except BaseException:
         for p in processes:
             p.kill()
@@ -221,13 +150,6 @@ def holding(model, info: ShardInfo) -> dict:
                 intermediate=info.intermediate)
 
 
-def init(spec: Spec, rank: int) -> None:
-    if torch.device(spec.device).type == "cuda":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend_for(spec.device), init_method=f"tcp://127.0.0.1:{spec.port}", rank=rank,
-                            world_size=spec.world_size, timeout=COLLECTIVE_TIMEOUT)
-
-
 def worker_main(rank: int, spec: Spec, ready) -> None:
     """A worker's whole life: load, cut, say ready, meet the others, serve messages until STOP."""
     die_with_parent()
@@ -240,7 +162,7 @@ def worker_main(rank: int, spec: Spec, ready) -> None:
         ready.put(("error", rank, traceback.format_exc()))
         return
     ready.put(("ready", rank, holding(lm.model, info)))
-    init(spec, rank)
+    init_rank(spec.device, spec.port, rank, spec.world_size)
     try:
         Worker(lm, info).serve()
     finally:

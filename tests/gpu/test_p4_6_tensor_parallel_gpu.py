@@ -7,7 +7,7 @@ import torch
 
 from phases.p4_5_speculative_decoding.engine import SpeculativeEngine
 from phases.p4_6_tensor_parallel import TensorParallelEngine, launch
-from phases.p4_6_tensor_parallel.workers import backend_for
+from common.processes import backend_for
 
 pytestmark = pytest.mark.gpu
 
