@@ -1,13 +1,11 @@
-"""Phase 4.6: the model cut across workers (tensor parallelism, the vLLM paper's §4.6); the driver alone keeps
-the scheduler, the blocks and the sampler, and broadcasts each pass.
+"""Phase 4.7: phase 4.5's engine over phase 4.6's workers; the driver alone keeps the scheduler, the blocks
+and the sampler, and broadcasts each pass and each block move to the workers' pools.
 
-Files: shard.py (the cut), message.py (the control message), workers.py (the processes), engine.py (the
-driver's side), demo.py (`tp_demo`).
+Files: message.py (the control message), engine.py (the driver's side), workers.py (the workers' side),
+demo.py (`tp_demo`).
 """
 
-from phases.p4_6_tensor_parallel.engine import DriverModel, TensorParallelEngine, use_tensor_parallel
-from phases.p4_6_tensor_parallel.shard import UnsupportedTensorParallel, shard_model, split
-from phases.p4_6_tensor_parallel.workers import WorkerDied, WorkerGroup, launch
+from phases.p4_7_tensor_parallel.engine import DriverModel, TensorParallelEngine, use_tensor_parallel
+from phases.p4_7_tensor_parallel.workers import WorkerDied, WorkerGroup, launch
 
-__all__ = ["DriverModel", "TensorParallelEngine", "use_tensor_parallel", "UnsupportedTensorParallel", "shard_model",
-           "split", "WorkerDied", "WorkerGroup", "launch"]
+__all__ = ["DriverModel", "TensorParallelEngine", "use_tensor_parallel", "WorkerDied", "WorkerGroup", "launch"]
