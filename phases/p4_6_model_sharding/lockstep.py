@@ -136,6 +136,7 @@ class ShardedModel(nn.Module):
         self.shard, self.group = shard, group
 
     def forward(self, input_ids: torch.Tensor, use_cache: bool = False, logits_to_keep: int = 0):
+        """input_ids [B, T] -> the whole model's logits [B, kept positions, V]; no cache is kept, on any rank."""
         self.group.send(torch.tensor([FORWARD, *input_ids.shape, logits_to_keep]), input_ids.to(torch.int64))
         try:
             return self.shard(input_ids=input_ids, use_cache=False, logits_to_keep=logits_to_keep)
