@@ -19,7 +19,7 @@ JSON/markdown/PNG under results/, named by GPU and model.
 - Tests: `modal run modal_run.py::gpu_check` runs the gpu test tier
   (`pytest -m gpu`) in this image and saves its summary under results/.
 - Tensor parallelism: `tp_demo` runs in a container with TP_GPUS GPUs, and
-  `modal run modal_run.py::tensor_parallel` runs phase 4.6's tests there (on
+  `modal run modal_run.py::tensor_parallel` runs phases 4.6 and 4.7's tests there (on
   NCCL, one GPU per worker) and then `tp_demo`, saving both under results/.
 - Serving: `modal serve modal_run.py` runs the OpenAI-compatible server of
   phase 5 (`serve_api` below) on the GPU and prints its URL; point any OpenAI
@@ -91,10 +91,11 @@ def run_remote(demo: str, model: str = DEFAULT_REMOTE_MODEL, options: dict | Non
     return run_here(demo, model, options, device, dtype, quick)
 
 
-# Tensor parallelism (phase 4.6) needs one GPU per worker: its demo and tests run in a container with TP_GPUS.
+# Tensor parallelism (phases 4.6 and 4.7) needs one GPU per worker: its demo and tests run in a container with TP_GPUS.
 TP_GPUS = 2
 MULTI_GPU_DEMOS = {"tp_demo"}
-TP_TESTS = ["tests/test_p4_6_tensor_parallel.py", "tests/gpu/test_p4_6_tensor_parallel_gpu.py"]
+TP_TESTS = ["tests/test_p4_6_model_sharding.py", "tests/test_p4_7_tensor_parallel.py",
+            "tests/gpu/test_p4_7_tensor_parallel_gpu.py"]
 
 
 @app.function(gpu=f"{GPU}:{TP_GPUS}", volumes={HF_CACHE_PATH: hf_cache}, timeout=REMOTE_TIMEOUT_S)
@@ -111,7 +112,7 @@ def remote_for(demo: str):
 @app.function(gpu=f"{GPU}:{TP_GPUS}", volumes={HF_CACHE_PATH: hf_cache}, timeout=REMOTE_TIMEOUT_S)
 def tensor_parallel_remote(model: str = "dummy:qwen3-0.6b", device: str | None = None, dtype: str | None = None,
                            quick: bool = False, tests: list[str] | None = None) -> dict:
-    """Phase 4.6's tests (the gpu tier's TP test on this machine's device), then `tp_demo`; returns
+    """Phases 4.6 and 4.7's tests (the gpu tier's TP test on this machine's device), then `tp_demo`; returns
     {"tests": pytest's exit code and last lines, "report": tp_demo's report}."""
     import subprocess
 
@@ -128,7 +129,7 @@ def tensor_parallel_remote(model: str = "dummy:qwen3-0.6b", device: str | None =
 
 @app.local_entrypoint(name="tensor_parallel")
 def tensor_parallel(model: str = "dummy:qwen3-0.6b", reference: bool = False):
-    """`modal run modal_run.py::tensor_parallel`: phase 4.6's tests and `tp_demo` on TP_GPUS GPUs."""
+    """`modal run modal_run.py::tensor_parallel`: phases 4.6 and 4.7's tests and `tp_demo` on TP_GPUS GPUs."""
     out = tensor_parallel_remote.remote(model)
     print(out["tests"]["tail"])
     show_and_save("tp_demo", out["report"], reference=reference)

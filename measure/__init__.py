@@ -10,6 +10,7 @@ common/ (the model, the prompts, the clock).
 - progress.py               the progress bar a demo shows while it works
 - workload.py, load_gen.py  request traces (prompt lists, length distributions, arrivals); a streaming load generator
 - harness.py, hf_peers.py   any engine on the same requests, one row each; Hugging Face's engines as peers
+- preempt_checks.py         a preempting scheduler's promises, checked as it runs and after it drains
 - tput.py, *_bench.py       each demo's harness: throughput sweeps, kernels, steps, prefill, preemption, serving
 - roofline.py, kernel_count.py, stream_latency.py, prefill_attention.py
                             what a step could reach, the kernels it launches, streams' latency, prefill attention

@@ -59,7 +59,7 @@ DEMO_MODULES: dict[str, str] = {
     "block_sweep": "phases.p4_4_preemption.demo",
     "share_sweep": "phases.p4_4_preemption.demo",
     "spec_demo": "phases.p4_5_speculative_decoding.demo",
-    "tp_demo": "phases.p4_6_tensor_parallel.demo",
+    "tp_demo": "phases.p4_7_tensor_parallel.demo",
     "bench_serve": "phases.p5_6_http_server.demo",
     "serve_workload": "phases.p5_1_served_engine.workload_demo",
     "vllm_cpu_peer": "measure.vllm_cpu",

@@ -43,7 +43,7 @@ from common.model import load_model
 from measure.workload import burst, demand_tokens
 from phases.p2_2_scheduler.sequence import Status
 from phases.p4_1_copy_on_write.engine import worst_case_blocks
-from phases.p4_4_preemption.checks import check_finished
+from measure.preempt_checks import check_finished
 from phases.p4_4_preemption.demo import AuditedEngine
 from phases.p4_4_preemption.engine import PREEMPTED
 

@@ -458,7 +458,19 @@ COMPARISONS: dict[str, Comparison] = {
     ], "The blog stops before speculative decoding; the anchors are gpt-fast's 1.9x at batch 1 on a GPU, "
        "Leviathan et al.'s 2-3x and EAGLE's 2.7-3.5x, and a nano-vllm fork that measured it 2.65-2.74% slower in "
        "batched offline decoding (the measurements page sets them beside ours)."),
-    "p4_6_tensor_parallel": Comparison([
+    "p4_6_model_sharding": Comparison([
+        Figure("weights (MB), the whole model on 1 worker", "beyond the blog",
+               cpu("tp-demo", "What each worker holds", ("1 worker",), "weights (MB)"), None),
+        Figure("weights (MB), rank 0 (2 of 3 KV-head groups)", "beyond the blog",
+               cpu("tp-demo", "What each worker holds", ("0",), "weights (MB)"), None),
+        Figure("weights (MB), rank 1 (1 of 3 KV-head groups)", "beyond the blog",
+               cpu("tp-demo", "What each worker holds", ("1",), "weights (MB)"), None),
+        Figure("all-reduces per forward pass", "beyond the blog",
+               cpu("tp-demo", "Communication per forward pass", (), "all-reduces"), None),
+    ], "The blog stops at one device and the paper's §4.6 describes this cut without a figure of its own; "
+       "the two shards add up to the whole model, rank 0 a little more than half: its attention is 2 of 3 "
+       "KV-head groups, but the MLP and the vocabulary are cut evenly. A pass costs 2 x 30 layers + 1 all-reduces."),
+    "p4_7_tensor_parallel": Comparison([
         Figure("outputs identical, 2 workers against 1 (fp32)", "beyond the blog",
                cpu("tp-demo", "Same requests", ("2",), "outputs identical"), None),
         Figure("ms per step, 1 worker", "beyond the blog",
@@ -469,8 +481,6 @@ COMPARISONS: dict[str, Comparison] = {
                cpu("tp-demo", "Same requests", ("2",), "ms/step"), None),
         Figure("blocks at equal memory, rank 0 (2 of 3 KV heads)", "beyond the blog",
                cpu("tp-demo", "What each worker holds", ("0",), "blocks at equal memory"), None),
-        Figure("all-reduces per forward pass", "beyond the blog",
-               cpu("tp-demo", "Communication per forward pass", (), "all-reduces"), None),
         Figure("control message per pass (bytes)", "beyond the blog",
                cpu("tp-demo", "Communication per forward pass", (), "control message (bytes)"), None),
     ], "The blog stops at one device and the paper's §4.6 describes this design without a figure of its own; "

@@ -680,8 +680,9 @@ QUICK: dict[str, list[str]] = {
              "tests/test_p4_4_reservation.py::test_a_request_never_writes_past_its_reservation"],
     "p4_5": ["tests/test_p4_5_speculative.py::test_greedy_outputs_equal_hf_at_any_acceptance",
              "tests/test_p4_5_speculative.py::test_seeded_acceptance_draws_are_reproducible"],
-    "p4_6": ["tests/test_p4_6_tensor_parallel.py::test_split_cuts_contiguous_ranges_that_cover_everything",
-             "tests/test_p4_6_tensor_parallel.py::test_a_pass_message_decodes_to_the_batch_it_encoded"],
+    "p4_6": ["tests/test_p4_6_model_sharding.py::test_split_cuts_contiguous_ranges_that_cover_everything",
+             "tests/test_p4_6_model_sharding.py::test_bad_sizes_are_refused_before_any_worker_starts"],
+    "p4_7": ["tests/test_p4_7_tensor_parallel.py::test_a_pass_message_decodes_to_the_batch_it_encoded"],
     "p5_1": ["tests/test_p5_1_served_engine.py::test_a_fork_that_fails_half_way_rolls_back",
              "tests/test_p5_1_served_engine.py::test_the_served_engine_fails_only_the_group_whose_fork_failed"],
     "p5_2": ["tests/test_p5_2_async_engine.py::"

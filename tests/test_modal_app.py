@@ -48,12 +48,12 @@ def test_fan_out_saves_every_report_and_names_the_failures(tmp_path, capsys):
 
 
 def test_the_tensor_parallel_entrypoint_runs_the_tests_then_the_demo_here():
-    from phases.p4_6_tensor_parallel.demo import QUICK as TP_QUICK
+    from phases.p4_7_tensor_parallel.demo import QUICK as TP_QUICK
 
     assert "tp_demo" in modal_run.MULTI_GPU_DEMOS and modal_run.remote_for("tp_demo") is modal_run.run_remote_multi
     out = modal_run.tensor_parallel_remote.local(
         model="tiny", device="cpu", dtype="fp32", quick=True,
-        tests=["tests/test_p4_6_tensor_parallel.py::test_split_cuts_contiguous_ranges_that_cover_everything"])
+        tests=["tests/test_p4_6_model_sharding.py::test_split_cuts_contiguous_ranges_that_cover_everything"])
     assert out["tests"]["returncode"] == 0 and "1 passed" in out["tests"]["tail"]
     report = out["report"]
     assert report["data"]["tp"] == 2 and report["data"]["identical"] == TP_QUICK["n_requests"]

@@ -15,7 +15,7 @@ from phases.p3_2_block_table.block_table import BlockTable
 from phases.p4_1_copy_on_write.block_ops import blocks_held, check_refcounts, fork
 from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p4_1_copy_on_write.engine import SharingEngine, worst_case_blocks
-from phases.p4_4_preemption.checks import Audited, check_finished
+from measure.preempt_checks import Audited, check_finished
 from phases.p4_4_preemption.engine import PREEMPTED, PreemptingEngine
 from phases.p4_4_preemption.swap import SwapSpace
 from tests.oracles import hf_greedy

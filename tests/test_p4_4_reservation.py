@@ -10,7 +10,7 @@ from measure.rate_bench import sustained_rate
 from measure.workload import DATASET_MEANS, burst, dataset_lengths, rate_trace
 from phases.p3_1_block_allocator.allocator import OutOfBlocks, blocks_for
 from phases.p4_4_preemption.engine import PreemptingEngine
-from phases.p4_4_preemption.reservation import RESERVATION_POLICIES, ReservingEngine, reserved_tokens
+from extras.p4_4_preemption.reservation import RESERVATION_POLICIES, ReservingEngine, reserved_tokens
 
 BLOCK = 4
 CONTEXT = 64
@@ -165,7 +165,7 @@ def test_rate_sweep_quick_runs_end_to_end():
 # --- requests of several sequences: Orca shares nothing (share_sweep, the paper's Fig. 14) -------------------
 def test_unshared_admission_reserves_every_sequence_its_own_copy(tiny32):
     from phases.p4_2_beam_search.engine import BeamSearchEngine
-    from phases.p4_4_preemption.reservation import UnsharedReservingEngine
+    from extras.p4_4_preemption.reservation import UnsharedReservingEngine
     prompt, new, n, n_blocks = list(range(3, 11)), 8, 4, 40          # 8 + 8 tokens: 4 blocks a sequence
     admitted = {}
     for name, cls in (("shared", BeamSearchEngine), ("unshared", UnsharedReservingEngine)):
@@ -180,7 +180,7 @@ def test_unshared_admission_reserves_every_sequence_its_own_copy(tiny32):
 def test_unshared_engine_makes_the_same_samples_and_beams(tiny32):
     from common.sampling import SamplingParams
     from phases.p4_2_beam_search.engine import BeamSearchEngine
-    from phases.p4_4_preemption.reservation import UnsharedReservingEngine
+    from extras.p4_4_preemption.reservation import UnsharedReservingEngine
     outs = []
     for cls in (BeamSearchEngine, UnsharedReservingEngine):
         e = cls(tiny32, block_size=BLOCK, n_blocks=40, max_running=64)

@@ -1,4 +1,4 @@
-"""Phase 5 over phase 4.6's workers: `--tensor-parallel-size`, /health and /metrics naming the workers, and a
+"""Phase 5 over phase 4.7's workers: `--tensor-parallel-size`, /health and /metrics naming the workers, and a
 killed worker failing the request in flight and turning the server unhealthy, with nothing left behind."""
 
 import multiprocessing
@@ -10,12 +10,12 @@ import httpx
 import openai
 import pytest
 
-from phases.p4_6_tensor_parallel import launch, use_tensor_parallel
+from phases.p4_7_tensor_parallel import launch, use_tensor_parallel
 from phases.p5_1_served_engine.engine import ServingEngine
 from measure.background_server import BackgroundServer
 from phases.p5_6_http_server.launch import main
 from phases.p5_6_http_server.server import create_app
-from tests.test_p4_6_tensor_parallel import run_recorded, trace_with_everything
+from tests.test_p4_7_tensor_parallel import run_recorded, trace_with_everything
 
 
 def test_the_served_engine_on_two_workers_keeps_one_workers_tokens_and_schedule(tiny32):

@@ -11,16 +11,12 @@ so the rule is the one an OS uses for a forked process's pages:
   and points its table at the copy (`copy_on_write`). The other owners keep the
   old block untouched; the last owner finds refcount 1 and writes in place.
 
-Only one block of a table can ever be written into: the one holding position
-`n_filled` (earlier blocks are full and final, later ones do not exist yet).
-So a write needs at most ONE copy per table, and only when that block is a
-shared, partly filled one - in practice the last block of a prompt that
-several samples fork from, or the last block of a beam with several children.
-
-The copies themselves are queued in a `CopyQueue` and run together, in one
-launch, just before the forward pass that writes the new tokens. Each operation
-here is all or nothing (`fork`, `append_slots_cow`): a failure never leaks a
-block or leaves a table half-changed.
+Only the block holding position `n_filled` is ever written (earlier blocks are
+full, later ones do not exist yet), so a write needs at most ONE copy per
+table: in practice, the last block of a prompt that several samples fork from.
+The copies are queued in a `CopyQueue` and run together, in one launch, just
+before the pass that writes. `fork` and `append_slots_cow` are all or nothing:
+a failure never leaks a block or leaves a table half-changed.
 """
 
 from __future__ import annotations
@@ -35,9 +31,8 @@ from phases.p3_2_block_table.block_table import BlockTable
 
 
 def fork(table: BlockTable, allocator: BlockAllocator) -> BlockTable:
-    """A new table sharing every block of `table` (one more owner each); nothing is copied.
-
-    All or nothing: if a reference cannot be taken (a block that is not owned), those taken so far are dropped."""
+    """A new table sharing every block of `table` (one more owner each); nothing is copied. If a reference cannot
+    be taken (a block that is not owned), those taken so far are dropped."""
     taken: list[int] = []
     try:
         for block_id in table.block_ids:
@@ -52,10 +47,8 @@ def fork(table: BlockTable, allocator: BlockAllocator) -> BlockTable:
 
 @dataclass
 class CopyQueue:
-    """Block copies decided this step, run together in one indexed copy before the next write.
-
-    `kv_store[dst] = kv_store[src]` with index tensors is one indexed copy (one kernel launch on a GPU) however
-    many blocks a step copies, moving every layer's K and V of each block at once."""
+    """Block copies decided this step, run together before the next write: `kv_store[dst] = kv_store[src]`, one
+    indexed copy (one launch on a GPU) however many blocks, every layer's K and V at once."""
     src: list[int] = field(default_factory=list)
     dst: list[int] = field(default_factory=list)
     n_copied: int = 0  # total blocks copied so far (for demos and tests)
@@ -79,9 +72,8 @@ class CopyQueue:
             device = kv_store.device
             src = torch.tensor(self.src, dtype=torch.int64, device=device)   # [n]
             dst = torch.tensor(self.dst, dtype=torch.int64, device=device)   # [n]
-            # kv_store [n_blocks, n_layers, 2, n_kv_heads, block_size, head_dim]:
-            # indexing the first axis moves whole blocks. src and dst never overlap
-            # (dst blocks were free until this step; src blocks are still owned).
+            # kv_store [n_blocks, n_layers, 2, n_kv_heads, block_size, head_dim]: the first axis moves whole
+            # blocks. src and dst never overlap (dst blocks were free until this step; src blocks are owned).
             kv_store[dst] = kv_store[src]
             self.src.clear()
             self.dst.clear()
@@ -96,11 +88,8 @@ def needs_copy(table: BlockTable, allocator: BlockAllocator) -> bool:
 
 
 def copy_on_write(table: BlockTable, allocator: BlockAllocator, copies: CopyQueue) -> int | None:
-    """Give `table` its own copy of the block its next token goes into, if that block is shared.
-
-    Returns the new block id (the copy is queued in `copies`), or None when the
-    next write is already private (refcount 1, or a block not allocated yet).
-    """
+    """Give `table` its own copy of the block its next token goes into, if that block is shared. Returns the new
+    block id (the copy queued in `copies`), or None when the next write is already private."""
     if not needs_copy(table, allocator):
         return None
     logical = table.n_filled // table.block_size
@@ -113,13 +102,8 @@ def copy_on_write(table: BlockTable, allocator: BlockAllocator, copies: CopyQueu
 
 
 def append_slots_cow(table: BlockTable, allocator: BlockAllocator, n: int, copies: CopyQueue) -> list[int]:
-    """Claim slots for `n` more tokens like `BlockTable.append_slots`, copying a shared block first.
-
-    All or nothing: the pool is checked for the copy *and* the new blocks
-    before anything changes, so `OutOfBlocks` leaves the table as it was; a
-    claim whose copy-on-write succeeded but whose new blocks did not puts the
-    shared block back.
-    """
+    """Claim slots for `n` more tokens like `BlockTable.append_slots`, copying a shared block first. All or
+    nothing: the pool is checked for the copy *and* the new blocks before anything changes."""
     if n <= 0:
         return table.append_slots(allocator, n)
     need = table.blocks_needed(n) + int(needs_copy(table, allocator))

@@ -15,13 +15,9 @@ covers everything before it:
 Only FULL blocks get a hash: a partly written block will still change.
 
 A 64-bit hash can collide, so a hash only names a *candidate*; the cache
-confirms it by comparing the stored tokens (prefix_cache.py). Every hash is
-computed by `chain_hashes`, which looks `hash_block` up at call time, so a test
-can monkeypatch `block_hash.hash_block` to a constant and watch every
-collision be caught.
-(vLLM hashes with SHA-256 to make collisions astronomically unlikely; Python's
-built-in hash of a tuple of ints is fast, deterministic across runs, and good
-enough once every hit is verified.)
+confirms it by comparing the stored tokens (prefix_cache.py). vLLM hashes with
+SHA-256; Python's hash of a tuple of ints is fast, deterministic across runs,
+and enough once every hit is verified.
 """
 
 from __future__ import annotations
@@ -41,11 +37,6 @@ def block_tokens(token_ids: list[int], block_size: int, index: int) -> tuple[int
     return tuple(token_ids[index * block_size:(index + 1) * block_size])
 
 
-def n_full_blocks(n_tokens: int, block_size: int) -> int:
-    """Blocks that `n_tokens` tokens fill completely (the partial last block does not count)."""
-    return n_tokens // block_size
-
-
 def chain_hashes(token_ids: list[int], block_size: int, parent_hash: int = ROOT_HASH,
                  start_block: int = 0) -> list[int]:
     """Hashes of the full blocks of `token_ids` from `start_block` on, chained from `parent_hash`.
@@ -54,9 +45,7 @@ def chain_hashes(token_ids: list[int], block_size: int, parent_hash: int = ROOT_
     block 0): a sequence extends its chain a block at a time as it generates.
     """
     hashes, h = [], parent_hash
-    for i in range(start_block, n_full_blocks(len(token_ids), block_size)):
-        # `hash_block` is read from this module's globals at each call, so a
-        # monkeypatched replacement takes effect at once.
+    for i in range(start_block, len(token_ids) // block_size):   # full blocks only
         h = hash_block(h, block_tokens(token_ids, block_size, i))
         hashes.append(h)
     return hashes

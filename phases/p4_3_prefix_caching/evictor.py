@@ -11,15 +11,12 @@ for full-attention models):
   3. among blocks last used at the same time, the one at the END of the
      longest prefix goes first (most tokens before it).
 
-Rule 3 matters because a finished sequence releases all its blocks in the same
-step, so they tie on rule 2. Evicting the deepest block first keeps the
-shared beginnings (the system prompt every request starts with) and drops the
-private tails; it also never strands a child: a block is only reachable
-through its parent, and the parent is never evicted before its children.
+Rule 3 matters because a finished sequence releases all its blocks in one step,
+so they tie on rule 2: evicting the deepest first keeps the shared beginnings
+(the system prompt) and never strands a child, reachable only through its parent.
 
 A heap keyed (last_use, -tokens_before, arrival order) gives O(log n) add and
-pop. Removing a block that is revived (a prefix hit on a cached-free block)
-just forgets it; its stale heap entry is skipped when it reaches the top.
+pop; a revived block is just forgotten, its stale heap entry skipped at the top.
 """
 
 from __future__ import annotations

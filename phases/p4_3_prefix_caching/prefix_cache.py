@@ -74,6 +74,7 @@ class PrefixCachingAllocator(BlockAllocator):
 
     @property
     def n_uncached_free(self) -> int:
+        """Blocks free with nothing cached in them: handing one out evicts nothing."""
         return len(self._free_list)
 
     @property
@@ -125,15 +126,10 @@ class PrefixCachingAllocator(BlockAllocator):
 
     # --- the hash table ---------------------------------------------------------------
     def match_prefix(self, token_ids: list[int], hashes: list[int], max_blocks: int) -> PrefixMatch:
-        """The longest run of cached blocks that `token_ids` starts with (at most `max_blocks`).
-
-        `hashes[i]` is block i's chained hash (block_hash.chain_hashes). Pure:
-        nothing is acquired; `acquire()` each entry to use it.
-
-        A table entry is accepted only if its tokens equal the request's block
-        tokens AND its parent is the entry just matched for the previous block,
-        so by induction a hit has exactly the same tokens before it too.
-        """
+        """The longest run of cached blocks that `token_ids` starts with (at most `max_blocks`); `hashes[i]` is
+        block i's chained hash. Pure: `acquire()` each entry to use it. An entry is accepted only if its tokens
+        equal the block's AND its parent is the entry matched just before, so by induction a hit has exactly the
+        same tokens before it too."""
         entries: list[CachedBlock] = []
         parent = None
         for i, h in enumerate(hashes[:max_blocks]):
@@ -148,14 +144,9 @@ class PrefixCachingAllocator(BlockAllocator):
 
     def register(self, block_id: int, block_hash: int, tokens: tuple[int, ...],
                  parent: CachedBlock | None) -> CachedBlock | None:
-        """Publish an owned, full block under `block_hash`. Returns the entry that names its contents.
-
-        - already cached (this block was itself a hit): its own entry;
-        - an equal block is already cached (two requests computed the same
-          prefix in one step): that block's entry; this one stays private;
-        - the hash is held by *different* contents (a collision): None; this
-          block stays private, and blocks after it cannot be chained either.
-        """
+        """Publish an owned, full block under `block_hash`. Returns the entry that names its contents: its own
+        (it was a hit), an equal block's (two requests computed one prefix in a step: this one stays private),
+        or None when the hash holds different contents (a collision: private, and nothing chains after it)."""
         self._check_owned(block_id, "register")
         if len(tokens) != self.block_size:
             raise AllocatorError(f"only full blocks are cached: got {len(tokens)} of {self.block_size} tokens")

@@ -32,10 +32,10 @@ from measure.report import Report
 from measure.share_rate_bench import plot_share_sweep, run_share_sweep, share_options
 from measure.stress_bench import run_stress_demo, stress_options
 from phases.p4_1_copy_on_write.engine import worst_case_blocks
-from phases.p4_4_preemption.checks import Audited, check_finished
+from measure.preempt_checks import Audited, check_finished
 from phases.p4_4_preemption.engine import PREEMPTION_MODES, PreemptingEngine
 from phases.p4_2_beam_search.engine import BeamSearchEngine
-from phases.p4_4_preemption.reservation import PAGED, RESERVATION_POLICIES, ReservingEngine, UnsharedReservingEngine
+from extras.p4_4_preemption.reservation import PAGED, RESERVATION_POLICIES, ReservingEngine, UnsharedReservingEngine
 from phases.p4_4_preemption.swap import SwapSpace
 
 

@@ -1,13 +1,8 @@
-"""Phase 4.5 adds speculative decoding to phase 4.4's engine: a proposer guesses k tokens per sequence, the target checks them in one pass, and the KV of rejected guesses rolls back.
+"""Phase 4.5: speculative decoding on phase 4.4's engine: a proposer guesses k tokens per sequence, the target
+checks them in one pass, and the KV of rejected guesses rolls back.
 
-engine.py       three parts: `SpeculativePlan` (phase 3.8's token budget, what is left turning proposals into
-                `Verify` chunks of the step's mixed pass), `VerifyingRunner` (the pass, then the check) and
-                `VerifyingSampler` (a checked row gets its token); `use_speculation` picks them, and
-                `SpeculativeEngine` is phase 4.4's engine with them
-proposers.py    `NgramProposer` (prompt lookup), `DraftProposer` on its own paged pool, `NoProposer`, `self_draft`,
-                `truncate`
-acceptance.py   greedy acceptance and the rejection-sampling rule that keeps the target's distribution
-demo.py         `spec_demo`: acceptance and speed by workload and batch size
+Files: engine.py (the plan, the verifying runner and sampler, `SpeculativeEngine`), proposers.py (n-gram, a
+draft model, a self-draft), acceptance.py (greedy and rejection-sampling acceptance), demo.py (`spec_demo`).
 """
 
 from phases.p4_5_speculative_decoding.acceptance import Proposal, accept

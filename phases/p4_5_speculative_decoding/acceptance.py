@@ -11,17 +11,14 @@ sampling  Leviathan et al. / Chen et al.: keep d_i with probability
           from max(0, p_i - q_i), renormalised, and stop; if all are kept, draw
           the bonus from p_{m+1}. Every emitted token is distributed as p_i.
 
-p_i is what a plain step samples from: temperature, top-k and top-p as in
-phase 3.10's device sampler, whose row filter this reuses.
-
-Seeded draws stay reproducible: phase 3.10 keys a sequence's j-th draw on
-(seed, j); the residual and bonus draws use that same noise (Gumbel-max), the
-acceptance test a second stream keyed on (seed ^ ACCEPT_STREAM, j).
+p_i is what a plain step samples from (phase 3.10's row filter). Seeded draws stay reproducible: the
+residual and bonus draws use the j-th draw's noise (Gumbel-max), the test a second stream, seed ^ ACCEPT_STREAM.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -91,35 +88,21 @@ def accept(seqs: list, proposals: list[Proposal], logits: torch.Tensor, seeds: l
     drawn = (residual.log() + gumbel).argmax(-1).tolist()                               # [R]
 
     out = []
-    for i, (p, r, n) in enumerate(zip(proposals, _starts(counts), counts)):
-        if seqs[i].sampling.greedy:
+    for seq, p, r, n in zip(seqs, proposals, _starts(counts), counts):
+        if seq.sampling.greedy:
             out.append(_accept_greedy(p.tokens, argmax[r:r + n]))
             continue
-        tokens = []
-        for j in range(n - 1):
-            if not kept[r + j]:
-                break
-            tokens.append(p.tokens[j])
-        tokens.append(drawn[r + len(tokens)])
-        out.append(tokens)
+        n_kept = next((j for j in range(n - 1) if not kept[r + j]), n - 1)
+        out.append(p.tokens[:n_kept] + [drawn[r + n_kept]])
     return out
 
 
 def _accept_greedy(proposed: list[int], argmax: list[int]) -> list[int]:
     """The proposals while they equal the target's argmax, then the argmax at the first mismatch (or the bonus)."""
-    tokens = []
-    for d, best in zip(proposed, argmax):
-        if d != best:
-            break
-        tokens.append(d)
-    tokens.append(argmax[len(tokens)])
-    return tokens
+    n_kept = next((j for j, (d, best) in enumerate(zip(proposed, argmax)) if d != best), len(proposed))
+    return proposed[:n_kept] + [argmax[n_kept]]
 
 
 def _starts(counts: list[int]) -> list[int]:
     """Row where each sequence's rows begin."""
-    starts, r = [], 0
-    for n in counts:
-        starts.append(r)
-        r += n
-    return starts
+    return [0, *accumulate(counts)][:-1]

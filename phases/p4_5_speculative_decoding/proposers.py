@@ -1,22 +1,14 @@
 """Proposers: cheap guesses at each sequence's next few tokens, for the target to check in one pass.
 
-One interface: `propose(seqs, k, seeds)` -> one `Proposal` per sequence (maybe
-empty), and `release(seq)` when a sequence stops speculating.
+One interface: `propose(seqs, k, seeds)` -> one `Proposal` per sequence (maybe empty), and `release(seq)`
+when a sequence stops speculating.
 
-`NgramProposer` (prompt lookup, vLLM's "ngram"): the k tokens that followed
-    the last earlier occurrence of the sequence's final n tokens (n from max_n
-    down to min_n). No model, no memory; it proposes when outputs copy their
-    context (code edits, quoting summaries, repeated structure).
-`DraftProposer`: a smaller model with the same tokenizer, k passes ahead, on a
-    paged pool of its own with a block table per sequence: the first pass feeds
-    what the draft has not seen (packed, phase 3.8's runner), each later one its
-    last guess. Where its tokens and the sequence's differ (rejected guesses),
-    its table is cut back to the common prefix.
-
-`self_draft(lm, n_layers)`: the target's first n_layers decoder layers under its
-own norm and head (an early exit, as in LayerSkip and Draft & Verify). It shares
-every weight with the target and costs only its pool; with one packaged model,
-it is the draft that runs everywhere.
+`NgramProposer` (prompt lookup, vLLM's "ngram"): the k tokens that followed the last earlier occurrence of
+    the sequence's final n tokens. No model, no memory; it proposes when outputs copy their context.
+`DraftProposer`: a smaller model with the same tokenizer, k passes ahead, on a paged pool of its own; where
+    its tokens and the sequence's differ (rejected guesses), its table is cut back to the common prefix.
+`self_draft(lm, n_layers)`: the target's first n_layers layers under its own norm and head (an early exit,
+    as in LayerSkip). It shares every weight with the target: the draft that runs with one packaged model.
 """
 
 from __future__ import annotations
@@ -131,8 +123,8 @@ class DraftProposer:
             state.kv.release(self.allocator)
 
     def propose(self, seqs: list, k: int, seeds: list[int]) -> list[Proposal]:
-        """k draft passes: the first feeds every token the draft has not seen, each later one the last guess.
-        seeds[i]: seqs[i]'s draw seed (the draft draws from its own stream of it)."""
+        """k draft passes (phase 3.8's runner): the first feeds every token the draft has not seen, each later one
+        the last guess. seeds[i]: seqs[i]'s draw seed (the draft draws from its own stream of it)."""
         seed_of = {s.seq_id: seed for s, seed in zip(seqs, seeds)}
         active = [(seq, self._state(seq)) for seq in seqs]
         tokens: dict[int, list[int]] = {s.seq_id: [] for s in seqs}
@@ -159,11 +151,7 @@ class DraftProposer:
                 if row is not None:
                     probs[seq.seq_id].append(row)
                 state.all_ids.append(token)
-        out = []
-        for seq in seqs:
-            rows = probs[seq.seq_id]
-            out.append(Proposal(tokens[seq.seq_id], torch.stack(rows) if rows else None))
-        return out
+        return [Proposal(tokens[s.seq_id], torch.stack(probs[s.seq_id]) if probs[s.seq_id] else None) for s in seqs]
 
     def _append_slots(self, state: DraftState, n: int, proposing: list) -> list[int]:
         """`n` slots of the draft's pool for `state`. A full pool first gives up the states of the sequences not
@@ -185,8 +173,7 @@ class DraftProposer:
         ids = seq.all_ids
         if state is None:
             state = self.states[seq.seq_id] = DraftState([], BlockTable(self.allocator.block_size), [])
-        keep = common_prefix(state.fed, ids)
-        keep = min(keep, len(ids) - 1)      # the last token is fed again: its logits give the first guess
+        keep = min(common_prefix(state.fed, ids), len(ids) - 1)   # the last token is fed again: the first guess
         truncate(state.kv, self.allocator, keep)
         state.fed = state.fed[:keep]
         state.all_ids = list(ids)
@@ -211,28 +198,18 @@ class DraftProposer:
 
 def check_same_vocabulary(target_lm, draft_lm) -> None:
     """A draft must speak the target's token ids: the same vocabulary size and the same token -> id map."""
-    if draft_lm.vocab_size != target_lm.vocab_size:
-        raise ValueError(f"the draft model's vocabulary has {draft_lm.vocab_size} entries and the target's "
-                         f"{target_lm.vocab_size}: a draft must use the target's tokenizer")
-    if draft_lm.tokenizer is not target_lm.tokenizer and \
-            draft_lm.tokenizer.get_vocab() != target_lm.tokenizer.get_vocab():
-        raise ValueError("the draft model's tokenizer maps tokens to other ids than the target's: a draft must use "
-                         "the target's tokenizer")
+    if draft_lm.vocab_size != target_lm.vocab_size or (draft_lm.tokenizer is not target_lm.tokenizer and
+                                                       draft_lm.tokenizer.get_vocab() != target_lm.tokenizer.get_vocab()):
+        raise ValueError(f"the draft model's vocabulary ({draft_lm.vocab_size} entries) maps tokens to other ids "
+                         f"than the target's ({target_lm.vocab_size}): a draft must use the target's tokenizer")
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
     """Length of the longest common prefix of a and b."""
     n = min(len(a), len(b))
-    if a[:n] == b[:n]:
+    if a[:n] == b[:n]:      # the usual case, compared in C
         return n
-    lo, hi = 0, n          # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
 
 
 def truncate(table: BlockTable, allocator: BlockAllocator, n_filled: int) -> int:

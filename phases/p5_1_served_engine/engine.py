@@ -32,7 +32,7 @@ from phases.p4_4_preemption.engine import PREEMPTED, PreemptingEngine
 from phases.p4_5_speculative_decoding.engine import (DEFAULT_NUM_SPECULATIVE_TOKENS, Verify,
                                                      check_num_speculative_tokens, speculation_summary,
                                                      use_speculation)
-from phases.p4_6_tensor_parallel.workers import WorkerDied
+from phases.p4_7_tensor_parallel.workers import WorkerDied
 
 # a group's roles in a forward pass: prefilling a chunk, decoding (verifying guesses too), or both
 PREFILL_PASS, DECODE_PASS = "prefill", "decode"

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.tensor_parallel_size == 1:
         lm = load_model(args.model, device=args.device, dtype=args.dtype)
     else:
-        from phases.p4_6_tensor_parallel.workers import launch
+        from phases.p4_7_tensor_parallel.workers import launch
         group, lm = launch(args.model, args.tensor_parallel_size, device=args.device, dtype=args.dtype)
     app = create_app(lm, max_running=args.max_running, max_waiting=args.max_waiting,
                      block_size=args.block_size, n_blocks=args.n_blocks, prefix_caching=not args.no_prefix_caching,

@@ -22,7 +22,7 @@ from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_6_batched_engine.engine import DEFAULT_MAX_RUNNING
 from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from phases.p4_5_speculative_decoding.engine import DEFAULT_NUM_SPECULATIVE_TOKENS
-from phases.p4_6_tensor_parallel.engine import use_tensor_parallel
+from phases.p4_7_tensor_parallel.engine import use_tensor_parallel
 from phases.p5_5_openai_api import protocol as P
 from phases.p5_5_openai_api.errors import APIError, add_error_handlers
 from phases.p5_1_served_engine.engine import ServingEngine

@@ -192,16 +192,14 @@ class ShardInfo:
 
 
 def decoder_layers(model) -> list[nn.Module]:
-    """The model's decoder layers, each with `self_attn` and `mlp` cut as the module docstring says; refused by
-    name otherwise."""
+    """The model's decoder layers, each with the linear layers this file cuts; refused by name otherwise."""
     layers = getattr(getattr(model, "model", None), "layers", None)
     if layers is None:
         raise UnsupportedTensorParallel(f"{type(model).__name__}: no `model.layers` to shard")
     for layer in layers:
-        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-        missing = [n for n in ATTENTION_PROJECTIONS if not isinstance(getattr(attn, n, None), nn.Linear)] + \
-                  [n for n in MLP_PROJECTIONS if not isinstance(getattr(mlp, n, None), nn.Linear)]
-        if missing:
+        parts = [(getattr(layer, "self_attn", None), n) for n in ATTENTION_PROJECTIONS] + \
+                [(getattr(layer, "mlp", None), n) for n in MLP_PROJECTIONS]
+        if missing := [n for module, n in parts if not isinstance(getattr(module, n, None), nn.Linear)]:
             raise UnsupportedTensorParallel(f"{type(model).__name__}: a decoder layer lacks the linear layers "
                                             f"{missing} that tensor parallelism cuts")
     return list(layers)

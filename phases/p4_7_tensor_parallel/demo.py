@@ -18,14 +18,16 @@ from __future__ import annotations
 import torch
 
 from common.clock import now
+from common.processes import backend_for
 from common.prompts import SHORT_PROMPTS, LONG_PROMPTS
 from measure.demos import Option, RunConfig, demo
 from measure.harness import run_prompts
 from measure.report import Report
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p4_5_speculative_decoding.engine import SpeculativeEngine
-from phases.p4_6_tensor_parallel.engine import TensorParallelEngine
-from phases.p4_6_tensor_parallel.workers import backend_for, launch, param_bytes
+from phases.p4_6_model_sharding.lockstep import param_bytes
+from phases.p4_7_tensor_parallel.engine import TensorParallelEngine
+from phases.p4_7_tensor_parallel.workers import launch
 
 QUICK = dict(n_requests=2, max_new_tokens=3, max_running=2, n_blocks=64)
 WARMUP_NEW_TOKENS = 2
@@ -51,7 +53,7 @@ def _run(engine, prompts: list[str], max_new_tokens: int, label: str) -> dict:
                 tok_s=sum(len(s.output_ids) for s in seqs) / wall)
 
 
-@demo("tp_demo", phase="p4_6",
+@demo("tp_demo", phase="p4_7",
       help="tensor parallelism: 1 worker vs N on the same requests; bytes per worker, blocks at equal memory, "
            "all-reduces per pass",
       options=[

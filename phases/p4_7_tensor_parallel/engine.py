@@ -36,7 +36,7 @@ from phases.p4_1_copy_on_write.block_ops import CopyQueue
 from phases.p4_4_preemption.swap import SwapSpace
 from phases.p4_5_speculative_decoding.engine import SpeculativeEngine
 from phases.p4_5_speculative_decoding.proposers import DraftProposer
-from phases.p4_6_tensor_parallel.message import COPY, SWAP_IN, SWAP_OUT, encode_pass
+from phases.p4_7_tensor_parallel.message import COPY, SWAP_IN, SWAP_OUT, encode_pass
 
 
 class DriverModel(nn.Module):

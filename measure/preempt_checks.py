@@ -1,4 +1,4 @@
-"""The promises of a preempting scheduler, checked while it runs and after it stops.
+"""The promises of phase 4.4's preempting scheduler, checked while it runs and after it stops.
 
 `Audited` is a mixin (put it first in the bases) that watches the engine's
 own decisions and records every broken rule in `violations`:

@@ -1,31 +1,24 @@
 """The control message: what the driver tells every worker, as two broadcasts of int64 tensors.
 
-The driver keeps the scheduler, the KV manager and the sampler. A worker keeps
-only its shard and its pool, so it is told exactly what to do with them:
+A worker keeps only its shard and its pool, so it is told exactly what to do with them:
 
-    PASS      run a forward pass: the token ids and positions, and the pass's
-              metadata (slot of each new token, block table and length of each
-              sequence, and the packed row's layout); a worker builds the same
-              batch over ITS pool and runs its shard
+    PASS      run a forward pass: ids, positions, and the batch's metadata (each new token's slot, each
+              sequence's block table and length, the packed row's layout), rebuilt over ITS pool
     COPY      copy whole blocks inside the pool (copy-on-write)
     SWAP_OUT  blocks from the pool to the CPU pool, and SWAP_IN back (preemption)
     SETUP     (re)build the pools: n_blocks, block_size, CPU blocks
     STOP      leave the loop
 
-Block ids are the driver's: every worker's pool has the same blocks, each
-holding only that worker's KV heads, so one block table addresses them all.
-
-Each message is a fixed header, int64 [HEADER_LEN], then one int64 payload
-whose length the header gives. A PASS's payload is (a segment: start, length,
-context_len, row)
+Block ids are the driver's: every worker's pool has the same blocks, each holding that worker's KV heads,
+so one block table addresses them all. A message is a header, int64 [HEADER_LEN], then one int64 payload
+whose length the header gives; a PASS's is (a segment: start, length, context_len, row)
 
     [ ids B*T | positions B*T | slots B*T | tables S*W | lens S | segments 4*P | keep K ]
-
-No logits (the driver gathers them inside the pass), no text, no Python objects.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -118,9 +111,7 @@ def decode_pass(head: list[int], payload: torch.Tensor, kv_store: torch.Tensor) 
                   seq_lens=lens.to(torch.int32), segments=segments)
     kind = BATCH_KINDS[head[KIND]]
     if kind is MixedBatch:
-        cu = [0]
-        for seg in segments:
-            cu.append(cu[-1] + seg.length)
+        cu = [0] + list(itertools.accumulate(seg.length for seg in segments))
         context = [seg.context_len for seg in segments]
         dev = payload.device
         batch = MixedBatch(**common, is_decode=False, n_decode=head[N_DECODE],

@@ -1,4 +1,4 @@
-"""Phase 4.6 on the tier's device: NCCL on CUDA (one GPU per worker; on a machine with one GPU the group has one
+"""Phase 4.7 on the tier's device: NCCL on CUDA (one GPU per worker; on a machine with one GPU the group has one
 rank, so NCCL still runs every collective), gloo with ENGINE_TEST_DEVICE=cpu. The group's tokens equal one
 worker's, in fp32 with TF32 off."""
 
@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from phases.p4_5_speculative_decoding.engine import SpeculativeEngine
-from phases.p4_6_tensor_parallel import TensorParallelEngine, launch
-from phases.p4_6_tensor_parallel.workers import backend_for
+from phases.p4_7_tensor_parallel import TensorParallelEngine, launch
+from common.processes import backend_for
 
 pytestmark = pytest.mark.gpu
 
