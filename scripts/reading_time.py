@@ -8,6 +8,7 @@ so it does not count here, and a reader does not meet it on the way.
 
     python scripts/reading_time.py            the table (markdown)
     python scripts/reading_time.py --check    exit 1 if a phase is over MAX_MINUTES
+    python scripts/reading_time.py --readme   write the table into README.md, between its markers
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 PHASES = ROOT / "phases"
 README_WORDS_PER_MIN = 230     # prose, read with care
 CODE_LINES_PER_MIN = 20        # code, read line by line
+README = ROOT / "README.md"
+MARKERS = ("<!-- reading-time -->", "<!-- /reading-time -->")   # the README's table sits between them
 MAX_MINUTES = 25               # no phase over this
 TARGET_MINUTES = 15            # most phases under this
 
@@ -65,12 +68,22 @@ def table(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
+def write_readme(text: str) -> None:
+    """Put `text` between the README's markers, in place of what was there."""
+    readme = README.read_text()
+    start, end = readme.index(MARKERS[0]) + len(MARKERS[0]), readme.index(MARKERS[1])
+    README.write_text(readme[:start] + "\n" + text + "\n" + readme[end:])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help=f"fail if a phase is over {MAX_MINUTES} minutes")
+    parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     args = parser.parse_args(argv)
     rows = [measure(d) for d in phase_dirs()]
     print(table(rows))
+    if args.readme:
+        write_readme(table(rows))
     over = [r for r in rows if r["minutes"] > MAX_MINUTES]
     under = sum(r["minutes"] < TARGET_MINUTES for r in rows)
     print(f"\n{under} of {len(rows)} phases under {TARGET_MINUTES} minutes; over {MAX_MINUTES}: "
