@@ -25,6 +25,12 @@ class StaticDecodeEngine(ChunkedPrefillEngine):
     runner_class = StaticRunner
 
     def __init__(self, lm, *args, cuda_graphs: bool | None = None, buckets: list[int] | None = None, **kwargs):
+        self.cuda_graphs, self.buckets = cuda_graphs, buckets   # read by make_runner, during 3.6's constructor
         super().__init__(lm, *args, **kwargs)
-        self.sampler = DeviceSampler(lm.device)
-        self.runner = self.runner_class(lm, self.allocator, self.sampler, self.max_running, cuda_graphs, buckets)
+
+    def make_sampler(self) -> DeviceSampler:
+        return DeviceSampler(self.lm.device)
+
+    def make_runner(self) -> StaticRunner:
+        return self.runner_class(self.lm, self.allocator, self.sampler, self.max_running, self.cuda_graphs,
+                                 self.buckets)

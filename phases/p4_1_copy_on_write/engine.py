@@ -34,11 +34,8 @@ import torch
 from common.clock import SeqTiming
 from common.sampling import GREEDY, SamplingParams
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
-from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
-from phases.p3_6_batched_engine.engine import DEFAULT_MAX_RUNNING, BatchedPagedEngine, WorstCaseAdmission
-from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, TokenBudget, check_budget
-from phases.p3_10_cuda_graphs.runner import StaticRunner
-from phases.p3_10_cuda_graphs.sampler import DeviceSampler
+from phases.p3_6_batched_engine.engine import WorstCaseAdmission
+from phases.p3_10_cuda_graphs.engine import StaticDecodeEngine
 from phases.p4_1_copy_on_write.block_ops import blocks_held
 from phases.p4_1_copy_on_write.kv import CowKV, worst_case_blocks
 
@@ -80,9 +77,9 @@ class SequenceGroup:
 class GroupWorstCaseAdmission(WorstCaseAdmission):
     """Phase 3.6's rule for requests of n sequences: n free slots, and the group's worst case in blocks."""
 
-    def can_admit(self, seq: Sequence, need: int, blocks_left: int) -> bool:
+    def can_admit(self, seq: Sequence, blocks_left: int) -> bool:
         e = self.engine
-        return e.group_of(seq).n <= e.n_free_slots - e.slots_promised and super().can_admit(seq, need, blocks_left)
+        return e.group_of(seq).n <= e.n_free_slots - e.slots_promised and super().can_admit(seq, blocks_left)
 
     def blocks_to_admit(self, seq: Sequence) -> int:
         """The group's worst case, `worst_case_blocks(request, n, block_size)` =
@@ -106,24 +103,21 @@ class GroupWorstCaseAdmission(WorstCaseAdmission):
         return promised
 
 
-class SharingEngine(BatchedPagedEngine):
-    """Phase 3.6's engine on phase 3.8's token budget and phase 3.10's runner and sampler (the static decode
-    runner, the device sampler), with requests of n sequences over shared blocks (`CowKV`)."""
+class SharingEngine(StaticDecodeEngine):
+    """Phase 3.10's engine with requests of n sequences over shared blocks: its KV part `CowKV`, its admission
+    `GroupWorstCaseAdmission`."""
 
-    def __init__(self, lm, max_running: int = DEFAULT_MAX_RUNNING, block_size: int = DEFAULT_BLOCK_SIZE,
-                 n_blocks: int | None = None, allocator: BlockAllocator | None = None, *,
-                 cuda_graphs: bool | None = None, buckets: list[int] | None = None,
-                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS):
-        check_budget(max_num_batched_tokens)   # before any memory is taken for the pool
-        super().__init__(lm, max_running, block_size, n_blocks, allocator)
-        self.prefill = TokenBudget(self, max_num_batched_tokens)
-        self.kv = CowKV(self.allocator)
-        self.admission = GroupWorstCaseAdmission(self)
-        self.sampler = DeviceSampler(lm.device)
-        self.runner = StaticRunner(lm, self.allocator, self.sampler, self.max_running, cuda_graphs, buckets)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.groups: list[SequenceGroup] = []        # every request added, in order
         self._group_of: dict[int, SequenceGroup] = {}  # seq_id -> its request
         self._next_request_id = 0
+
+    def make_kv(self) -> CowKV:
+        return CowKV(self.allocator)
+
+    def make_admission(self) -> GroupWorstCaseAdmission:
+        return GroupWorstCaseAdmission(self)
 
     # --- requests ----------------------------------------------------------------
     def add_group(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,
@@ -263,9 +257,10 @@ class SharingEngine(BatchedPagedEngine):
         Sample i draws with seed + i (sample 0 is what a plain request would draw)."""
         sampling = parent.sampling if parent.sampling.seed is None else \
             replace(parent.sampling, seed=parent.sampling.seed + index)
-        child = Sequence(self._next_id, parent.prompt, parent.prompt_ids, parent.max_new_tokens, sampling,
-                         parent.ignore_eos, status=parent.status, output_ids=list(parent.output_ids),
-                         timing=SeqTiming(arrival=parent.timing.arrival), history=list(parent.history))
+        kind = type(parent)     # a member is the same kind of sequence as its parent
+        child = kind(self._next_id, parent.prompt, parent.prompt_ids, parent.max_new_tokens, sampling,
+                     parent.ignore_eos, status=parent.status, output_ids=list(parent.output_ids),
+                     timing=SeqTiming(arrival=parent.timing.arrival), history=list(parent.history))
         self._next_id += 1
         self._group_of[child.seq_id] = group
         group.seqs.append(child)

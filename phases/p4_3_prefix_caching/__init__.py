@@ -9,9 +9,8 @@ Files:
                    table and a third block state, cached-free
 - kv.py            `PrefixKV(CowKV)`: the KV part that maps cached prompt blocks in, publishes new full
                    ones after each pass and discounts held hits in admission; `CacheStats`
-- engine.py        `PrefixCachingEngine(SharingEngine)`: phase 4.1's engine with `PrefixKV` (on by
-                   default; `prefix_caching=False` chooses `CowKV`), and the two functions that give any
-                   engine this part (`prefix_cache_pool`, `use_prefix_cache`)
+- engine.py        `PrefixCachingEngine(SharingEngine)`: phase 4.1's engine on a `PrefixCachingAllocator`,
+                   with `PrefixKV` (on by default; `prefix_caching=False` chooses `CowKV`)
 - demo.py          `prefix_demo`, one-shot and few-shot system prompts with and without the cache: hit
                    rate, prefill tokens skipped, TTFT, throughput
 - README.md        the idea, its files, how to run it; its tables: docs/measurements/p4_3_prefix_caching.md

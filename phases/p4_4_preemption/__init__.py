@@ -4,7 +4,7 @@ Files:
 - swap.py    `SwapSpace`: a CPU block pool of the same block shape, and one indexed copy per direction;
              `NoSwapSpace`, the part recompute mode picks instead (no pool)
 - engine.py  `OptimisticAdmission`, the admission part (a group's prefill fits now, with a watermark), and
-             `PreemptingEngine(SharingEngine)` with phase 4.3's `PrefixKV`, the engine line so far
+             `PreemptingEngine(PrefixCachingEngine)`, the engine line so far
              (samples, prefix caching, preemption): FCFS admission of whole groups,
              preemption of the latest group (a group part-way through its prefill too), recovery by
              `preemption_mode="recompute"` (prompt + outputs re-prefilled in chunks, still-cached blocks

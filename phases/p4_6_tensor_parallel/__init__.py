@@ -6,13 +6,13 @@ message.py    the control message: a pass (ids, positions, slots, block tables) 
 workers.py    the processes on torch.distributed (gloo on CPUs, NCCL on GPUs): `launch`, the driver's
               `WorkerGroup`, and the `Worker` loop that obeys the messages
 engine.py     the driver's side: `DriverModel` (its model call broadcasts the pass), the broadcasting copy queue
-              and swap space, `use_tensor_parallel`, and `TensorParallelEngine`
+              and swap space, and `TensorParallelEngine`, which picks them when given a group
 demo.py       `tp_demo`: TP=1 against TP=2, outputs, bytes per worker, blocks at equal memory, all-reduces
 """
 
-from phases.p4_6_tensor_parallel.engine import DriverModel, TensorParallelEngine, use_tensor_parallel
+from phases.p4_6_tensor_parallel.engine import DriverModel, TensorParallelEngine
 from phases.p4_6_tensor_parallel.shard import UnsupportedTensorParallel, shard_model, split
 from phases.p4_6_tensor_parallel.workers import WorkerDied, WorkerGroup, launch
 
-__all__ = ["DriverModel", "TensorParallelEngine", "use_tensor_parallel", "UnsupportedTensorParallel", "shard_model",
+__all__ = ["DriverModel", "TensorParallelEngine", "UnsupportedTensorParallel", "shard_model",
            "split", "WorkerDied", "WorkerGroup", "launch"]
