@@ -65,7 +65,7 @@ class SequenceGroup:
         return [s for s in self.seqs if s.status in (Status.PREFILLING, Status.DECODING)]
 
     def index(self, seq: Sequence) -> int:
-        """Which member `seq` is: sample i (the response's choices[i]) or beam slot i."""
+        """Which member `seq` is: sample i (the response's choices[i])."""
         return next(i for i, s in enumerate(self.seqs) if s is seq)
 
     @property
@@ -216,7 +216,8 @@ class SharingEngine(StaticDecodeEngine):
         parent = group.seqs[0]
         try:
             children = [self.new_member(group, parent, i) for i in range(1, group.n)]
-            self.fork_kv(children, [parent] * len(children))
+            for child in children:
+                child.kv = self.kv.fork(parent)     # one more owner of each of the parent's blocks
         except Exception:
             self.unfork(group)
             raise
@@ -233,24 +234,6 @@ class SharingEngine(StaticDecodeEngine):
             self._group_of.pop(child.seq_id, None)
             self.sequences.remove(child)
         del group.seqs[1:]
-
-    def fork_kv(self, seqs: list[Sequence], parents: list[Sequence]) -> None:
-        """seqs[i] continues parents[i]: its table becomes a fork of the parent's (one more owner per block,
-        nothing copied), its old table, if any, is released. Every fork is taken before any old table is
-        released, so a block held by both generations never touches the free list; if one fork fails, the
-        forks taken so far are released and nothing has changed."""
-        tables: list = []
-        try:
-            for p in parents:
-                tables.append(self.kv.fork(p))
-        except Exception:
-            for table in tables:
-                table.release(self.allocator)
-            raise
-        for seq, table in zip(seqs, tables):
-            if seq.kv is not None:
-                seq.kv.release(self.allocator)
-            seq.kv = table
 
     def new_member(self, group: SequenceGroup, parent: Sequence, index: int) -> Sequence:
         """A running sequence of `group` that starts where `parent` is (same state and tokens; no table yet).
