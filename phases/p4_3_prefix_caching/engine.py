@@ -1,10 +1,11 @@
 """`PrefixCachingEngine`: phase 4.1's engine, with prompts that start with cached blocks skipping their prefill.
 
-The whole phase is a KV part, `PrefixKV` (kv.py): admission does not count a
-cached block someone else holds, a new table maps the cached prefix in and
-its prefill starts past it, full blocks are published once written, and a
-fork continues its parent's chain of hashes. The scheduler, runner and
-sampler are phase 4.1's, unchanged.
+The whole phase is a KV part, `PrefixKV` (kv.py, its `make_kv`), on the pool
+that keeps the cache (prefix_cache.py, its `make_allocator`): admission does
+not count a cached block someone else holds, a new table maps the cached
+prefix in and its prefill starts past it, full blocks are published once
+written, and a fork continues its parent's chain of hashes. The scheduler,
+runner and sampler are phase 4.1's, unchanged.
 
 `PrefixCachingEngine(lm, prefix_caching=False)` chooses phase 4.1's `CowKV`
 instead: phase 4.1's engine, step for step, as the "off" side of a comparison.
