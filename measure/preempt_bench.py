@@ -19,6 +19,7 @@ A phase's demo hands in its engine line (measure/ imports no phase):
 A trace (measure/workload.py) runs through a fresh audited engine (`run_trace`, fed by
 measure/harness.py's `drive`): once with an unlimited pool (the reference), then per mode and block
 size with a pool of the same number of tokens; then what one recovery costs (measure/recovery_bench.py).
+The engine counts the tokens it recomputes; their time is measured here, around its steps (`timing_recomputation`).
 `run_trace` and the cells are shared with `stress_demo` (measure/stress_bench.py).
 """
 
@@ -66,17 +67,39 @@ def start(cfg: RunConfig, name: str, quick: dict):
     return cfg.load(), cfg.new_report(name), cfg.options
 
 
+def timing_recomputation(engine_class):
+    """`engine_class` with a clock around each step: a step that recomputed tokens (the engine counts them in
+    `stats.tokens_recomputed`) adds its time x their share of its prefill tokens to `recompute_s`."""
+
+    class Timed(engine_class):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.recompute_s = 0.0
+
+        def step(self):
+            recomputed, prefilled, t0 = self.stats.tokens_recomputed, self.n_prefill_tokens, now(self.lm.device)
+            outputs = super().step()
+            recomputed = self.stats.tokens_recomputed - recomputed
+            if recomputed:
+                share = recomputed / max(recomputed, self.n_prefill_tokens - prefilled)
+                self.recompute_s += (now(self.lm.device) - t0) * share
+            return outputs
+
+    return Timed
+
+
 def run_trace(lm, line: PreemptionLine, trace, n_blocks: int, block_size: int, mode: str, label: str,
               prefix_caching: bool) -> dict:
     """Drive `trace` through a fresh audited engine; everything the tables need, JSON-ready."""
-    engine = line.audited(lm, preemption_mode=mode, block_size=block_size, n_blocks=n_blocks,
-                          max_running=MAX_RUNNING, prefix_caching=prefix_caching)
+    engine = timing_recomputation(line.audited)(lm, preemption_mode=mode, block_size=block_size, n_blocks=n_blocks,
+                                                max_running=MAX_RUNNING, prefix_caching=prefix_caching)
     with progress_bar(label, total=sum(r.n for r in trace)) as bar:
         t0 = now(lm.device)
         groups = drive(engine, trace, on_step=lambda outs: bar.advance(sum(o.finished for o in outs)))
         wall = now(lm.device) - t0
     generated = sum(s.timing.n_generated for g in groups for s in g.seqs)
-    s = engine.summary()
+    s = dict(engine.summary(), recompute_s=engine.recompute_s)
+    s["recovery_s"] = s["swap_s"] + s["recompute_s"]    # swap copies both ways, and recomputation
     return dict(s, mode=mode, block_size=block_size, n_blocks=n_blocks, wall_s=wall, tok_s=generated / wall,
                 generated=generated, completed=sum(g.done for g in groups), n_requests=len(groups),
                 n_seqs=sum(len(g.seqs) for g in groups), problems=line.check_finished(engine, groups),
@@ -183,8 +206,8 @@ def run_preempt_demo(cfg: RunConfig, line: PreemptionLine) -> Report:
         f"prompts {o['prompt_len'][0]}-{o['prompt_len'][1]} tokens, outputs {o['output_len'][0]}-"
         f"{o['output_len'][1]} (random token ids, EOS ignored, greedy); unlimited pool: "
         f"{unlimited_blocks(bs)} blocks, peak use {ref['peak_blocks']}",
-        "recovery: swap = the indexed copies out and back in; recompute = each re-prefill pass's time x the "
-        "share of its tokens that were recomputed",
+        "recovery: swap = the indexed copies out and back in; recompute = each step's time x the share of its "
+        "prefill tokens that were recomputed (measured around the engine's steps)",
         "completed: every request done, every sequence finished once, FCFS and latest-first preemption held, "
         "no block leaked (GPU and CPU pools)",
         "prefix cache " + ("on: a recomputation maps the blocks still cached back in" if caching else

@@ -40,6 +40,7 @@ import torch
 from matplotlib.colors import ListedColormap
 
 from common.model import load_model
+from measure.preempt_bench import timing_recomputation
 from measure.workload import burst, demand_tokens
 from phases.p2_2_scheduler.sequence import Status
 from phases.p4_1_copy_on_write.engine import worst_case_blocks
@@ -81,8 +82,9 @@ print(f"all at once: {demand_tokens(trace)} tokens, {unlimited_blocks} blocks of
 # %%
 WAITING, RUNNING, RECOMPUTE, SWAPPED, DONE = range(5)
 
-class CountingEngine(AuditedEngine):
-    """The audited preempting engine, counting the tokens fed to the model (prefill, decode and recomputation)."""
+class CountingEngine(timing_recomputation(AuditedEngine)):
+    """The audited preempting engine, counting the tokens fed to the model (prefill, decode and recomputation), its
+    recomputation timed around its steps (`recompute_s`)."""
     tokens_through_model = 0
 
     def run_batch(self, batch):     # one pass: prefill chunks (recomputation too) and decode rows
@@ -209,7 +211,7 @@ for label, r in runs.items():
     print(f"{label:>15} {str(r['outputs'] == ref['outputs']):>10} {e.n_steps:>6} {e.n_forward_passes:>7} "
           f"{e.tokens_through_model:>11} {s['tokens_recomputed']:>11} "
           f"{s['blocks_swapped_out']:>7}/{s['blocks_swapped_in']:<6} "
-          f"{s['bytes_swapped_out'] + s['bytes_swapped_in']:>14,} {1e3 * s['recovery_s']:>12.2f} {r['wall']:>7.2f}")
+          f"{s['bytes_swapped_out'] + s['bytes_swapped_in']:>14,} {1e3 * (s['swap_s'] + e.recompute_s):>12.2f} {r['wall']:>7.2f}")
 extra = runs["recompute"]["engine"].tokens_through_model - ref["engine"].tokens_through_model
 print(f"\nrecompute fed {extra} tokens more than the unlimited pool; the engine counted "
       f"{runs['recompute']['summary']['tokens_recomputed']} recomputed")

@@ -120,11 +120,13 @@ class SharedPrefix(BlockKV):
     its table (one more reference each), so its first chunk starts past them."""
     donor = None
 
-    def new(self, seq):
-        table = super().new(seq)
+    def new_table(self, seq):
         donor, bs = self.donor, self.block_size
-        if donor is None or donor.kv is None:
-            return table
+        shares = donor is not None and donor.kv is not None    # a donor admitted before `seq`
+        super().new_table(seq)
+        if not shares:
+            return
+        table = seq.kv
         n = (min(len(donor.prompt_ids), len(seq.prompt_ids)) - 1) // bs    # keep >= 1 token to compute
         while n and seq.prompt_ids[:n * bs] != donor.prompt_ids[:n * bs]:
             n -= 1
@@ -132,16 +134,19 @@ class SharedPrefix(BlockKV):
             self.allocator.incref(block)
             table.block_ids.append(block)
         table.n_filled = n * bs
-        return table
+
+
+class SharedPrefixEngine(ChunkedPrefillEngine):
+    def make_kv(self) -> SharedPrefix:
+        return SharedPrefix(self.allocator)
 
 
 @pytest.mark.parametrize("budget", [5, 4096])
 def test_prompts_that_start_in_another_sequences_blocks_equal_hf_generate(tiny32, budget):
     shared = random_prompts([5 * BLOCK_SIZE + 1], seed=3)[0]
     prompts = [shared + tail for tail in random_prompts((2, 9, 13), seed=4)]
-    engine = ChunkedPrefillEngine(tiny32, max_running=4, block_size=BLOCK_SIZE, n_blocks=128,
-                                  max_num_batched_tokens=budget)
-    engine.kv = SharedPrefix(engine.allocator)
+    engine = SharedPrefixEngine(tiny32, max_running=4, block_size=BLOCK_SIZE, n_blocks=128,
+                                max_num_batched_tokens=budget)
     donor = engine.kv.donor = engine.add(shared, 30, ignore_eos=True)
     while donor.status is not Status.DECODING:
         engine.step()

@@ -20,8 +20,7 @@ from phases.p3_6_batched_engine.attention import PagedBatch, Segment
 from phases.p3_8_chunked_prefill.attention import MixedBatch
 from phases.p3_10_cuda_graphs.attention import StaticDecodeBatch
 from phases.p4_5_speculative_decoding.acceptance import Proposal
-from phases.p4_5_speculative_decoding.engine import SpeculativeEngine
-from phases.p4_7_tensor_parallel import TensorParallelEngine, WorkerDied, launch, use_tensor_parallel
+from phases.p4_7_tensor_parallel import TensorParallelEngine, WorkerDied, launch
 from phases.p4_7_tensor_parallel.message import HEADER_LEN, decode_pass, encode_pass, payload_len
 from tests.oracles import hf_greedy, run_ignoring_eos
 
@@ -30,13 +29,10 @@ PACKAGED_NEW_TOKENS = 16
 
 
 
-def served(lm, group=None, **kwargs) -> SpeculativeEngine:
-    """Phase 4.5's engine (chunked prefill, prefix caching, preemption, speculation when asked) on `lm`; over the
-    group's workers when one is given."""
-    engine = SpeculativeEngine(lm, cuda_graphs=False, **kwargs)
-    if group is not None:
-        use_tensor_parallel(engine, group)
-    return engine
+def served(lm, group=None, **kwargs) -> TensorParallelEngine:
+    """Phase 4.6's engine (chunked prefill, prefix caching, preemption, speculation when asked) on `lm`; over the
+    group's workers when one is given, phase 4.5's engine on one device otherwise."""
+    return TensorParallelEngine(lm, group, cuda_graphs=False, **kwargs)
 
 
 def trace_with_everything(vocab: int) -> list[TracedRequest]:
@@ -144,7 +140,7 @@ class TestTinyOnTwoWorkers:
         group, lm = tp
         prompts = [list(range(20 + 5 * i, 31 + 7 * i)) for i in range(4)]
         engine = BatchedPagedEngine(lm, n_blocks=32, block_size=4, max_running=3)
-        use_tensor_parallel(engine, group)
+        group.setup(engine.allocator.n_blocks, engine.block_size, 0)   # the workers' pools, as 4.6's engine would
         assert run_ignoring_eos(engine, prompts, 9) == [hf_greedy(tiny32, p, 9, ignore_eos=True) for p in prompts]
 
     def test_seeded_samples_equal_one_worker(self, tp, tiny32):
@@ -177,15 +173,13 @@ class TestTinyOnTwoWorkers:
         group, lm = tp
         with pytest.raises(ValueError, match="draft"):
             TensorParallelEngine(lm, group, speculative="draft", n_blocks=16)
-        engine = served(lm, n_blocks=16)
-        engine.runner.cuda_graphs = True         # as a GPU engine would have it
         with pytest.raises(ValueError, match="cuda_graphs"):
-            use_tensor_parallel(engine, group)
+            TensorParallelEngine(lm, group, cuda_graphs=True, n_blocks=16)     # as a GPU engine would have it
 
     def test_an_engine_on_another_model_is_refused(self, tp, tiny32):
         group, _ = tp
         with pytest.raises(ValueError, match="launch"):
-            use_tensor_parallel(served(tiny32, n_blocks=16), group)
+            TensorParallelEngine(tiny32, group, n_blocks=16)
 
 
 # --- every test architecture: biases, untied embeddings, windows, softcaps, per-head norms ----------------

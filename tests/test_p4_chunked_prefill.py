@@ -80,7 +80,7 @@ def test_a_request_preempted_mid_prefill_is_recomputed_and_equals_hf(tiny32, mod
     assert (Status.PREFILLING, PREEMPTED) in went
     assert engine.summary()["n_swapped_out"] == 0
     # what B's pool held when it was dropped and was computed again is booked as recomputation
-    assert engine.stats.n_recomputed == 1 and engine.stats.tokens_recomputed > 0 and engine.stats.recompute_s > 0
+    assert engine.stats.n_recomputed == 1 and engine.stats.tokens_recomputed > 0
     for seq in (a, b):
         assert seq.output_ids == hf_greedy(tiny32, seq.prompt_ids, seq.max_new_tokens, ignore_eos=True)
 

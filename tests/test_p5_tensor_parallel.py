@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from phases.p4_7_tensor_parallel import launch, use_tensor_parallel
+from phases.p4_7_tensor_parallel import launch
 from phases.p5_1_served_engine.engine import ServingEngine
 from measure.background_server import BackgroundServer
 from phases.p5_6_http_server.launch import main
@@ -24,8 +24,7 @@ def test_the_served_engine_on_two_workers_keeps_one_workers_tokens_and_schedule(
     one = run_recorded(ServingEngine(tiny32, **kwargs), trace)
     group, lm = launch("tiny", 2, device="cpu", dtype="fp32")
     try:
-        engine = ServingEngine(lm, **kwargs)
-        use_tensor_parallel(engine, group)
+        engine = ServingEngine(lm, group=group, **kwargs)
         assert run_recorded(engine, trace) == one
         assert engine.stats.n_preemptions >= 1 and engine.cache_stats.blocks_hit >= 1 and engine.n_copied >= 1
     finally:

@@ -168,7 +168,7 @@ class OverlappedDecodeEngine(StaticDecodeEngine):
             return None
         if self.waiting and self.n_free_slots:
             head, admission = self.waiting[0], self.admission
-            if admission.can_admit(head, admission.blocks_to_admit(head), admission.blocks_left()):
+            if admission.can_admit(head, admission.blocks_left()):
                 return None
         if previous is None:
             return [s for s in self.running if s.status is Status.DECODING] or None

@@ -15,7 +15,7 @@ differ only in admission and in when blocks are claimed; the runner, the sampler
 same, so a policy changes who runs when, never a token.
 
 How a reservation runs here: first come, first served, the head of the queue is admitted when its whole
-reservation is free (`ReservationAdmission`); `ReservedKV.new` claims every reserved block then; decoding
+reservation is free (`ReservationAdmission`); `ReservedKV.new_table` claims every reserved block then; decoding
 never runs out of blocks, so nothing is ever preempted; at the finish the whole reservation goes back
 at once. Requests are of one sequence only (`new_request`); `UnsharedReservingEngine` is Orca (Oracle) for
 requests of several sequences.
@@ -71,12 +71,12 @@ class ReservedKV(CowKV):
     def blocks_reserved(self, seq: Sequence) -> int:
         return blocks_for(self.reservation(seq), self.block_size)
 
-    def new(self, seq: Sequence) -> BlockTable:
+    def new_table(self, seq: Sequence) -> None:
         """`seq`'s table at admission, every reserved block claimed (all or nothing), none written yet: the table
         is full-size before the prefill writes a token, and never grows."""
         table = BlockTable(self.block_size)
         table.ensure_capacity(self.allocator, self.reservation(seq))
-        return table
+        seq.kv = table
 
     def append_slots(self, seq: Sequence, n: int) -> list[int]:
         """Slots for `seq`'s next `n` tokens, always inside its reservation."""
@@ -107,15 +107,19 @@ class ReservingEngine(PreemptingEngine):
         check_policy(policy)
         if "prefix_caching" in engine_kwargs or "watermark_blocks" in engine_kwargs:
             raise ValueError("a reserving engine has no prefix cache and keeps no watermark")
-        super().__init__(lm, prefix_caching=False, watermark_blocks=0, **engine_kwargs)
-        self.policy = policy
+        self.policy = policy    # read by make_kv (through reserved_tokens), during phase 3.6's constructor
         self.context_limit = lm.max_context if context_limit is None else context_limit
-        self.kv = ReservedKV(self.allocator, self.reserved_tokens)
-        self.admission = ReservationAdmission(self)
+        super().__init__(lm, prefix_caching=False, watermark_blocks=0, **engine_kwargs)
         if policy == "max" and blocks_for(self.context_limit, self.block_size) > self.allocator.n_blocks:
             raise ValueError(f"a context limit of {self.context_limit} tokens needs "
                              f"{blocks_for(self.context_limit, self.block_size)} blocks of {self.block_size}, but "
                              f"the whole pool has {self.allocator.n_blocks}: Orca (max) could never admit anyone")
+
+    def make_kv(self) -> ReservedKV:
+        return ReservedKV(self.allocator, self.reserved_tokens)
+
+    def make_admission(self) -> ReservationAdmission:
+        return ReservationAdmission(self)
 
     def reserved_tokens(self, seq: Sequence) -> int:
         """Tokens `seq` reserves. Its final length is what it asks for: run with ignore_eos=True and
@@ -172,9 +176,8 @@ class UnsharedReservingEngine(BeamSearchEngine):
     underneath (phase 4.1's tables fork); only the count that admission keeps is Orca's, and that count alone
     sets how many requests run at once."""
 
-    def __init__(self, lm, **engine_kwargs):
-        super().__init__(lm, **engine_kwargs)
-        self.admission = UnsharedAdmission(self)
+    def make_admission(self) -> UnsharedAdmission:
+        return UnsharedAdmission(self)
 
     def new_request(self, prompt, max_new_tokens, sampling, ignore_eos, arrival, n) -> Sequence:
         """Refused up front if its n unshared copies could never fit the pool, even alone."""

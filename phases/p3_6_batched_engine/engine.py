@@ -12,14 +12,14 @@ each do one job:
   runner     `PagedRunner` (runner.py): a `Batch` -> forward passes -> logits
   sampler    `Sampler` (common/sampling.py): logits -> one token per row
 
-and `step()` is the loop, top to bottom: schedule, run, sample, update.
+and `step()` is the loop, top to bottom: schedule, run, sample, update. Each
+part is made by one method the constructor calls (`make_kv`, ..., `make_runner`).
 
 Scheduling is phase 3.3's policy: first come, first served (`admit`), each
 sequence admitted for its worst case, so decode never runs out of blocks. The
-scheduler's two rules are parts of their own, and an engine with other rules
-picks other parts: `WorstCaseAdmission` says whether the head of the queue may
-start, `WholePrompts` which prompt tokens a step runs (every admitted prompt,
-whole, packed into one prefill pass). Every sequence already decoding feeds
+scheduler's two rules are parts of their own: `WorstCaseAdmission` says
+whether the head of the queue may start, `WholePrompts` which prompt tokens a
+step runs (every admitted prompt, whole, packed into one prefill pass). Every sequence already decoding feeds
 its last token in one decode pass. A sequence that finishes gives its blocks
 back in the same step.
 """
@@ -62,12 +62,12 @@ class WorstCaseAdmission:
         step (each admission then takes its `blocks_to_admit` out of it, exactly what it adds to the promise)."""
         return self.engine.allocator.n_free - self.blocks_promised()
 
-    def can_admit(self, seq: Sequence, need: int, blocks_left: int) -> bool:
-        """`seq`, whose admission takes `need` blocks (`blocks_to_admit`), may start with `blocks_left` left."""
+    def can_admit(self, seq: Sequence, blocks_left: int) -> bool:
+        """`seq` may start now, `blocks_left` free blocks being left to admissions this step."""
         e = self.engine
         if not e.n_free_slots or not e.prefill.fits(len(seq.all_ids)):
             return False
-        if need <= blocks_left:
+        if self.blocks_to_admit(seq) <= blocks_left:
             return True
         e.waited_for_blocks.add(seq.seq_id)   # a slot was free, the pool was not
         return False
@@ -96,8 +96,7 @@ class WholePrompts:
         admission order (admission kept them to one prefill pass's worth); each chunk's slots are claimed as it
         is scheduled."""
         e = self.engine
-        batch.chunks += [e.claim(Chunk(s, s.kv.n_filled, len(s.all_ids) - s.kv.n_filled))
-                         for s in e.running if s.status is Status.PREFILLING]
+        batch.chunks += [e.claim(Chunk(s, 0, len(s.all_ids))) for s in e.running if s.status is Status.PREFILLING]
 
     def fits(self, n_tokens: int) -> bool:
         """`n_tokens` more prompt tokens fit this step's prefill pass (the first prompt always does)."""
@@ -113,19 +112,19 @@ class BatchedPagedEngine:
     bidirectional attention) is refused at construction, by name (attention.py)."""
 
     def __init__(self, lm, max_running: int = DEFAULT_MAX_RUNNING, block_size: int = DEFAULT_BLOCK_SIZE,
-                 n_blocks: int | None = None, allocator: BlockAllocator | None = None,
-                 max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS):
+                 n_blocks: int | None = None, max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS):
         if isinstance(max_running, bool) or not isinstance(max_running, int) or max_running < 1:
             raise ValueError(f"max_running must be an int >= 1, got {max_running!r}")
         check_attention_supported(lm.model)   # before any memory is taken for the pool
         self.lm = lm
         self.max_running = max_running
-        # n_blocks=None sizes the pool from the memory left after model load (phase 3.1's budget).
-        self.allocator = allocator or BlockAllocator.for_model(lm, block_size=block_size, n_blocks=n_blocks)
+        self.max_prefill_tokens = max_prefill_tokens
+        self.allocator = self.make_allocator(block_size, n_blocks)
         self.block_size = self.allocator.block_size
-        self.kv = BlockKV(self.allocator)
-        self.admission = WorstCaseAdmission(self)
-        self.prefill = WholePrompts(self, max_prefill_tokens)
+        # The parts, each made by its make_ method: a later phase picks its own version by overriding one.
+        self.kv = self.make_kv()
+        self.admission = self.make_admission()
+        self.prefill = self.make_prefill()
         self.sampler = self.make_sampler()
         self.runner = self.make_runner()
         self.waiting: deque[Sequence] = deque()
@@ -135,6 +134,20 @@ class BatchedPagedEngine:
         self.waited_for_blocks: set[int] = set()   # seq_ids that found a free slot but not enough blocks
         self.n_steps = 0
         self._next_id = 0
+
+    # --- the parts --------------------------------------------------------------------------------
+    def make_allocator(self, block_size: int, n_blocks: int | None) -> BlockAllocator:
+        """The pool; n_blocks=None sizes it from the memory left after model load (phase 3.1's budget)."""
+        return BlockAllocator.for_model(self.lm, block_size=block_size, n_blocks=n_blocks)
+
+    def make_kv(self) -> BlockKV:
+        return BlockKV(self.allocator)
+
+    def make_admission(self) -> WorstCaseAdmission:
+        return WorstCaseAdmission(self)
+
+    def make_prefill(self) -> WholePrompts:
+        return WholePrompts(self, self.max_prefill_tokens)
 
     def make_sampler(self) -> Sampler:
         return Sampler(self.lm.device)
@@ -224,11 +237,8 @@ class BatchedPagedEngine:
         nobody overtakes the head (a long request cannot be starved by a stream of short ones)."""
         if self.waiting:
             left = self.admission.blocks_left()   # counted once; each admission takes its own blocks out
-            while self.waiting:
-                need = self.admission.blocks_to_admit(self.waiting[0])
-                if not self.admission.can_admit(self.waiting[0], need, left):
-                    break
-                left -= need
+            while self.waiting and self.admission.can_admit(self.waiting[0], left):
+                left -= self.admission.blocks_to_admit(self.waiting[0])
                 self.admit_head()
         if self.waiting and not self.running:
             # Cannot happen (add() refuses what the empty pool cannot hold); guard against a silent hang.
@@ -239,7 +249,7 @@ class BatchedPagedEngine:
         """The head of the queue joins the running set, with a new table."""
         seq = self.waiting.popleft()
         seq.move(Status.PREFILLING)
-        seq.kv = self.kv.new(seq)
+        self.kv.new_table(seq)
         self.running.append(seq)
         return seq
 

@@ -31,13 +31,9 @@ class BlockKV:
         self.block_size = allocator.block_size
         self.peak_blocks_used = 0   # most blocks held at once (read after each pass)
 
-    @property
-    def n_free(self) -> int:
-        return self.allocator.n_free
-
-    def new(self, seq: Sequence) -> BlockTable:
-        """`seq`'s table when it is admitted: empty, its prefill claims the blocks."""
-        return BlockTable(self.block_size)
+    def new_table(self, seq: Sequence) -> None:
+        """`seq` is admitted: it gets an empty table, and its prefill claims the blocks."""
+        seq.kv = BlockTable(self.block_size)
 
     def append_slots(self, seq: Sequence, n: int) -> list[int]:
         """Claim pool slots for `seq`'s next `n` tokens (new blocks as the last one fills)."""
@@ -61,7 +57,3 @@ class BlockKV:
     def blocks_still_needed(self, seq: Sequence) -> int:
         """Blocks a running `seq` may still claim before it finishes: its worst case minus what it holds."""
         return self.blocks_for_worst_case(seq) - seq.kv.n_blocks
-
-    def bytes_held(self, seq: Sequence) -> int:
-        """Whole blocks held, the unused end of the last one included."""
-        return seq.kv.n_blocks * self.allocator.bytes_per_block if seq.kv is not None else 0

@@ -27,7 +27,8 @@ from phases.p3_6_batched_engine.attention import ATTN_NAME, PagedBatch, Segment,
 
 @dataclass
 class Chunk:
-    """The next piece of one sequence's prefill: positions start .. start + length - 1."""
+    """Prefill work of one sequence in a step: positions start .. start + length - 1 (here every admitted
+    prompt, whole, from position 0)."""
     seq: Sequence
     start: int      # the pool already holds positions 0 .. start - 1
     length: int
@@ -38,20 +39,15 @@ class Chunk:
         return self.start + self.length
 
     @property
-    def last(self) -> bool:
-        """It ends the prefill: its last row's logits give the sequence's next token."""
-        return self.end == len(self.seq.all_ids)
-
-    @property
     def ids(self) -> list[int]:
         """The tokens the pass feeds for this chunk, one per position."""
         return self.seq.all_ids[self.start:self.end]
 
     @property
     def rows_kept(self) -> range:
-        """This chunk's rows whose logits the pass returns (offsets into the chunk): the last row of a chunk
-        that ends the prefill, none otherwise."""
-        return range(self.length - 1, self.length) if self.last else range(0)
+        """This chunk's rows whose logits the pass returns (offsets into the chunk): its last, whose logits
+        give the sequence's first token."""
+        return range(self.length - 1, self.length)
 
 
 @dataclass
@@ -63,8 +59,7 @@ class Batch:
 
     @property
     def emitting(self) -> list[Sequence]:
-        """Whose token each logits row gives, in order: each chunk's kept rows (a finished prefill's last row), then
-        the decodes."""
+        """Whose token each logits row gives, in order: each chunk's kept rows, then the decodes."""
         return [c.seq for c in self.chunks for _ in c.rows_kept] + self.decode
 
     @property
@@ -107,9 +102,9 @@ class PagedRunner:
         self.n_prefill_tokens += len(ids)
         dev = self.lm.device
         batch = self.paged_batch([c.seq for c in chunks], slots, is_decode=False, segments=segments)
-        last = torch.tensor([seg.start + seg.length - 1 for seg in segments], device=dev)
+        keep = torch.tensor([seg.start + r for seg, c in zip(segments, chunks) for r in c.rows_kept], device=dev)
         return self.forward(torch.tensor([ids], device=dev), torch.tensor([positions], device=dev), batch,
-                            logits_to_keep=last)[0]                                  # [S, V]
+                            logits_to_keep=keep)[0]                                  # [S, V]
 
     def decode(self, seqs: list[Sequence], slots: list[int]) -> torch.Tensor:
         """Every sequence's last token in ONE pass, input_ids [S, 1]. Returns logits [S, V]."""

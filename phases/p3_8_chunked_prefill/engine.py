@@ -27,10 +27,10 @@ the runner     `MixedRunner` (runner.py): the step's one mixed pass.
 from __future__ import annotations
 
 from phases.p2_2_scheduler.sequence import Status
-from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
+from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_6_batched_engine.engine import DEFAULT_MAX_PREFILL_TOKENS, DEFAULT_MAX_RUNNING, BatchedPagedEngine
-from phases.p3_6_batched_engine.runner import Batch, Chunk
-from phases.p3_8_chunked_prefill.runner import MixedRunner
+from phases.p3_6_batched_engine.runner import Batch
+from phases.p3_8_chunked_prefill.runner import MixedRunner, PartialChunk
 
 # Tokens in one forward pass. Phase 3.6's prefill cap, so on a burst of prompts both engines pack the same
 # prompts into a pass and a comparison sees the kernel, not the packing. Smaller budgets lower the latency
@@ -39,7 +39,7 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = DEFAULT_MAX_PREFILL_TOKENS
 
 
 def prefill_left(seq) -> int:
-    """Tokens of `seq` (prompt, and outputs when recomputed) still to prefill; 0 unless it is prefilling."""
+    """Tokens of `seq` still to prefill; 0 unless it is prefilling."""
     return len(seq.all_ids) - seq.kv.n_filled if seq.status is Status.PREFILLING else 0
 
 
@@ -71,7 +71,7 @@ class TokenBudget:
             length = self.chunk_length(rest, budget, first=not chunks)
             if not length:
                 break          # this prompt waits for the next step, and FCFS: nobody behind it passes it
-            chunks.append(self.engine.claim(Chunk(seq, seq.kv.n_filled, length)))
+            chunks.append(self.engine.claim(PartialChunk(seq, seq.kv.n_filled, length)))
             budget -= length
 
     def chunk_length(self, rest: int, budget: int, first: bool) -> int:
@@ -116,14 +116,14 @@ class ChunkedPrefillEngine(BatchedPagedEngine):
     """Phase 3.6's engine on two new parts: one mixed pass per step (`MixedRunner`), prefill in chunks under a
     token budget (`TokenBudget`)."""
 
-    PREFILL_PLAN = TokenBudget
-
     def __init__(self, lm, max_running: int = DEFAULT_MAX_RUNNING, block_size: int = DEFAULT_BLOCK_SIZE,
-                 n_blocks: int | None = None, allocator: BlockAllocator | None = None,
-                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS):
-        check_budget(max_num_batched_tokens)   # before any memory is taken for the pool
-        super().__init__(lm, max_running, block_size, n_blocks, allocator)
-        self.prefill = self.PREFILL_PLAN(self, max_num_batched_tokens)
+                 n_blocks: int | None = None, max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS):
+        # read by make_prefill, during phase 3.6's constructor; checked before any memory is taken for the pool
+        self.max_num_batched_tokens = check_budget(max_num_batched_tokens)
+        super().__init__(lm, max_running, block_size, n_blocks)
+
+    def make_prefill(self) -> TokenBudget:
+        return TokenBudget(self, self.max_num_batched_tokens)
 
     def make_runner(self) -> MixedRunner:
         return MixedRunner(self.lm, self.allocator)
@@ -141,4 +141,5 @@ class ChunkedPrefillEngine(BatchedPagedEngine):
 class WholePromptEngine(ChunkedPrefillEngine):
     """The same one-pass step with every prompt prefilled whole (`WholePromptBudget`)."""
 
-    PREFILL_PLAN = WholePromptBudget
+    def make_prefill(self) -> WholePromptBudget:
+        return WholePromptBudget(self, self.max_num_batched_tokens)

@@ -7,11 +7,14 @@ sequence's earlier tokens in place from the pool. A step with no chunk keeps
 phase 3.6's decode pass (input_ids [S, 1], the same kernel), so steady
 decoding costs what it cost.
 
-Logits are kept only where a token is sampled: the last row of each chunk that
-ends its prompt (`Chunk.rows_kept`), and every decode row (`Batch.emitting`'s order).
+A chunk may now stop short of its prompt's end (`PartialChunk`): logits are
+kept only where a token is sampled, the last row of a chunk that ends its
+prompt (`rows_kept`), and every decode row (`Batch.emitting`'s order).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -20,6 +23,21 @@ from phases.p3_6_batched_engine.attention import Segment, use_paged_attention
 from phases.p3_6_batched_engine.runner import Batch, Chunk, PagedRunner
 from phases.p3_8_chunked_prefill.attention import VARLEN_ATTN_NAME, MixedBatch
 from phases.p3_7_varlen_prefill.ops import plan_prefill
+
+
+@dataclass
+class PartialChunk(Chunk):
+    """Phase 3.6's chunk, which may now end before its prompt does: then it emits nothing."""
+
+    @property
+    def last(self) -> bool:
+        """It ends the prefill: its last row's logits give the sequence's next token."""
+        return self.end == len(self.seq.all_ids)
+
+    @property
+    def rows_kept(self) -> range:
+        """The last row of a chunk that ends the prefill; none otherwise."""
+        return super().rows_kept if self.last else range(0)
 
 
 class MixedRunner(PagedRunner):

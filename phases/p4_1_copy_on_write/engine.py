@@ -32,12 +32,10 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from common.clock import SeqTiming
-from common.sampling import GREEDY, DeviceSampler, SamplingParams
+from common.sampling import GREEDY, SamplingParams
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
-from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
-from phases.p3_6_batched_engine.engine import DEFAULT_MAX_RUNNING, BatchedPagedEngine, WorstCaseAdmission
-from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, TokenBudget, check_budget
-from phases.p3_10_cuda_graphs.runner import StaticRunner
+from phases.p3_6_batched_engine.engine import WorstCaseAdmission
+from phases.p3_10_cuda_graphs.engine import StaticDecodeEngine
 from phases.p4_1_copy_on_write.block_ops import blocks_held
 from phases.p4_1_copy_on_write.kv import CowKV, worst_case_blocks
 
@@ -67,7 +65,7 @@ class SequenceGroup:
         return [s for s in self.seqs if s.status in (Status.PREFILLING, Status.DECODING)]
 
     def index(self, seq: Sequence) -> int:
-        """Which member `seq` is: sample i (the response's choices[i]) or beam slot i."""
+        """Which member `seq` is: sample i (the response's choices[i])."""
         return next(i for i, s in enumerate(self.seqs) if s is seq)
 
     @property
@@ -79,9 +77,9 @@ class SequenceGroup:
 class GroupWorstCaseAdmission(WorstCaseAdmission):
     """Phase 3.6's rule for requests of n sequences: n free slots, and the group's worst case in blocks."""
 
-    def can_admit(self, seq: Sequence, need: int, blocks_left: int) -> bool:
+    def can_admit(self, seq: Sequence, blocks_left: int) -> bool:
         e = self.engine
-        return e.group_of(seq).n <= e.n_free_slots - e.slots_promised and super().can_admit(seq, need, blocks_left)
+        return e.group_of(seq).n <= e.n_free_slots - e.slots_promised and super().can_admit(seq, blocks_left)
 
     def blocks_to_admit(self, seq: Sequence) -> int:
         """The group's worst case, `worst_case_blocks(request, n, block_size)` =
@@ -105,24 +103,21 @@ class GroupWorstCaseAdmission(WorstCaseAdmission):
         return promised
 
 
-class SharingEngine(BatchedPagedEngine):
-    """Phase 3.6's engine on phase 3.8's token budget and phase 3.10's runner and sampler (the static decode
-    runner, the device sampler), with requests of n sequences over shared blocks (`CowKV`)."""
+class SharingEngine(StaticDecodeEngine):
+    """Phase 3.10's engine with requests of n sequences over shared blocks: its KV part `CowKV`, its admission
+    `GroupWorstCaseAdmission`."""
 
-    def __init__(self, lm, max_running: int = DEFAULT_MAX_RUNNING, block_size: int = DEFAULT_BLOCK_SIZE,
-                 n_blocks: int | None = None, allocator: BlockAllocator | None = None, *,
-                 cuda_graphs: bool | None = None, buckets: list[int] | None = None,
-                 max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS):
-        check_budget(max_num_batched_tokens)   # before any memory is taken for the pool
-        super().__init__(lm, max_running, block_size, n_blocks, allocator)
-        self.prefill = TokenBudget(self, max_num_batched_tokens)
-        self.kv = CowKV(self.allocator)
-        self.admission = GroupWorstCaseAdmission(self)
-        self.sampler = DeviceSampler(lm.device)
-        self.runner = StaticRunner(lm, self.allocator, self.max_running, cuda_graphs, buckets)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
         self.groups: list[SequenceGroup] = []        # every request added, in order
         self._group_of: dict[int, SequenceGroup] = {}  # seq_id -> its request
         self._next_request_id = 0
+
+    def make_kv(self) -> CowKV:
+        return CowKV(self.allocator)
+
+    def make_admission(self) -> GroupWorstCaseAdmission:
+        return GroupWorstCaseAdmission(self)
 
     # --- requests ----------------------------------------------------------------
     def add_group(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,
@@ -221,7 +216,8 @@ class SharingEngine(BatchedPagedEngine):
         parent = group.seqs[0]
         try:
             children = [self.new_member(group, parent, i) for i in range(1, group.n)]
-            self.fork_kv(children, [parent] * len(children))
+            for child in children:
+                child.kv = self.kv.fork(parent)     # one more owner of each of the parent's blocks
         except Exception:
             self.unfork(group)
             raise
@@ -239,32 +235,15 @@ class SharingEngine(BatchedPagedEngine):
             self.sequences.remove(child)
         del group.seqs[1:]
 
-    def fork_kv(self, seqs: list[Sequence], parents: list[Sequence]) -> None:
-        """seqs[i] continues parents[i]: its table becomes a fork of the parent's (one more owner per block,
-        nothing copied), its old table, if any, is released. Every fork is taken before any old table is
-        released, so a block held by both generations never touches the free list; if one fork fails, the
-        forks taken so far are released and nothing has changed."""
-        tables: list = []
-        try:
-            for p in parents:
-                tables.append(self.kv.fork(p))
-        except Exception:
-            for table in tables:
-                table.release(self.allocator)
-            raise
-        for seq, table in zip(seqs, tables):
-            if seq.kv is not None:
-                seq.kv.release(self.allocator)
-            seq.kv = table
-
     def new_member(self, group: SequenceGroup, parent: Sequence, index: int) -> Sequence:
         """A running sequence of `group` that starts where `parent` is (same state and tokens; no table yet).
         Sample i draws with seed + i (sample 0 is what a plain request would draw)."""
         sampling = parent.sampling if parent.sampling.seed is None else \
             replace(parent.sampling, seed=parent.sampling.seed + index)
-        child = Sequence(self._next_id, parent.prompt, parent.prompt_ids, parent.max_new_tokens, sampling,
-                         parent.ignore_eos, status=parent.status, output_ids=list(parent.output_ids),
-                         timing=SeqTiming(arrival=parent.timing.arrival), history=list(parent.history))
+        kind = type(parent)     # a member is the same kind of sequence as its parent
+        child = kind(self._next_id, parent.prompt, parent.prompt_ids, parent.max_new_tokens, sampling,
+                     parent.ignore_eos, status=parent.status, output_ids=list(parent.output_ids),
+                     timing=SeqTiming(arrival=parent.timing.arrival), history=list(parent.history))
         self._next_id += 1
         self._group_of[child.seq_id] = group
         group.seqs.append(child)

@@ -8,8 +8,8 @@ objects that stay in the engine's running list). Every step:
      requests, parallel samples, plain requests);
   2. `BeamSearch.step` (beam.py) picks the k best continuations; beam slot i
      continues from parent beam j = `parents[i]` with one more token;
-  3. slot i gets `fork(parent j's table)` (phase 4.1's `fork_kv`, as a
-     sample forks its parent): the new beams are aliases of their parents,
+  3. slot i gets `fork(parent j's table)` (`fork_kv`, as a sample forks
+     its parent in phase 4.1): the new beams are aliases of their parents,
      refcounts counting how many children each parent has;
   4. the old tables are released. A block held only by beams that were not
      chosen drops to refcount 0 and is back on the free list right away; a
@@ -110,6 +110,24 @@ class BeamSearchEngine(SharingEngine):
             slot.timing.token(t)
             outputs.append(StepOutput(slot, tokens[-1], False))
         return outputs
+
+    def fork_kv(self, seqs: list[Sequence], parents: list[Sequence]) -> None:
+        """seqs[i] continues parents[i]: its table becomes a fork of the parent's (one more owner per block,
+        nothing copied), its old table, if any, is released. Every fork is taken before any old table is
+        released, so a block held by both generations never touches the free list; if one fork fails, the
+        forks taken so far are released and nothing has changed."""
+        tables: list = []
+        try:
+            for p in parents:
+                tables.append(self.kv.fork(p))
+        except Exception:
+            for table in tables:
+                table.release(self.allocator)
+            raise
+        for seq, table in zip(seqs, tables):
+            if seq.kv is not None:
+                seq.kv.release(self.allocator)
+            seq.kv = table
 
     def _finish_beams(self, group: BeamGroup, beams: list[Sequence], t: float) -> list[StepOutput]:
         """The search stopped: slot i takes the i-th best hypothesis; every slot's blocks go back."""

@@ -1,10 +1,11 @@
 """`PrefixCachingEngine`: phase 4.1's engine, with prompts that start with cached blocks skipping their prefill.
 
-The whole phase is a KV part, `PrefixKV` (kv.py): admission does not count a
-cached block someone else holds, a new table maps the cached prefix in and
-its prefill starts past it, full blocks are published once written, and a
-fork continues its parent's chain of hashes. The scheduler, runner and
-sampler are phase 4.1's, unchanged.
+The whole phase is a KV part, `PrefixKV` (kv.py, its `make_kv`), on the pool
+that keeps the cache (prefix_cache.py, its `make_allocator`): admission does
+not count a cached block someone else holds, a new table maps the cached
+prefix in and its prefill starts past it, full blocks are published once
+written, and a fork continues its parent's chain of hashes. The scheduler,
+runner and sampler are phase 4.1's, unchanged.
 
 `PrefixCachingEngine(lm, prefix_caching=False)` chooses phase 4.1's `CowKV`
 instead: phase 4.1's engine, step for step, as the "off" side of a comparison.
@@ -16,36 +17,33 @@ new system prompt all compute it; requests admitted in later steps hit.
 
 from __future__ import annotations
 
-from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
+from phases.p3_1_block_allocator.allocator import BlockAllocator
 from phases.p4_1_copy_on_write.engine import SharingEngine
+from phases.p4_1_copy_on_write.kv import CowKV
 from phases.p4_3_prefix_caching.kv import CacheStats, PrefixKV
 from phases.p4_3_prefix_caching.prefix_cache import PrefixCachingAllocator
 
-__all__ = ["PrefixCachingEngine", "CacheStats", "prefix_cache_pool", "use_prefix_cache"]
-
-
-def prefix_cache_pool(lm, prefix_caching: bool, block_size: int, n_blocks: int | None,
-                      allocator: BlockAllocator | None) -> BlockAllocator | None:
-    """The pool an engine with a prefix cache needs: a `PrefixCachingAllocator`, unless one is given or the
-    cache is off (None: the engine makes its usual pool)."""
-    if prefix_caching and allocator is None:
-        return PrefixCachingAllocator.for_model(lm, block_size=block_size, n_blocks=n_blocks)
-    return allocator
-
-
-def use_prefix_cache(engine, prefix_caching: bool) -> None:
-    """Give `engine` the prefix-cache KV part (`PrefixKV`), or leave it phase 4.1's `CowKV` when off."""
-    engine.prefix_caching = prefix_caching
-    engine.cache_stats = CacheStats()      # stays at zero with caching off
-    if prefix_caching:
-        engine.kv = PrefixKV(engine.allocator, engine.cache_stats)
+__all__ = ["PrefixCachingEngine", "CacheStats"]
 
 
 class PrefixCachingEngine(SharingEngine):
     """Phase 4.1's engine (samples over shared blocks, copy-on-write) with automatic prefix caching."""
 
-    def __init__(self, lm, *, prefix_caching: bool = True, block_size: int = DEFAULT_BLOCK_SIZE,
-                 n_blocks: int | None = None, allocator: BlockAllocator | None = None, **engine_kwargs):
-        allocator = prefix_cache_pool(lm, prefix_caching, block_size, n_blocks, allocator)
-        super().__init__(lm, block_size=block_size, n_blocks=n_blocks, allocator=allocator, **engine_kwargs)
-        use_prefix_cache(self, prefix_caching)
+    def __init__(self, lm, *args, prefix_caching: bool = True, allocator: PrefixCachingAllocator | None = None,
+                 **kwargs):
+        # read by make_allocator and make_kv, during phase 3.6's constructor; `allocator`: a pool of the
+        # caller's (one that also reports what the cache does, say)
+        self.prefix_caching, self.given_allocator = prefix_caching, allocator
+        self.cache_stats = CacheStats()      # stays at zero with caching off
+        super().__init__(lm, *args, **kwargs)
+
+    def make_allocator(self, block_size: int, n_blocks: int | None) -> BlockAllocator:
+        """A `PrefixCachingAllocator`, caching on or off: with nothing published it hands blocks out as phase
+        3.1's pool does."""
+        if self.given_allocator is not None:
+            return self.given_allocator
+        return PrefixCachingAllocator.for_model(self.lm, block_size=block_size, n_blocks=n_blocks)
+
+    def make_kv(self) -> CowKV:
+        """`PrefixKV`; with caching off, phase 4.1's `CowKV`."""
+        return PrefixKV(self.allocator, self.cache_stats) if self.prefix_caching else super().make_kv()

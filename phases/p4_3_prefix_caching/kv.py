@@ -3,7 +3,7 @@
 `PrefixKV` is phase 4.1's `CowKV` on a `PrefixCachingAllocator`, with three
 additions, each in the method the scheduler already calls:
 
-- `new(seq)`: look the sequence's tokens up, block by block, and map the hits
+- `new_table(seq)`: look the sequence's tokens up, block by block, and map the hits
   into its new table (`acquire` = one more reference each), with `n_filled`
   set past them. The prefill then starts at `n_filled`: the cached prefix is
   read in place from the pool, never computed. At most (len - 1) // block_size
@@ -104,9 +104,10 @@ class PrefixKV(CowKV):
         return super().blocks_to_admit(seq, n) - self.blocks_in_use(seq)
 
     # --- the part's jobs ------------------------------------------------------------------------
-    def new(self, seq: Sequence) -> BlockTable:
+    def new_table(self, seq: Sequence) -> None:
         """An empty table, then the cached prefix of `seq`'s tokens mapped into it."""
-        table = super().new(seq)
+        super().new_table(seq)
+        table = seq.kv
         hashes, match = self.lookup(seq)
         self._looked_up = None
         for entry in match.entries:
@@ -121,7 +122,6 @@ class PrefixKV(CowKV):
         s.blocks_hit += len(match.entries)
         s.tokens_skipped += table.n_filled
         s.collisions += match.collided
-        return table
 
     def written(self, seqs: list[Sequence]) -> None:
         super().written(seqs)

@@ -1,8 +1,8 @@
 """`PreemptingEngine`: optimistic FCFS admission; when the pool runs dry, the latest request gives its blocks back.
 
-Phase 4.1's engine (samples over shared blocks, copy-on-write) with phase 4.3's prefix cache as its KV part. Phases
-3.3-4.3 admitted a request only if its worst case (prompt + max_new_tokens, every sample) fit beside
-everyone else's, so most reserved blocks sat empty. Here (vLLM paper §4.5):
+Phase 4.3's engine (samples over shared blocks, copy-on-write, the prefix cache). Phases 3.3-4.3 admitted
+a request only if its worst case (prompt + max_new_tokens, every sample) fit beside everyone else's, so
+most reserved blocks sat empty. Here (vLLM paper §4.5):
 
 admission   first come, first served, optimistic: the head of the queue is admitted, whole group at
             once, when its prefill's blocks fit NOW, beside the running sequences' next tokens and a
@@ -32,11 +32,10 @@ from dataclasses import dataclass
 from enum import Enum
 from itertools import takewhile
 
-from common.clock import now
-from phases.p2_2_scheduler.sequence import ALLOWED_MOVES, Sequence, Status, StepOutput
-from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator, OutOfBlocks, blocks_for
-from phases.p4_1_copy_on_write.engine import SequenceGroup, SharingEngine
-from phases.p4_3_prefix_caching.engine import prefix_cache_pool, use_prefix_cache
+from phases.p2_2_scheduler.sequence import Sequence, Status
+from phases.p3_1_block_allocator.allocator import BlockAllocator, OutOfBlocks, blocks_for
+from phases.p4_1_copy_on_write.engine import SequenceGroup
+from phases.p4_3_prefix_caching.engine import PrefixCachingEngine
 from phases.p4_4_preemption.swap import NoSwapSpace, SwapSpace
 
 
@@ -49,9 +48,20 @@ class Preemption(Enum):
 PREEMPTED = Preemption.PREEMPTED
 # Its moves: out of PREFILLING (part-way through a prefill) or DECODING; back by prefilling again, or straight
 # to DECODING when its KV is put back.
-ALLOWED_MOVES[Status.PREFILLING].add(PREEMPTED)
-ALLOWED_MOVES[Status.DECODING].add(PREEMPTED)
-ALLOWED_MOVES[PREEMPTED] = {Status.PREFILLING, Status.DECODING}
+PREEMPTION_MOVES = {Status.PREFILLING: {PREEMPTED}, Status.DECODING: {PREEMPTED},
+                    PREEMPTED: {Status.PREFILLING, Status.DECODING}}
+
+
+class PreemptibleSequence(Sequence):
+    """Phase 2.2's sequence, whose state machine also has the moves in and out of PREEMPTED."""
+
+    def move(self, new) -> None:
+        if new in PREEMPTION_MOVES.get(self.status, ()):
+            self.status = new
+            self.history.append(new)
+        else:
+            super().move(new)
+
 
 PREEMPTION_MODES = ("recompute", "swap")
 DEFAULT_WATERMARK_FRACTION = 0.01  # vLLM's default: keep 1% of the pool free when admitting
@@ -62,8 +72,7 @@ DECISION_LOG_LENGTH = 100_000       # most recent admissions / preemptions kept 
 class PreemptionStats:
     n_preemptions: int = 0       # group preemptions (a group preempted twice counts twice)
     n_recomputed: int = 0        # groups re-prefilled after a preemption
-    tokens_recomputed: int = 0   # tokens whose K/V were computed again
-    recompute_s: float = 0.0     # prefill time spent on them (each pass's time x their share of its tokens)
+    tokens_recomputed: int = 0   # tokens whose K/V were computed again (counted as their chunks are claimed)
 
 
 class OptimisticAdmission:
@@ -78,10 +87,10 @@ class OptimisticAdmission:
         """Free blocks beyond the running sequences' next tokens, counted once per step."""
         return self.engine.allocator.n_free - self.blocks_promised()
 
-    def can_admit(self, seq: Sequence, need: int, blocks_left: int) -> bool:
+    def can_admit(self, seq: Sequence, blocks_left: int) -> bool:
         """`seq`'s whole group may start: nothing older is swapped out, its members find slots, and their
-        prefill (`need` blocks, `blocks_to_admit`) fits the blocks left (less the reserve, `watermark_blocks`)
-        and this step's pass."""
+        prefill (`blocks_to_admit`) fits the blocks left (less the reserve, `watermark_blocks`) and this
+        step's pass."""
         e = self.engine
         group = e.group_of(seq)
         if e.swapped and group.request_id > e.swapped[0].request_id:
@@ -92,7 +101,7 @@ class OptimisticAdmission:
             return False
         reserve = e.watermark_blocks if e.running else 0   # alone in the pool: no reserve needed
         tokens = sum(len(s.all_ids) for s in members)
-        return need + reserve <= blocks_left and e.prefill.fits(tokens)
+        return self.blocks_to_admit(seq) + reserve <= blocks_left and e.prefill.fits(tokens)
 
     def blocks_to_admit(self, seq: Sequence) -> int:
         """Blocks the prefill of `seq`'s group (`seq` heads the queue) takes NOW: every member waiting with it."""
@@ -130,18 +139,15 @@ class OptimisticAdmission:
         return need
 
 
-class PreemptingEngine(SharingEngine):
-    """Phase 4.1's engine with phase 4.3's prefix cache as its KV part, admitting optimistically and
-    preempting the latest request when the pool runs dry."""
+class PreemptingEngine(PrefixCachingEngine):
+    """Phase 4.3's engine (samples, prefix caching), admitting optimistically and preempting the latest request
+    when the pool runs dry."""
 
     def __init__(self, lm, preemption_mode: str = "recompute", watermark_blocks: int | None = None,
-                 cpu_blocks: int | None = None, *, prefix_caching: bool = True, block_size: int = DEFAULT_BLOCK_SIZE,
-                 n_blocks: int | None = None, allocator: BlockAllocator | None = None, **engine_kwargs):
+                 cpu_blocks: int | None = None, **engine_kwargs):
         if preemption_mode not in PREEMPTION_MODES:
             raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, got {preemption_mode!r}")
-        allocator = prefix_cache_pool(lm, prefix_caching, block_size, n_blocks, allocator)
-        super().__init__(lm, block_size=block_size, n_blocks=n_blocks, allocator=allocator, **engine_kwargs)
-        use_prefix_cache(self, prefix_caching)
+        super().__init__(lm, **engine_kwargs)
         self.preemption_mode = preemption_mode
         n = self.allocator.n_blocks
         self.watermark_blocks = math.ceil(DEFAULT_WATERMARK_FRACTION * n) if watermark_blocks is None \
@@ -150,20 +156,26 @@ class PreemptingEngine(SharingEngine):
             raise ValueError(f"watermark_blocks must be in [0, {n}), got {self.watermark_blocks}")
         # The recovery part: a CPU pool to swap into ("swap"; the paper bounds it by the GPU pool's size, and the
         # default follows it), or none ("recompute").
-        self.swap_space = SwapSpace(self.allocator, cpu_blocks or n) if preemption_mode == "swap" else NoSwapSpace()
+        self.swap_space = self.make_swap_space(cpu_blocks or n)
         self.swapped: deque[SequenceGroup] = deque()  # swapped-out groups, in arrival order
-        self.admission = OptimisticAdmission(self)
         self.stats = PreemptionStats()
         # request_id of every preemption / every admission and swap-in, in order (the latest ones)
         self.preempted_ids: deque[int] = deque(maxlen=DECISION_LOG_LENGTH)
         self.admitted_ids: deque[int] = deque(maxlen=DECISION_LOG_LENGTH)
         self._computed: dict[int, int] = {}      # seq_id -> tokens whose K/V it had when dropped for recompute
-        # this step's chunks, counted as they are claimed: prefill tokens, of those computed again, when the
-        # first of those was claimed, and the sequences whose prefill ends in the pass
-        self._step_prefill, self._step_recomputed, self._recompute_start = 0, 0, 0.0
-        self._prefilled: list[Sequence] = []
+
+    def make_admission(self) -> OptimisticAdmission:
+        return OptimisticAdmission(self)
+
+    def make_swap_space(self, cpu_blocks: int) -> SwapSpace | NoSwapSpace:
+        """The CPU pool of `cpu_blocks` blocks ("swap"), or none ("recompute")."""
+        return SwapSpace(self.allocator, cpu_blocks) if self.preemption_mode == "swap" else NoSwapSpace()
 
     # --- requests -------------------------------------------------------------------
+    def new_sequence(self, *args) -> PreemptibleSequence:
+        """Phase 3.6's checked request, as a sequence that may be preempted."""
+        return PreemptibleSequence(**vars(super().new_sequence(*args)))
+
     @property
     def has_work(self) -> bool:
         return super().has_work or bool(self.swapped)
@@ -183,20 +195,6 @@ class PreemptingEngine(SharingEngine):
         if len(self._preempted(group)) == 1:    # it was the group's last one out there
             self.swapped.remove(group)
         return True
-
-    # --- one step ---------------------------------------------------------------------
-    def step(self) -> list[StepOutput]:
-        """Phase 3.6's step; the tokens its pass computed again (`claim` counts them) are booked, with the time
-        from their first claim to the step's end (pass, sampling, update) by their share of its prefill tokens."""
-        self._step_prefill, self._step_recomputed, self._prefilled = 0, 0, []
-        outputs = super().step()
-        if self._step_recomputed:
-            self.stats.tokens_recomputed += self._step_recomputed
-            self.stats.recompute_s += ((now(self.lm.device) - self._recompute_start)
-                                       * self._step_recomputed / self._step_prefill)
-        for seq in self._prefilled:
-            self._computed.pop(seq.seq_id, None)
-        return outputs
 
     @staticmethod
     def _preempted(group: SequenceGroup) -> list[Sequence]:
@@ -318,7 +316,9 @@ class PreemptingEngine(SharingEngine):
         every slot of its full prompt blocks (so nobody writes them again, and no copy-on-write ever splits
         them), the group's other members fork them."""
         chunk = super().claim(chunk)
-        self._count_recomputed(chunk)
+        self.stats.tokens_recomputed += max(0, min(chunk.end, self._computed_before(chunk.seq)) - chunk.start)
+        if chunk.last:
+            self._computed.pop(chunk.seq.seq_id, None)   # its prefill ends in this pass: all it had is back
         lead = chunk.seq
         full_prompt = len(lead.prompt_ids) // self.block_size * self.block_size
         if self._recomputing(lead) and self.lead(lead) is lead and lead.kv.n_filled >= full_prompt:
@@ -327,16 +327,6 @@ class PreemptingEngine(SharingEngine):
                 if seq is not lead and self.group_of(seq) is group and self._recomputing(seq):
                     self._fork_prompt(lead, seq)
         return chunk
-
-    def _count_recomputed(self, chunk) -> None:
-        """Count `chunk` in this step's prefill; the clock starts at the first chunk that computes tokens again."""
-        recomputed = max(0, min(chunk.end, self._computed_before(chunk.seq)) - chunk.start)
-        if recomputed and not self._step_recomputed:
-            self._recompute_start = now(self.lm.device)
-        self._step_recomputed += recomputed
-        self._step_prefill += chunk.length
-        if chunk.last:
-            self._prefilled.append(chunk.seq)
 
     def _computed_before(self, seq: Sequence) -> int:
         """Tokens of `seq` whose K/V had been computed before it was dropped: every token but the last output for
@@ -357,15 +347,10 @@ class PreemptingEngine(SharingEngine):
         table.n_filled = n_shared * self.block_size
 
     # --- accounting -------------------------------------------------------------------------------
-    @property
-    def recovery_s(self) -> float:
-        """Time spent getting preempted groups back: swap copies (both ways) and recomputation."""
-        return self.swap_space.out.seconds + self.swap_space.into.seconds + self.stats.recompute_s
-
     def summary(self) -> dict:
         """Every counter, JSON-ready (for demos and a server's /metrics)."""
         out = dict(self.stats.__dict__, n_swap_fallbacks=self.swap_space.n_fallbacks,
-                   preemption_mode=self.preemption_mode, recovery_s=self.recovery_s,
+                   preemption_mode=self.preemption_mode,
                    n_swapped_out=0, n_swapped_in=0, blocks_swapped_out=0, blocks_swapped_in=0,
                    tokens_swapped_out=0, tokens_swapped_in=0, bytes_swapped_out=0, bytes_swapped_in=0, swap_s=0.0)
         for name, traffic in (("out", self.swap_space.out), ("in", self.swap_space.into)):

@@ -6,8 +6,8 @@ draft model, a self-draft), acceptance.py (greedy and rejection-sampling accepta
 """
 
 from phases.p4_5_speculative_decoding.acceptance import Proposal, accept
-from phases.p4_5_speculative_decoding.engine import SpecStats, SpeculativeEngine, Verify, use_speculation
+from phases.p4_5_speculative_decoding.engine import SpecStats, SpeculativeEngine, Verify
 from phases.p4_5_speculative_decoding.proposers import DraftProposer, NgramProposer, self_draft, truncate
 
-__all__ = ["Proposal", "accept", "SpecStats", "SpeculativeEngine", "Verify", "use_speculation", "DraftProposer",
+__all__ = ["Proposal", "accept", "SpecStats", "SpeculativeEngine", "Verify", "DraftProposer",
            "NgramProposer", "self_draft", "truncate"]

@@ -4,8 +4,8 @@ A proposer (proposers.py) guesses up to k tokens per decoding sequence; the
 target scores the last sampled token and the guesses in ONE pass; acceptance
 (acceptance.py) keeps the guesses it agrees with plus one token of its own. A
 step makes 1 to k + 1 tokens per sequence, all of them what the target alone
-would make. The engine's loop stays phase 3.6's; `use_speculation` picks one
-more version of three parts:
+would make. The engine's loop stays phase 3.6's; with `speculative` set, its
+`make_prefill`, `make_runner` and `make_sampler` pick one more version of each:
 
 plan      `SpeculativePlan`, 3.8's token budget plus one rule: after the decode
           tokens and prefill chunks, a decoding sequence with m guesses becomes a
@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 import torch
 
 from phases.p2_2_scheduler.sequence import Sequence
-from phases.p3_6_batched_engine.runner import Batch, Chunk
+from phases.p3_6_batched_engine.runner import Batch
 from phases.p3_8_chunked_prefill.engine import TokenBudget
+from phases.p3_8_chunked_prefill.runner import PartialChunk
 from phases.p4_4_preemption.engine import PreemptingEngine
 from phases.p4_5_speculative_decoding.acceptance import Proposal, accept
 from phases.p4_5_speculative_decoding.proposers import DraftProposer, NgramProposer, NoProposer, self_draft, truncate
@@ -42,7 +43,7 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 
 
 @dataclass
-class Verify(Chunk):
+class Verify(PartialChunk):
     """A decoding sequence's last token and its m proposed tokens: m + 1 rows, every row's logits kept; after the
     check, `made` holds the tokens it kept (its accepted guesses, then the target's own), one row each."""
     proposal: Proposal = field(default_factory=lambda: Proposal([]))
@@ -96,9 +97,8 @@ def make_proposer(lm, speculative, draft_layers: int | None, draft_blocks: int):
 class SpeculativePlan(TokenBudget):
     """Phase 3.8's token budget; what decode tokens and prefill chunks leave of it verifies proposals."""
 
-    def __init__(self, engine, max_num_batched_tokens: int, proposer, num_speculative_tokens: int):
-        super().__init__(engine, max_num_batched_tokens)
-        self.proposer = proposer
+    def __init__(self, engine, max_num_batched_tokens: int, num_speculative_tokens: int):
+        super().__init__(engine, max_num_batched_tokens)   # the engine's proposer guesses
         self.num_speculative_tokens = num_speculative_tokens
 
     def plan(self, batch: Batch) -> None:
@@ -114,7 +114,7 @@ class SpeculativePlan(TokenBudget):
         asking = [s for s in batch.decode if room[s.seq_id] > 0]
         if budget <= 0 or not asking:
             return
-        proposals = self.proposer.propose(asking, self.num_speculative_tokens, [e.sampler.seed(s) for s in asking])
+        proposals = e.proposer.propose(asking, self.num_speculative_tokens, [e.sampler.seed(s) for s in asking])
         offered = {s.seq_id: p for s, p in zip(asking, proposals)}
         decode, slots = [], []
         for seq, slot in zip(batch.decode, batch.decode_slots):
@@ -133,43 +133,28 @@ class SpeculativePlan(TokenBudget):
     def slots_free(self, seq: Sequence) -> int:
         """Positions `seq` can claim without preempting anyone or evicting a cached block: the rest of its last
         block, then the truly free blocks (a guess likely to be rejected is not worth a prefix-cache entry)."""
-        allocator = self.engine.allocator
-        free = getattr(allocator, "n_uncached_free", allocator.n_free)   # prefix caching off: n_free
-        return seq.kv.capacity - seq.kv.n_filled + free * allocator.block_size
+        allocator = self.engine.allocator      # phase 4.3's pool, caching on or off
+        return seq.kv.capacity - seq.kv.n_filled + allocator.n_uncached_free * allocator.block_size
 
 
-class Around:
-    """A part around the engine's own part of the same kind (`inner`): it does its one more job and calls `inner`
-    for the rest. Any other attribute, read or written, is the inner part's (counters, graphs, buffers, seeds)."""
-
-    OWN: tuple[str, ...] = ("inner",)
-
-    def __init__(self, inner):
-        object.__setattr__(self, "inner", inner)
-
-    def __getattr__(self, name):
-        if name in self.OWN or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self.inner, name)
-
-    def __setattr__(self, name, value):
-        if name in self.OWN:
-            object.__setattr__(self, name, value)
-        else:
-            setattr(self.inner, name, value)
-
-
-class VerifyingRunner(Around):
+class VerifyingRunner:
     """The engine's runner, then the check: each `Verify` chunk's guesses are accepted or rejected against the
     pass's logits, the rejected guesses' slots go back, and the chunk keeps one row per token it made."""
 
-    OWN = ("inner", "engine", "stats", "decided")
-
     def __init__(self, runner, engine, stats: SpecStats):
-        super().__init__(runner)      # the engine's own runner: it runs every pass
+        self.inner = runner           # the engine's own runner: it runs every pass
         self.engine = engine          # read only: its sampler's seeds, its pool, the model's EOS ids
         self.stats = stats
         self.decided: dict[int, list[int]] = {}    # seq_id -> the tokens this pass's check made for it
+
+    # What the engine reports of its runner: the counts of the one that runs the passes.
+    n_forward_passes = property(lambda self: self.inner.n_forward_passes)
+    n_prefill_tokens = property(lambda self: self.inner.n_prefill_tokens)
+    n_chunks = property(lambda self: self.inner.n_chunks)
+    n_mixed_passes = property(lambda self: self.inner.n_mixed_passes)
+    # phase 3.10's emit reads these after a static step (a decode-only pass: nothing to check in it)
+    ran_static = property(lambda self: self.inner.ran_static)
+    buffers = property(lambda self: self.inner.buffers)
 
     def run(self, batch: Batch) -> torch.Tensor:
         """Logits [len(batch.emitting), V] once the check has run (a `Verify` chunk's rows are then its tokens')."""
@@ -215,20 +200,24 @@ def until_stop(seq: Sequence, tokens: list[int], eos_ids: set[int]) -> list[int]
     return tokens
 
 
-class VerifyingSampler(Around):
+class VerifyingSampler:
     """The engine's sampler for every row but a checked one: that row gets the token the check made. A sequence
     that is DONE also leaves the proposer (a preempted one keeps its state there: its tokens do not change)."""
 
-    OWN = ("inner", "runner", "proposer", "stats")
-
-    def __init__(self, sampler, runner: VerifyingRunner, proposer, stats: SpecStats):
-        super().__init__(sampler)     # the engine's own sampler: it samples every other row
-        self.runner = runner          # its `decided`: this pass's checked tokens
-        self.proposer = proposer
+    def __init__(self, sampler, engine, stats: SpecStats):
+        self.inner = sampler          # the engine's own sampler: it samples every other row
+        self.engine = engine          # read only: its runner's `decided` (this pass's checked tokens), its proposer
         self.stats = stats
 
+    def seed(self, seq: Sequence) -> int:
+        return self.inner.seed(seq)
+
+    def draw(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
+        """Phase 3.10's draw on the device after a static step: a decode-only pass has no checked row."""
+        return self.inner.draw(seqs, logits)
+
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
-        decided = self.runner.decided
+        decided = self.engine.runner.decided
         if not decided:
             return self.inner.sample(seqs, logits)
         plain = [i for i, s in enumerate(seqs) if s.seq_id not in decided]
@@ -239,27 +228,13 @@ class VerifyingSampler(Around):
 
     def forget(self, seq: Sequence) -> None:
         self.inner.forget(seq)
-        self.proposer.release(seq)
+        self.engine.proposer.release(seq)
 
 
 def check_num_speculative_tokens(k) -> None:
     """k, the guesses a sequence may verify per step, is an int >= 1 (checked before an engine takes its pool)."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
-
-
-def use_speculation(engine, speculative, num_speculative_tokens: int, draft_layers: int | None) -> None:
-    """Give `engine` (phase 4.4's, or one built on it) speculation's parts: a proposer, the plan, the runner and
-    the sampler. `speculative=None` picks none of them: the engine keeps its parts, and proposes nothing."""
-    k = num_speculative_tokens
-    check_num_speculative_tokens(k)
-    engine.proposer = make_proposer(engine.lm, speculative, draft_layers, engine.allocator.n_blocks)
-    engine.num_speculative_tokens = k
-    engine.spec_stats = SpecStats()
-    if speculative is not None:
-        engine.prefill = SpeculativePlan(engine, engine.prefill.max_num_batched_tokens, engine.proposer, k)
-        engine.runner = VerifyingRunner(engine.runner, engine, engine.spec_stats)
-        engine.sampler = VerifyingSampler(engine.sampler, engine.runner, engine.proposer, engine.spec_stats)
 
 
 def speculation_summary(stats: SpecStats) -> dict:
@@ -269,13 +244,29 @@ def speculation_summary(stats: SpecStats) -> dict:
 
 class SpeculativeEngine(PreemptingEngine):
     """Phase 4.4's engine; decoding sequences verify up to k proposed tokens per step (`speculative=None`:
-    nothing is proposed, and the engine is phase 4.4's)."""
+    none of the three parts is picked, nothing is proposed, and the engine is phase 4.4's)."""
 
     def __init__(self, lm, speculative=None, num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
                  draft_layers: int | None = None, **engine_kwargs):
         check_num_speculative_tokens(num_speculative_tokens)
+        # read by the make_ methods, during phase 3.6's constructor
+        self.speculative, self.num_speculative_tokens = speculative, num_speculative_tokens
+        self.spec_stats = SpecStats()
         super().__init__(lm, **engine_kwargs)
-        use_speculation(self, speculative, num_speculative_tokens, draft_layers)
+        self.proposer = make_proposer(lm, speculative, draft_layers, self.allocator.n_blocks)
+
+    def make_prefill(self) -> TokenBudget:
+        if self.speculative is None:
+            return super().make_prefill()
+        return SpeculativePlan(self, self.max_num_batched_tokens, self.num_speculative_tokens)
+
+    def make_sampler(self):
+        sampler = super().make_sampler()
+        return sampler if self.speculative is None else VerifyingSampler(sampler, self, self.spec_stats)
+
+    def make_runner(self):
+        runner = super().make_runner()
+        return runner if self.speculative is None else VerifyingRunner(runner, self, self.spec_stats)
 
     def summary(self) -> dict:
         return super().summary() | speculation_summary(self.spec_stats)

@@ -5,7 +5,7 @@ Files: message.py (the control message), engine.py (the driver's side), workers.
 demo.py (`tp_demo`).
 """
 
-from phases.p4_7_tensor_parallel.engine import DriverModel, TensorParallelEngine, use_tensor_parallel
+from phases.p4_7_tensor_parallel.engine import DriverModel, TensorParallelEngine
 from phases.p4_7_tensor_parallel.workers import WorkerDied, WorkerGroup, launch
 
-__all__ = ["DriverModel", "TensorParallelEngine", "use_tensor_parallel", "WorkerDied", "WorkerGroup", "launch"]
+__all__ = ["DriverModel", "TensorParallelEngine", "WorkerDied", "WorkerGroup", "launch"]

@@ -17,10 +17,11 @@ copy-on-write (`BroadcastCopyQueue`) and the swaps of preemption
 (`BroadcastSwapSpace`). Each of them runs on the driver's pool as before and
 is sent first, so every worker's pool changes the same way.
 
-`use_tensor_parallel(engine, group)` picks these parts on an engine built on
-the `lm` that `launch` returned. Refused, by name: CUDA graphs (a replay would
-skip the broadcast), and a self-draft proposer (it would run the target's cut
-layers on the driver alone).
+`TensorParallelEngine(lm, group)`, on the `lm` that `launch` returned with
+`group`, picks these parts (`make_kv`, `make_swap_space`); with no group it
+is phase 4.5's engine on one device. Refused, by name: CUDA graphs (a replay
+would skip the broadcast), and a self-draft proposer (it would run the
+target's cut layers on the driver alone).
 """
 
 from __future__ import annotations
@@ -99,39 +100,41 @@ class BroadcastSwapSpace(SwapSpace):
         super()._copy(src_store, dst_store, src_ids, dst_ids)
 
 
-def check_tensor_parallel(engine) -> None:
-    """Refuse, by name, the parts that cannot run under tensor parallelism."""
-    if getattr(engine.runner, "cuda_graphs", False):   # 4.5's verifying runner answers for the one it wraps
-        raise ValueError("tensor parallelism needs cuda_graphs=False: a CUDA graph replays the driver's kernels "
-                         "without the broadcast that starts the workers' pass")
-    if isinstance(getattr(engine, "proposer", None), DraftProposer):
-        raise ValueError("speculative='draft' is not supported under tensor parallelism (the self-draft would run "
-                         "the target's cut layers on the driver alone); use 'ngram', or tensor_parallel_size=1")
-
-
-def use_tensor_parallel(engine, group) -> None:
-    """Give `engine` (any engine from phase 3.6 on, built on the lm that `launch` returned with `group`) the
-    broadcasting block moves it has, and have every worker build its pool for the engine's blocks."""
-    model = engine.lm.model
-    if not isinstance(model, DriverModel) or model.group is not group:
-        raise ValueError("the engine must be built on the lm that launch() returned with this group")
-    check_tensor_parallel(engine)
-    if hasattr(engine.kv, "copies"):       # from phase 4.1 on: copy-on-write moves blocks inside the pool
-        engine.kv.copies = BroadcastCopyQueue(group=group)
-    cpu_blocks = 0
-    if isinstance(getattr(engine, "swap_space", None), SwapSpace):   # phase 4.4's swapping
-        cpu_blocks = engine.swap_space.cpu.n_blocks
-        engine.swap_space = BroadcastSwapSpace(engine.allocator, cpu_blocks, group)
-    group.setup(engine.allocator.n_blocks, engine.block_size, cpu_blocks)
-    engine.tensor_parallel = group
-
-
 class TensorParallelEngine(SpeculativeEngine):
     """Phase 4.5's engine over a tensor-parallel group: the model cut across its workers, everything else on the
-    driver."""
+    driver (`group=None`: one device, phase 4.5's engine)."""
 
-    def __init__(self, lm, group, speculative=None, **engine_kwargs):
-        if speculative == "draft":
-            raise ValueError("speculative='draft' is not supported under tensor parallelism; use 'ngram'")
-        super().__init__(lm, speculative=speculative, cuda_graphs=False, **engine_kwargs)
-        use_tensor_parallel(self, group)
+    def __init__(self, lm, group=None, speculative=None, **engine_kwargs):
+        if group is not None:
+            check_tensor_parallel(lm, group, speculative, engine_kwargs.get("cuda_graphs"))
+            engine_kwargs["cuda_graphs"] = False
+        self.tensor_parallel = group    # read by make_kv and make_swap_space, during the constructors
+        super().__init__(lm, speculative=speculative, **engine_kwargs)
+        if group is not None:           # every worker builds its pools for the engine's blocks
+            cpu = self.swap_space.cpu       # None: no CPU pool ("recompute")
+            group.setup(self.allocator.n_blocks, self.block_size, 0 if cpu is None else cpu.n_blocks)
+
+    def make_kv(self):
+        """The engine's KV part; its copy-on-write copies are sent to every worker first."""
+        kv = super().make_kv()
+        if self.tensor_parallel is not None:
+            kv.copies = BroadcastCopyQueue(group=self.tensor_parallel)
+        return kv
+
+    def make_swap_space(self, cpu_blocks: int):
+        """Phase 4.4's CPU pool, each move sent to every worker first; or no pool ("recompute")."""
+        if self.tensor_parallel is None or self.preemption_mode != "swap":
+            return super().make_swap_space(cpu_blocks)
+        return BroadcastSwapSpace(self.allocator, cpu_blocks, self.tensor_parallel)
+
+
+def check_tensor_parallel(lm, group, speculative, cuda_graphs) -> None:
+    """Refuse, by name, what cannot run under tensor parallelism."""
+    if not isinstance(lm.model, DriverModel) or lm.model.group is not group:
+        raise ValueError("the engine must be built on the lm that launch() returned with this group")
+    if cuda_graphs:
+        raise ValueError("tensor parallelism needs cuda_graphs=False: a CUDA graph replays the driver's kernels "
+                         "without the broadcast that starts the workers' pass")
+    if speculative == "draft" or isinstance(speculative, DraftProposer):
+        raise ValueError("speculative='draft' is not supported under tensor parallelism (the self-draft would run "
+                         "the target's cut layers on the driver alone); use 'ngram', or tensor_parallel_size=1")

@@ -28,10 +28,9 @@ from bisect import bisect_left
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_6_batched_engine.runner import Batch
 from phases.p4_1_copy_on_write.engine import SequenceGroup
-from phases.p4_4_preemption.engine import PREEMPTED, PreemptingEngine
-from phases.p4_5_speculative_decoding.engine import (DEFAULT_NUM_SPECULATIVE_TOKENS, Verify,
-                                                     check_num_speculative_tokens, speculation_summary,
-                                                     use_speculation)
+from phases.p4_4_preemption.engine import PREEMPTED
+from phases.p4_5_speculative_decoding.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, Verify, speculation_summary
+from phases.p4_7_tensor_parallel.engine import TensorParallelEngine
 from phases.p4_7_tensor_parallel.workers import WorkerDied
 
 # a group's roles in a forward pass: prefilling a chunk, decoding (verifying guesses too), or both
@@ -50,16 +49,15 @@ class StepFailed(RuntimeError):
         self.retried = retried      # groups rolled back, to be recomputed in narrower passes
 
 
-class ServingEngine(PreemptingEngine):
+class ServingEngine(TensorParallelEngine):
     """The served engine: phase 4.4's, speculating with phase 4.5's parts when asked (`speculative`), with
     failures isolated to their culprit, and a request's records forgotten once it is over (a server runs for
     days; a run's report reads them, a server never does)."""
 
     def __init__(self, lm, speculative=None, num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
                  draft_layers: int | None = None, **engine_kwargs):
-        check_num_speculative_tokens(num_speculative_tokens)
-        super().__init__(lm, **engine_kwargs)
-        use_speculation(self, speculative, num_speculative_tokens, draft_layers)
+        super().__init__(lm, speculative=speculative, num_speculative_tokens=num_speculative_tokens,
+                         draft_layers=draft_layers, **engine_kwargs)
         self.isolation_width: int | None = None   # while isolating: groups per forward pass at most
         self.suspects: dict[SequenceGroup, frozenset[str] | None] = {}  # group -> roles to come through a pass in
         self.n_step_failures = 0

@@ -22,7 +22,6 @@ from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_6_batched_engine.engine import DEFAULT_MAX_RUNNING
 from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from phases.p4_5_speculative_decoding.engine import DEFAULT_NUM_SPECULATIVE_TOKENS
-from phases.p4_7_tensor_parallel.engine import use_tensor_parallel
 from phases.p5_5_openai_api import protocol as P
 from phases.p5_5_openai_api.errors import APIError, add_error_handlers
 from phases.p5_1_served_engine.engine import ServingEngine
@@ -306,9 +305,8 @@ def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DE
                                prefix_caching=prefix_caching, preemption_mode=preemption_mode,
                                max_num_batched_tokens=max_num_batched_tokens, speculative=speculative,
                                num_speculative_tokens=num_speculative_tokens, draft_layers=draft_layers,
-                               allocator=allocator, **({} if tensor_parallel is None else {"cuda_graphs": False}))
-        if tensor_parallel is not None:
-            use_tensor_parallel(engine, tensor_parallel)
+                               allocator=allocator, group=tensor_parallel,
+                               **({} if tensor_parallel is None else {"cuda_graphs": False}))
     aengine = WatchedAsyncEngine(engine, max_waiting=max_waiting)
     served = model_name or lm.name
     kv_events = None
