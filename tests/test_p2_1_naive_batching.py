@@ -7,7 +7,7 @@ from common.prompts import SHORT_PROMPTS, WASTE_DEMO_PROMPTS
 from phases.p2_1_naive_batching import generate as gen_mod
 from phases.p2_1_naive_batching.batch import cache_bytes
 from phases.p2_1_naive_batching.generate import generate_batch
-from phases.p2_1_naive_batching.padding import left_pad, pad_picture
+from phases.p2_1_naive_batching.padding import left_pad
 from tests.oracles import hf_greedy
 
 # Four prompts of different lengths (so rows get different amounts of PAD); on
@@ -40,7 +40,6 @@ def test_left_pad_mask_and_positions():
     assert mask.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1], [0, 0, 0, 1]]
     # Real tokens count from 0 in every row, as if there were no padding.
     assert pos.tolist() == [[0, 0, 0, 1], [0, 1, 2, 3], [0, 0, 0, 0]]
-    assert pad_picture([["a"], ["b", "c"]]) == [["PAD", "a"], ["b", "c"]]
 
 
 # --- the oracle: padding changes nothing ------------------------------------------------

@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from common.model import load_model
+from extras.p3_11_fused_ops.overlap import FusedOverlappedEngine
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
 from phases.p3_10_cuda_graphs.engine import StaticDecodeEngine
 from phases.p3_11_fused_ops import layers
-from phases.p3_11_fused_ops.engine import FusedDecodeEngine, FusedOverlappedEngine
+from phases.p3_11_fused_ops.engine import FusedDecodeEngine
 from phases.p3_11_fused_ops.kernels import rms_norm, rotary, silu_and_mul
 from tests.oracles import hf_greedy, run_ignoring_eos
 from tests.test_p3_8_engine import random_prompts

@@ -40,8 +40,3 @@ def positions_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     """
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
-
-def pad_picture(rows: list[list[str]], pad: str = "PAD") -> list[list[str]]:
-    """The same left padding on token strings, for printing and plots."""
-    longest = max(len(r) for r in rows)
-    return [[pad] * (longest - len(r)) + list(r) for r in rows]

@@ -1,21 +1,12 @@
 """`Scheduler`: a waiting queue, a running set of at most `max_running`, and static batches.
 
-Requests go into a FIFO `waiting` deque. When the running set is empty the
-scheduler admits up to `max_running` of them as one batch and runs that batch
-with phase 2.1's `PaddedBatch` (left padding, one shared DynamicCache),
-one lock-step forward pass per `step()`. A sequence that finishes early moves
-to DONE but keeps its slot until the whole batch is done: nothing new can
-join a padded batch halfway. Only then is the next batch admitted.
+When the running set is empty the scheduler admits up to `max_running` waiting requests (FIFO) as one
+phase-2.1 `PaddedBatch`, one lock-step forward pass per `step()`. A sequence that finishes early moves to
+DONE but keeps its slot until the whole batch is done (nothing can join a padded batch halfway); only
+then is the next batch admitted. Every status change goes through `Sequence.move`.
 
-Every status change goes through `Sequence.move`, which refuses illegal moves:
-WAITING -> PREFILLING -> DECODING -> DONE, exactly once each.
-
-The interface, and the parts a step is made of:
-- `add(prompt, max_new_tokens, sampling, ignore_eos, arrival) -> Sequence`;
-- `step() -> list[StepOutput]`, one per token made in the step;
-- `run(progress)` steps until `has_work` is False; `waiting`, `running`
-  (the sequences in `slots`, in slot order), `finished`, `sequences`;
-- `_emit(seqs, logits)`: one token per row of a forward pass's logits.
+The interface: `add(...) -> Sequence`, `step() -> [StepOutput]` (one per token made), `run()`;
+`waiting`, `running` (in slot order), `finished`, `sequences`.
 """
 
 from __future__ import annotations
@@ -54,25 +45,20 @@ class Scheduler:
         self._generators: dict[int, torch.Generator | None] = {}
         self._batch: PaddedBatch | None = None     # the static batch in flight
 
-    # -- the queue ----------------------------------------------------------------
     def add(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,
             ignore_eos: bool = False, arrival: float | None = None) -> Sequence:
-        """Queue a request. `prompt` is text (chat template applied) or token ids.
-
-        Bad input (empty prompt, too long for the context, max_new_tokens <= 0)
-        raises ValueError here, before anything is queued; `sampling` must be a
-        `SamplingParams`, which checked its own values when it was made (so no
-        step can meet a NaN temperature or a seed torch refuses). `arrival` is a
-        clock reading from `common.clock.now` (default: now).
-        """
+        """Queue a request: `prompt` is text (chat template applied) or token ids; bad input raises
+        ValueError before anything is queued. `arrival`: a `common.clock.now` reading (default: now)."""
         seq = self._new_sequence(prompt, max_new_tokens, sampling, ignore_eos, arrival)
-        self._queue(seq)
+        self._next_id += 1
+        self._generators[seq.seq_id] = make_generator(seq.sampling, self.lm.device)  # its own random stream
+        self.sequences.append(seq)
+        self.waiting.append(seq)
         return seq
 
     def _new_sequence(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams,
                       ignore_eos: bool, arrival: float | None) -> Sequence:
-        """A checked request, not queued yet: it takes the next seq_id only when `_queue` queues it, so a
-        refused request leaves no trace."""
+        """A checked request, not queued yet: a refused request takes no seq_id."""
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams (it validates itself), got {type(sampling).__name__}")
         seq_id = self._next_id
@@ -81,13 +67,6 @@ class Scheduler:
         seq = Sequence(seq_id, text, ids, max_new_tokens, sampling=sampling, ignore_eos=ignore_eos)
         seq.timing = SeqTiming(arrival=now(self.lm.device) if arrival is None else arrival)
         return seq
-
-    def _queue(self, seq: Sequence) -> None:
-        """Put a checked sequence at the back of the waiting queue, with its own random stream."""
-        self._next_id += 1
-        self._generators[seq.seq_id] = make_generator(seq.sampling, self.lm.device)
-        self.sequences.append(seq)
-        self.waiting.append(seq)
 
     @property
     def running(self) -> list[Sequence]:
@@ -110,43 +89,33 @@ class Scheduler:
                 progress(len(self.finished), len(self.sequences))
         return sorted(self.finished, key=lambda s: s.seq_id)
 
-    # -- the running set: which sequence holds which slot ------------------------------------
     def _admit(self) -> Sequence:
         """Move the oldest waiting sequence (FIFO) into the first free slot."""
         seq = self.waiting.popleft()
         seq.move(Status.PREFILLING)
-        self._occupy(seq)
-        return seq
-
-    def _occupy(self, seq: Sequence) -> None:
-        """Give `seq` the first free slot."""
         free = next((i for i, s in enumerate(self.slots) if s is None), None)
         if free is None:
             raise RuntimeError(f"sequence {seq.seq_id}: no free slot (all {self.max_running} are running)")
         self.slots[free] = seq
-
-    def _vacate(self, seq: Sequence) -> None:
-        """Free `seq`'s slot."""
-        self.slots[next(i for i, s in enumerate(self.slots) if s is seq)] = None
+        return seq
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         """One token per row of logits [S, V]: greedy rows in one argmax, sampled rows each with their own generator."""
-        tokens = logits.float().argmax(-1)  # [S]; fp32 first: CPU argmax over bf16 is ~4x slower, same answer
+        tokens = logits.float().argmax(-1)  # [S]; fp32 first: a CPU argmax over bf16 is slower, same answer
         for i, seq in enumerate(seqs):
             if not seq.sampling.greedy:
                 tokens[i] = sample(logits[i:i + 1], seq.sampling, self._generators[seq.seq_id])[0]
-        # One copy to the host for the whole batch, after every row is picked (on a GPU each
-        # read of a token is a wait for the stream, so rows are not read one by one).
+        # One copy to the host for the whole batch (on a GPU each read is a wait for the stream).
         return tokens.tolist()
 
     def _emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
         """Pick each sequence's next token from logits [S, V] (row i is seqs[i]); advance its status."""
         tokens = self._sample(seqs, logits)
-        # when the tokens exist: a synchronised clock, read once the device's queued work is done
-        return take_tokens(seqs, tokens, self.lm.eos_token_ids, now(self.lm.device), self._finish)
+        t = now(self.lm.device)             # a synchronised clock: when the tokens exist
+        return take_tokens(seqs, tokens, self.lm.eos_token_ids, t, self._finish)
 
     def _finish(self, seq: Sequence) -> None:
-        """`seq` made its last token. It leaves the running set when the scheduler says (here: with its batch)."""
+        """`seq` made its last token; it leaves the running set with its batch."""
         seq.move(Status.DONE)
         self.finished.append(seq)
         self._generators.pop(seq.seq_id, None)  # nothing more to sample
@@ -156,24 +125,20 @@ class Scheduler:
         self.trace.add(StepRecord(self.n_steps, t_start, t_end, slots, work))
         self.n_steps += 1
 
-    # -- one step of static batching ------------------------------------------------------
     def step(self) -> list[StepOutput]:
         """One forward pass of the current batch (prefill when a new batch starts); one StepOutput per token."""
         if self._batch is None:
-            if not self.waiting:
-                return []
-            return self._start_batch()
+            return self._start_batch() if self.waiting else []
         return self._decode_batch()
 
     def _start_batch(self) -> list[StepOutput]:
-        dev = self.lm.device
         batch = [self._admit() for _ in range(min(self.max_running, len(self.waiting)))]
         self._batch = PaddedBatch(self.lm, [s.prompt_ids for s in batch])
         for s in batch:
             s.kv = self._batch               # one cache, shared by the whole batch
-        t_start = now(dev)
+        t_start = now(self.lm.device)
         logits = self._batch.prefill()       # [B, V]
-        t_end = now(dev)
+        t_end = now(self.lm.device)
         work = [PREFILL if s is not None else None for s in self.slots]
         outputs = self._emit(batch, logits)
         self._record(t_start, t_end, work)
@@ -181,18 +146,16 @@ class Scheduler:
         return outputs
 
     def _decode_batch(self) -> list[StepOutput]:
-        dev = self.lm.device
         batch = self.running                 # row i of the padded batch is slot i
         live = [i for i, s in enumerate(batch) if s.status is not Status.DONE]
         # A finished row is fed PAD: still computed (the waste), never read.
         feed = torch.tensor([s.output_ids[-1] if s.status is not Status.DONE else self.lm.pad_token_id
                              for s in batch])
-        t_start = now(dev)
+        t_start = now(self.lm.device)
         logits = self._batch.decode(feed)    # [B, V]
-        t_end = now(dev)
-        work = [None] * self.max_running
-        for i, s in enumerate(batch):
-            work[i] = CARRIED if s.status is Status.DONE else DECODE
+        t_end = now(self.lm.device)
+        work = [CARRIED if s.status is Status.DONE else DECODE for s in batch]
+        work += [None] * (self.max_running - len(batch))
         outputs = self._emit([batch[i] for i in live], logits[live])
         self._record(t_start, t_end, work)
         self._maybe_end_batch()

@@ -1,11 +1,7 @@
 """A request's life: `Status` and `Sequence`, and `StepOutput`, one token of one step.
 
-A sequence moves WAITING -> PREFILLING -> DECODING -> DONE, exactly once each.
-`kv` is whatever KV state the engine keeps for the sequence (here the
-`PaddedBatch` it shares with its batch); the state machine never looks inside it.
-
-`step()` returns one `StepOutput` per token it made: a caller sees each token
-the step it is made, and sees a sequence finish.
+A sequence moves WAITING -> PREFILLING -> DECODING -> DONE, exactly once each. `kv` is the engine's KV
+state for it (here the `PaddedBatch` it shares); the state machine never looks inside it.
 """
 
 from __future__ import annotations
@@ -34,8 +30,7 @@ ALLOWED_MOVES = {
 }
 
 
-# eq=False: a sequence is one request's state machine, an identity. Two sequences
-# with equal fields are still two requests (and a sequence can be a dict key).
+# eq=False: two sequences with equal fields are still two requests (and a sequence can be a dict key).
 @dataclass(eq=False)
 class Sequence:
     seq_id: int
@@ -74,8 +69,7 @@ class Sequence:
         return len(self.prompt_ids) + len(self.output_ids)
 
     def take_token(self, token_id: int, eos_ids: set[int], t: float | None = None) -> bool:
-        """The token sampled for this sequence in a step: a first token ends its prefill (PREFILLING ->
-        DECODING: its prompt is in the cache). True when the sequence is now finished."""
+        """The token sampled for this sequence in a step (a first one ends its prefill). True when finished."""
         if self.status is Status.PREFILLING:
             self.move(Status.DECODING)
         return self.append_token(token_id, eos_ids, t)
@@ -102,8 +96,7 @@ class StepOutput:
 
 def take_tokens(seqs: list[Sequence], tokens: list[int], eos_ids: set[int], t: float | None,
                 finish: Callable[[Sequence], None]) -> list[StepOutput]:
-    """seqs[i] takes tokens[i] (`Sequence.take_token`, at clock reading `t`); `finish(seq)` runs for each one
-    that is now done. Returns one StepOutput per token."""
+    """seqs[i] takes tokens[i] at clock reading `t`; `finish(seq)` runs for each one now done."""
     outputs = []
     for seq, token in zip(seqs, tokens):
         done = seq.take_token(token, eos_ids, t)

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from statistics import mean
 
 from common.clock import now
@@ -21,7 +22,7 @@ from measure.progress import progress_bar
 from phases.p2_1_naive_batching.demo import short
 from phases.p2_1_naive_batching.generate import generate_batch
 from phases.p2_2_scheduler.scheduler import Scheduler
-from phases.p2_2_scheduler.trace import PREFILL
+from phases.p2_2_scheduler.trace import CARRIED, PREFILL, Trace
 from phases.p2_3_continuous_batching.scheduler import ContinuousScheduler
 
 QUICK_MAX_RUNNING = 2
@@ -69,6 +70,32 @@ def blog_lengths(prompts: list[str], scale: float = 1.0) -> list[int]:
     return [max(1, round(LATENCY_DEMO_BLOG_STEPS[p] * scale)) + 1 for p in prompts]
 
 
+def slot_spans(trace: Trace, t0: float) -> list[dict]:
+    """Contiguous stretches of one sequence in one slot doing one kind of work, for the timelines.
+
+    Times are seconds from `t0`. Prefill and decode merge into one "live"
+    stretch; carried stretches (static batching's waste) stay separate.
+    Returns [{"seq": id, "slot": s, "start": s, "end": s, "carried": bool, "steps": n}].
+    """
+    out: list[dict] = []
+    open_: dict[int, dict] = {}   # slot -> the span being extended
+    for r in trace.records:
+        for slot, (sid, work) in enumerate(zip(r.slots, r.work)):
+            if sid is None:
+                open_.pop(slot, None)
+                continue
+            carried = work == CARRIED
+            cur = open_.get(slot)
+            if cur is not None and cur["seq"] == sid and cur["carried"] == carried:
+                cur["end"], cur["steps"] = r.t_end - t0, cur["steps"] + 1
+            else:
+                cur = {"seq": sid, "slot": slot, "start": r.t_start - t0, "end": r.t_end - t0,
+                       "carried": carried, "steps": 1}
+                open_[slot] = cur
+                out.append(cur)
+    return out
+
+
 def step_times(sched) -> dict[int, tuple[float, int]]:
     """Mean ms of a decode-only step by the number of sequences in it: {n: (ms, steps)}.
 
@@ -108,8 +135,8 @@ def compare_schedulers(lm, prompts: list[str], max_running: int, cap: int | list
         static_wall_s=max(lat["static"]) / 1e3, continuous_wall_s=max(lat["continuous"]) / 1e3,
         steps_per_scheduler={n: s.n_steps for n, (s, _, _) in results.items()},
         step_ms={n: {str(k): v for k, v in step_times(s).items()} for n, (s, _, _) in results.items()},
-        timelines={n: s.trace.spans(t0) for n, (s, t0, _) in results.items()},
-        slot_trace={n: [dict(r, t_start=r["t_start"] - t0, t_end=r["t_end"] - t0) for r in s.trace.as_dicts()]
+        timelines={n: slot_spans(s.trace, t0) for n, (s, t0, _) in results.items()},
+        slot_trace={n: [dict(r, t_start=r["t_start"] - t0, t_end=r["t_end"] - t0) for r in map(asdict, s.trace.records)]
                     for n, (s, t0, _) in results.items()})
 
 

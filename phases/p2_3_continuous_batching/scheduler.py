@@ -117,5 +117,5 @@ class ContinuousScheduler(Scheduler):
     def _retire(self, seq: Sequence) -> None:
         """A DONE sequence leaves the running set: its KV goes back, its slot is free, its result is handed back."""
         self.free_kv(seq)
-        self._vacate(seq)
+        self.slots[self.slots.index(seq)] = None          # its slot (a Sequence equals only itself)
         self.returned_at[seq.seq_id] = seq.timing.finish

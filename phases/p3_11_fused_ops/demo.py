@@ -21,6 +21,7 @@ from functools import partial
 
 import torch
 
+from extras.p3_11_fused_ops.overlap import FusedOverlappedEngine
 from measure.demos import Option, RunConfig, demo, run_sections
 from measure.harness import EngineRunner
 from measure.kernel_count import TRITON_PREFIX, Launches, count_launches
@@ -34,7 +35,7 @@ from phases.p3_10_cuda_graphs.demo import STEP_ENGINES as P3_10_STEP_ENGINES
 from phases.p3_10_cuda_graphs.demo import TARGETS as P3_10_TARGETS
 from phases.p3_10_cuda_graphs.demo import prefilled_graph_engine, run_graphs, step_section
 from phases.p3_10_cuda_graphs.engine import StaticDecodeEngine
-from phases.p3_11_fused_ops.engine import FusedDecodeEngine, FusedOverlappedEngine
+from phases.p3_11_fused_ops.engine import FusedDecodeEngine
 
 COUNT_NEW_TOKENS = 4       # each counted request: its prefill, then decode steps (one of them counted)
 TOP_OPS = 12               # rows of the by-op table

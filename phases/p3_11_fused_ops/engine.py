@@ -1,26 +1,15 @@
 """`FusedDecodeEngine`: phase 3.10's static decode step with RMSNorm, rotary and SwiGLU each one kernel.
 
-Phase 3.10's CUDA graph took the host out of a decode step, and what was left on
-the H100 was a GPU time nearly flat from batch 1 to batch 256 (README),
-although batch 256 does 256 times the arithmetic. A step that long whatever its
-size is counted in kernels, not in bytes or FLOPs. Each of its ~1,570 kernels
-(56 per layer of Qwen3-0.6B) starts, reads, writes and drains; most of them
-are element-wise ops on one row per sequence. This engine runs the same step
-with the model's norms, rotary embedding and SwiGLU gate routed to one kernel
-each (kernels.py, layers.py), inside the step only: the graph captures the
-fused kernels, and prefill passes and the HF peers on the same model keep their
-own code.
-
-Off CUDA the fused kernels would run in Triton's interpreter, so by default they
-are on only where `use_kernels` says kernels run (CUDA; tests force the
-interpreter on CPU). `fused_ops=True` elsewhere is refused with a message.
+A CUDA-graph step whose time barely grows with the batch is counted in kernels, not bytes or FLOPs. This
+engine runs phase 3.10's step with the model's norms, rotary and SwiGLU gate routed to one kernel each
+(kernels.py, layers.py), inside the step only, so the graph captures the fused kernels. They are on by
+default only where `use_kernels` says kernels run (CUDA); elsewhere `fused_ops=True` is refused.
 """
 
 from __future__ import annotations
 
 import torch
 
-from extras.p3_10_cuda_graphs.overlap import OverlappedDecodeEngine
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV, use_kernels
 from phases.p3_10_cuda_graphs.attention import StaticDecodeBatch
 from phases.p3_10_cuda_graphs.engine import StaticDecodeEngine
@@ -53,8 +42,3 @@ class FusedDecodeEngine(StaticDecodeEngine):
         runner = FusedRunner if self.fused_ops else StaticRunner
         return runner(self.lm, self.allocator, self.max_running, self.cuda_graphs, self.buckets)
 
-
-class FusedOverlappedEngine(FusedDecodeEngine, OverlappedDecodeEngine):
-    """The fused step with phase 3.10's overlapped steps (an extra: extras/p3_10_cuda_graphs/overlap.py): the
-    host builds step N+1 while the GPU runs step N, which matters more once the GPU's share of a step has
-    shrunk."""

@@ -1,24 +1,16 @@
 """Three Triton kernels that each do in one launch what the model's PyTorch code does in several.
 
-In a CUDA graph the host's launches are gone, but every kernel still starts,
-reads its inputs from HBM, writes its output back and drains before the next
-one starts: a couple of microseconds even for a row of 1,024 numbers. A decode
-step of Qwen3-0.6B in phase 3.10 is 56 kernels per layer on a GPU, 28 layers, and
-most of them are tiny element-wise ops:
+In a CUDA graph every kernel still starts, reads HBM, writes back and drains before the next one starts,
+and most of a decode step's kernels are tiny element-wise ops on one row per sequence:
 
     RMSNorm   to(fp32), pow, mean, add eps, rsqrt, mul, to(dtype), mul weight   8 kernels -> 1
     rotary    q*cos, cat(-q2, q1)*sin, add; the same for k                     ~10 kernels -> 1
     SwiGLU    silu(gate), * up                                                  2 kernels -> 1
 
-Each kernel computes in fp32 registers. `rms_norm` and `silu_and_mul` round to
-the model's dtype where the model's PyTorch code rounds (the normalised row
-before the weight; silu's output before the product), so in bf16 they differ
-from the model only by summation order. `rotary` rounds once, at the end, where
-PyTorch's bf16 code rounds each product and the sum: up to an ulp apart. In
-fp32 all three equal the model's to rounding (tests). None reads a tensor value
-on the host, so a graph can capture them. Without a GPU they run in Triton's
-interpreter (tests only); its fp32 -> bf16 cast truncates instead of rounding to
-nearest, so there bf16 is only checked loosely, and exactly in the gpu tier.
+Each computes in fp32 registers. `rms_norm` and `silu_and_mul` round to the model's dtype where its
+PyTorch code rounds; `rotary` rounds once, at the end (in bf16, up to an ulp apart). In fp32 all three
+equal the model's to rounding. None reads a tensor value on the host, so a graph can capture them.
+Triton's CPU interpreter truncates fp32 -> bf16, so bf16 is checked exactly only on a GPU.
 """
 
 from __future__ import annotations
@@ -42,7 +34,6 @@ def row_warps(block: int) -> int:
     return next((warps for width, warps in ROW_WARPS if block <= width), MAX_ROW_WARPS)
 
 
-# --- RMSNorm --------------------------------------------------------------------------------------
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, n_cols, s_x_row, s_out_row, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -75,7 +66,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return out.view(x.shape)
 
 
-# --- rotary position embedding, q and k in one launch ---------------------------------------------
 @triton.jit
 def _rotary_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, q_out_ptr, k_out_ptr, seq_len, n_q_heads, half,
                    s_q_b, s_q_h, s_q_t, s_k_b, s_k_h, s_k_t, s_qo_b, s_qo_h, s_qo_t, s_ko_b, s_ko_h, s_ko_t,
@@ -137,7 +127,6 @@ def rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tenso
     return q_out, k_out
 
 
-# --- SwiGLU's gate ---------------------------------------------------------------------------------
 @triton.jit
 def _silu_and_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
     start = tl.program_id(0).to(tl.int64) * BLOCK

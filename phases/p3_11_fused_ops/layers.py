@@ -1,23 +1,15 @@
 """Route the model's RMSNorm, rotary embedding and SwiGLU to the fused kernels, only inside `fused_ops_on()`.
 
-The model object is shared: the HF peers the benchmarks compare with run
-`generate` on the very same modules, and the engine's own prefill passes keep
-phase 3.8's path. So nothing is replaced for good. `install_fused_ops(model)`
-runs once per model and gives each recognised module a forward that asks one
-flag per call: inside `fused_ops_on()` it launches the fused kernel, anywhere
-else it is the module's own forward, unchanged. (Switching implementations by
-walking the modules every step would cost what phase 3.6's attention switch
-cost, a walk over hundreds of modules per step; reading a flag costs nothing, and in a replayed CUDA graph
-no Python runs at all.)
+The model object is shared (the HF peers and the engine's prefill passes run the same modules), so nothing
+is replaced for good: `install_fused_ops(model)` gives each recognised module a forward that reads one flag
+per call, the fused kernel inside `fused_ops_on()`, its own forward elsewhere. A replayed graph runs no Python.
 
-What is recognised, by name, from model families whose code was read against the kernels; anything else
-(another family's norm, MLP or rotary, which may compute something else under the same name) is left alone:
-- norms: the RMSNorm classes that compute `weight * (x / rms(x)).to(dtype)` (Llama, Qwen2/3, Mistral),
-  with a weight in the input's dtype. Gemma's `(1 + weight)` norm is not one of them;
-- MLPs: the SwiGLU classes `down_proj(act_fn(gate_proj(x)) * up_proj(x))` of the same families, with a SiLU;
-- rotary: the `apply_rotary_pos_emb` (`rotate_half` style) of those files and Gemma 2's, when called as
-  (q, k, cos, sin) in HF's default layout (q and k [B, H, T, D], cos and sin [B, T, D]); any other call,
-  or tensors the kernel refuses, go to the model's own function.
+Recognised by name, from families whose code was read against the kernels; anything else is left alone:
+- norms: RMSNorms computing `weight * (x / rms(x)).to(dtype)` (Llama, Qwen2/3, Mistral), weight in x's
+  dtype (Gemma's `(1 + weight)` norm is not one);
+- MLPs: the SwiGLU `down_proj(act_fn(gate_proj(x)) * up_proj(x))` of the same families, with a SiLU;
+- rotary: their `apply_rotary_pos_emb` and Gemma 2's, called as (q, k, cos, sin) in HF's default layout
+  (q, k [B, H, T, D]; cos, sin [B, T, D]) on tensors the kernel takes.
 """
 
 from __future__ import annotations

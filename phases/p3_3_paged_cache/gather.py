@@ -1,15 +1,10 @@
 """The slow baseline gather: copy one sequence's K/V out of the pool, block by block.
 
-The pool is one tensor shared by every sequence:
     kv_store: [n_blocks, n_layers, 2, n_kv_heads, block_size, head_dim]   (index 0 = K, 1 = V)
-A sequence's block table lists the physical blocks it owns, in logical order;
-token position p lives at (block_ids[p // block_size], p % block_size).
 
-Attention in `transformers` wants each sequence's K/V as one contiguous
-[1, n_kv_heads, n_tokens, head_dim] tensor, so this function slices every
-block the sequence owns and concatenates the slices. It runs one small copy
-per block and one Python iteration per block, per layer, per sequence: the
-cost grows with the blocks a sequence holds, not with the bytes they carry.
+Token position p lives at (block_ids[p // block_size], p % block_size). Attention wants one contiguous
+[1, n_kv_heads, n_tokens, head_dim] tensor, so this slices every block and concatenates: one copy and one
+Python iteration per block, per layer, per sequence.
 """
 
 from __future__ import annotations
@@ -24,10 +19,7 @@ K_INDEX, V_INDEX = 0, 1  # position of K and V in the pool's third dimension
 def gather_python(kv_store: torch.Tensor, block_ids: list[int], n_tokens: int,
                   layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
     """K and V of the first `n_tokens` tokens of one sequence, each [1, n_kv_heads, n_tokens, head_dim].
-
-    `block_ids` is the sequence's block table (physical block ids in logical
-    order). Full blocks are copied whole; the last block only up to `n_tokens`.
-    """
+    `block_ids`: the sequence's physical blocks in logical order."""
     if kv_store.dim() != 6:
         raise ValueError(f"kv_store must be [n_blocks, n_layers, 2, n_kv_heads, block_size, head_dim], "
                          f"got shape {tuple(kv_store.shape)}")

@@ -1,27 +1,15 @@
 """`PagedCache`: a `transformers.Cache` for one sequence whose K/V live in the shared block pool.
 
-`DynamicCache` keeps, per layer, one tensor [1, n_kv_heads, n_tokens, head_dim]
-and grows it with `torch.cat` every forward pass: a new, slightly larger
-buffer and a copy of everything so far. `PagedCache` keeps nothing of its own
-but a `BlockTable`. Each forward pass it
+`DynamicCache` grows one [1, n_kv_heads, n_tokens, head_dim] tensor per layer with `torch.cat` every
+forward pass. `PagedCache` keeps nothing of its own but a `BlockTable`. Each forward pass it
 
-  1. claims slots for the T new tokens in the table (once, when layer 0 is
-     updated: every layer stores the same token positions, so all layers share
-     one table and one set of slots),
-  2. writes each layer's new K/V straight into those slots of the pool, in one
-     indexed copy for all T tokens (`_write`),
-  3. returns the layer's whole K/V, copied out of the pool block by block
-     (`gather_python`), because transformers' attention wants one contiguous
-     [1, n_kv_heads, n_tokens, head_dim] tensor.
+  1. claims slots for the T new tokens in the table, once, at layer 0 (every layer stores the same
+     positions, so all layers share one set of slots);
+  2. writes each layer's new K/V into those slots of the pool, in one indexed copy (`_write`);
+  3. returns the layer's whole K/V copied out block by block (`gather_python`): transformers'
+     attention wants one contiguous tensor. This copy is the price of this phase.
 
-Step 3 is the price of this phase: the pool is paged, but the attention still
-reads a contiguous copy, made one block at a time in every layer of every
-forward pass.
-
-The model sees a drop-in `DynamicCache`: `get_seq_length()` and
-`get_mask_sizes()` report the tokens in the table, so the causal mask and the
-positions come out exactly as with `DynamicCache`, and greedy output is
-bit-identical (the K/V values are only copied, never recomputed).
+`get_seq_length()` and `get_mask_sizes()` read the table, so the mask and positions are DynamicCache's.
 """
 
 from __future__ import annotations
@@ -37,11 +25,8 @@ FIRST_LAYER = 0  # the layer whose update opens a forward pass (and claims its s
 
 
 class PagedLayer(CacheLayerMixin):
-    """One model layer's window on a `PagedCache`: it writes and reads layer `layer_idx` of the pool.
-
-    It owns no tensors; `keys`/`values` stay None. All it keeps is how many
-    tokens it has written, to catch a forward pass that skips or repeats a layer.
-    """
+    """One model layer's window on a `PagedCache`. It owns no tensors, only how many tokens it has
+    written, to catch a forward pass that skips or repeats a layer."""
 
     is_sliding = False      # full attention: every past token stays visible
     is_compileable = False  # Python bookkeeping on every update: not for torch.compile
@@ -89,13 +74,9 @@ class PagedCache(Cache):
         # The (block, offset) of the tokens claimed by the forward pass in flight, shared by all layers.
         self._blocks = self._offsets = None
 
-    # --- what the model calls ------------------------------------------------------
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """Store this forward pass's new K/V for `layer_idx`; return all K/V of that layer.
-
-        key_states, value_states: [1, n_kv_heads, T, head_dim] (T = prompt length at
-        prefill, 1 per decode step). Returns two [1, n_kv_heads, n_tokens, head_dim].
-        """
+        """Store this pass's K/V for `layer_idx`, [1, n_kv_heads, T, head_dim] each; return all of that
+        layer's, [1, n_kv_heads, n_tokens, head_dim] each."""
         if key_states.shape[0] != 1:
             raise ValueError(f"PagedCache holds one sequence; got a batch of {key_states.shape[0]}")
         if key_states.dtype != self.allocator.kv_store.dtype:
@@ -122,12 +103,7 @@ class PagedCache(Cache):
         self._blocks, self._offsets = slots // bs, slots % bs   # [T] each
 
     def _write(self, layer_idx: int, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        """Scatter the T new tokens' K/V into their (block, offset) slots, all at once.
-
-        The blog writes token by token in a Python loop; both put the same numbers in the same places, but a
-        prefill of T tokens would otherwise cost 2 * T small copies per layer (T = a few hundred on a long
-        prompt), so `_claim` computes the (block, offset) of every new token once and this scatters them in one
-        go."""
+        """Scatter the T new tokens' K/V into their (block, offset) slots in one copy (the blog: 2 * T copies)."""
         # The pool's layer as [n_blocks, block_size, 2, n_kv_heads, head_dim] (a view, no copy),
         # so that indexing by (block, offset) picks one token's K and V for all heads.
         pool_layer = self.allocator.kv_store[:, layer_idx].permute(0, 3, 1, 2, 4)
@@ -145,15 +121,9 @@ class PagedCache(Cache):
     def is_compileable(self) -> bool:
         return False
 
-    # --- what the scheduler calls ----------------------------------------------------
     @property
     def n_blocks(self) -> int:
         return self.table.n_blocks
-
-    @property
-    def kv_bytes(self) -> int:
-        """Pool bytes this sequence holds: whole blocks, the unused tail of the last one included."""
-        return self.table.n_blocks * self.allocator.bytes_per_block
 
     def release(self) -> None:
         """Give every block back to the pool; the cache is empty (and reusable) afterwards."""

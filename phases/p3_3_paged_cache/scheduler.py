@@ -1,25 +1,18 @@
 """`PagedScheduler`: phase 2.3's continuous batching with every sequence's K/V in one shared block pool.
 
-Only the KV override points of `ContinuousScheduler` change (`new_kv`, `free_kv`,
-`kv_bytes`, and `block_table`): a sequence's KV is a `PagedCache` on the shared
-`BlockAllocator`. Each running sequence still gets its own forward pass per step:
-a `PagedCache` is one sequence's transformers `Cache`, and a forward pass takes one.
+Only the KV override points of `ContinuousScheduler` change: a sequence's KV is a `PagedCache` on the
+shared `BlockAllocator`. Each running sequence still gets its own forward pass per step.
 
-A pool can run dry, so admission now has a second condition besides a free
-slot: the pool must have room for the newcomer. A sequence the pool cannot
-take stays at the head of the waiting queue until finished sequences give
-blocks back; it is never dropped. So that a running sequence can never hit an
-empty pool in the middle of its decode (nothing here takes blocks back from a
-running sequence), admission counts each sequence's worst case against the pool:
+Admission needs a free slot and room in the pool. A sequence the pool cannot take waits at the head of
+the queue until blocks come back. So that a running sequence never meets an empty pool mid-decode
+(nothing here takes blocks back), admission counts each sequence's worst case:
 
     worst_case_tokens(seq)  prompt + max_new_tokens - 1 (the last token is never fed back)
     blocks_promised()       blocks everybody running may still claim: worst case minus blocks held
     blocks_to_admit(seq)    blocks `seq` must find free to be admitted: its worst case
     can_admit(seq)          a free slot and blocks_to_admit(seq) <= free - blocks_promised()
 
-Blocks are still claimed one at a time as tokens arrive; only the admission
-check looks at the worst case. A sequence that stops early (EOS) never claims
-the rest of its worst case, and its promise ends with it.
+Blocks are still claimed one at a time as tokens arrive; only admission looks at the worst case.
 """
 
 from __future__ import annotations
@@ -30,22 +23,14 @@ from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAlloc
 from phases.p3_2_block_table.block_table import BlockTable
 from phases.p3_3_paged_cache.paged_cache import PagedCache
 
-__all__ = ["PagedScheduler", "check_fits_pool", "worst_case_tokens", "blocks_for"]
-
-
 def worst_case_tokens(request) -> int:
-    """Most K/V positions a request can ever store: its prompt and every generated token but the last
-    (the last token is sampled, never fed back, so its K/V is never computed). Counting it would make a
-    request that ends exactly on a block boundary reserve a block it can never use.
-
-    `request`: a Sequence, or anything else with `prompt_ids` and `max_new_tokens`.
-    """
+    """Most K/V positions a request (anything with `prompt_ids`, `max_new_tokens`) can store: every
+    token but the last, which is sampled and never fed back."""
     return len(request.prompt_ids) + request.max_new_tokens - 1
 
 
 def check_fits_pool(seq: Sequence, allocator: BlockAllocator) -> None:
-    """Refuse a request whose worst case the whole pool can never hold: waiting for it would never end.
-    ValueError, before it is queued, saying why."""
+    """ValueError, before queueing, for a request the whole pool can never hold (it would wait forever)."""
     need = blocks_for(worst_case_tokens(seq), allocator.block_size)
     if need > allocator.n_blocks:
         raise ValueError(f"sequence {seq.seq_id}: {len(seq.prompt_ids)} prompt + {seq.max_new_tokens} new tokens "
@@ -64,13 +49,11 @@ class PagedScheduler(ContinuousScheduler):
         self.block_size = self.allocator.block_size
         self.waited_for_blocks: set[int] = set()  # seq_ids that found a free slot but not enough blocks
 
-    # --- requests: one the whole pool can never hold is refused up front --------------------
     def _new_sequence(self, prompt, max_new_tokens, sampling, ignore_eos, arrival) -> Sequence:
         seq = super()._new_sequence(prompt, max_new_tokens, sampling, ignore_eos, arrival)
         check_fits_pool(seq, self.allocator)
         return seq
 
-    # --- the KV override points --------------------------------------------------------------
     def new_kv(self, seq: Sequence) -> PagedCache:
         """A `PagedCache` on the shared pool, with no blocks yet: the prefill claims them."""
         return PagedCache(self.allocator)
@@ -80,8 +63,7 @@ class PagedScheduler(ContinuousScheduler):
         return seq.kv.table
 
     def free_kv(self, seq: Sequence) -> None:
-        """The finished sequence's blocks go back on the free list, ready for whoever is admitted next in this
-        same step."""
+        """The finished sequence's blocks go back, for whoever is admitted next in this same step."""
         table = self.block_table(seq)
         super().free_kv(seq)           # books kv_bytes_at_finish (blocks still held), drops seq.kv
         table.release(self.allocator)  # every block it held back on the free list
@@ -90,7 +72,6 @@ class PagedScheduler(ContinuousScheduler):
         """Whole blocks held, the unused tail of the last one included."""
         return self.block_table(seq).n_blocks * self.allocator.bytes_per_block if seq.kv is not None else 0
 
-    # --- admission: a free slot AND room in the pool --------------------------------------------
     def blocks_to_admit(self, seq: Sequence) -> int:
         """Free blocks `seq` must find to be admitted: its worst case, so its decode never runs dry."""
         return blocks_for(worst_case_tokens(seq), self.block_size)

@@ -1,11 +1,9 @@
 """Input checks shared by the paged gather kernel and its reference.
 
-A kernel that is handed a wrong shape does not raise: it reads or writes the
-wrong memory. So every entry point checks its inputs first and raises a
-ValueError that names the argument. Shape checks are free (host metadata).
-Value checks (lengths that fit in the block table, block ids inside the pool)
-need the tensor contents; on a GPU reading them would stall the stream every
-layer, so they run only for CPU tensors, where they cost a few microseconds.
+A kernel handed a wrong shape does not raise: it reads the wrong memory. So
+every entry point raises a ValueError naming the argument. Value checks (block
+ids inside the pool) read tensor contents, which would stall a GPU stream, so
+they run on CPU tensors only.
 """
 
 from __future__ import annotations
@@ -45,9 +43,7 @@ def check_pool(kv_store: torch.Tensor, layer_idx: int) -> None:
 def check_tables(kv_store: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                  values: bool = True) -> None:
     """block_tables [B, max_blocks] and seq_lens [B], integer, on the pool's device.
-
-    values=False skips the value checks: for a caller that checked these same tables once
-    already (once for a forward pass, say, rather than in each of its layers)."""
+    values=False: skip the value checks, for tables already checked once this forward pass."""
     if block_tables.dim() != 2:
         raise ValueError(f"block_tables must be [batch, max_blocks], got shape {tuple(block_tables.shape)}")
     if seq_lens.dim() != 1 or seq_lens.shape[0] != block_tables.shape[0]:

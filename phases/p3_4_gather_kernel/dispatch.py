@@ -1,11 +1,7 @@
-"""Pick the Triton kernel or the PyTorch reference for the tensors at hand.
+"""Pick the Triton kernel (CUDA tensors) or the PyTorch reference (CPU: Triton's interpreter is far too slow to serve).
 
-On a CUDA tensor the compiled Triton kernel runs. On a CPU tensor the
-reference runs: Triton compiles only for GPUs, and its CPU interpreter runs
-each program in Python, far too slow to serve a model. Tests can force the
-kernel path on CPU (under the interpreter) with ENGINE_FORCE_TRITON_INTERPRET=1.
-The choice is announced once per feature, so a CPU run says plainly that it
-is not exercising the kernels.
+ENGINE_FORCE_TRITON_INTERPRET=1 forces the kernel on CPU (tests). A CPU run says once per feature that it is
+not exercising the kernels.
 """
 
 from __future__ import annotations

@@ -7,11 +7,9 @@ logical block j of sequence b for KV head h, K and V:
     kv_store[phys, layer, 0, h, 0:block_size, 0:head_dim]  ->  k_out[b, h, j*bs : (j+1)*bs, :]
     kv_store[phys, layer, 1, h, 0:block_size, 0:head_dim]  ->  v_out[b, h, j*bs : (j+1)*bs, :]
 
-In a contiguous pool each source tile is block_size * head_dim consecutive
-elements, so every program does two dense loads and two dense stores. Slots
-past seq_len[b] are not read (masked load) and are written as zeros, so the
-output needs no separate zero-fill. A block that lies wholly past the
-sequence's end does not even read its block-table entry (padding is never read).
+Two dense loads, two dense stores per program. Slots past seq_len[b] are not
+read (masked) and written as zeros; a block wholly past the end does not even
+read its table entry.
 """
 
 from __future__ import annotations
@@ -26,14 +24,11 @@ INTERPRET_ENV = "TRITON_INTERPRET"
 
 
 def use_interpreter_without_gpu() -> bool:
-    """Without CUDA, run Triton kernels in its CPU interpreter (unless TRITON_INTERPRET is set). Returns whether on.
+    """Without CUDA, run Triton kernels in its CPU interpreter (each program in Python). Returns whether on.
 
-    Triton compiles only for GPUs; with TRITON_INTERPRET=1 it runs each program of the
-    grid in Python instead: slow, but exact enough to hold a kernel to its reference.
-    The switch is read when `@triton.jit` decorates a function, so call this before
-    defining kernels. Triton's own `tl.sum`, `tl.max`, ... are `@triton.jit` functions too,
-    decorated when `triton` is first imported (torch._dynamo imports it as a model loads):
-    if that happened before the switch, rebuild them, or a kernel calling them fails."""
+    The switch is read when `@triton.jit` decorates, so call this before defining kernels. Triton's
+    own `tl.sum`, ... are jitted when `triton` is first imported (torch._dynamo does so as a model
+    loads): if that came first, rebuild them."""
     if not torch.cuda.is_available():
         os.environ.setdefault(INTERPRET_ENV, "1")
     interpreting = os.environ.get(INTERPRET_ENV, "0") == "1"

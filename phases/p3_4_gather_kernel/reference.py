@@ -1,16 +1,12 @@
 """Batched gather in plain PyTorch: the CPU path and the oracle for the Triton kernel.
 
 Where phase 3.3's `gather_python` loops over one sequence's blocks, this
-gathers every block of every sequence in the batch with one indexing op,
-exactly as the kernel does it (one block per program):
+gathers every block of every sequence with one indexing op, as the kernel does:
 
     blocks[b, j] = kv_store[block_tables[b, j], layer]       [2, n_kv_heads, block_size, head_dim]
     k[b, h, j * block_size + o] = blocks[b, j][0, h, o]        (v from index 1)
 
-so token position p of sequence b comes from (block_tables[b, p // block_size],
-p % block_size). Copying whole blocks moves block_size * head_dim contiguous
-elements at a time, which is much faster on a CPU than indexing token by token,
-and the only full copy is the indexing itself.
+Whole blocks move block_size * head_dim contiguous elements at a time.
 """
 
 from __future__ import annotations
@@ -32,9 +28,7 @@ def max_length(seq_lens: torch.Tensor, max_len: int | None) -> int:
 
 def gather_reference(kv_store: torch.Tensor, layer_idx: int, block_tables: torch.Tensor,
                      seq_lens: torch.Tensor, max_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """K and V of a batch, each [B, n_kv_heads, max_len, head_dim], zero past each sequence's length.
-
-    The results may be views of one buffer (not contiguous); `.contiguous()` them if needed.
+    """K and V of a batch, each [B, n_kv_heads, max_len, head_dim] (views, maybe not contiguous), zero past each length.
 
     kv_store     [n_blocks, n_layers, 2, n_kv_heads, block_size, head_dim]
     block_tables [B, max_blocks] int, physical block ids in logical order (padding never read)

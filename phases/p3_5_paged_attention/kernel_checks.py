@@ -1,9 +1,6 @@
-"""Input checks for the decode-attention and K/V-store entry points (kernels and references alike).
+"""Input checks for the decode-attention and K/V-store entry points, on top of phase 3.4's pool/table checks.
 
-Built on phase 3.4's pool/table checks; adds the query, the new K/V, and what a
-layer may ask of its attention besides causality (a sliding window, a softcap).
-Shape checks always run; value checks (slots inside the pool) only on CPU,
-where reading a tensor's contents does not stall a GPU stream.
+Shape checks always run; value checks (slots inside the pool) only on CPU, where they stall no GPU stream.
 """
 
 from __future__ import annotations
@@ -17,8 +14,7 @@ PADDING_SLOT = -1  # a slot_mapping entry that stores nothing (a padding token)
 
 
 def check_window_and_softcap(sliding_window: int | None, softcap: float | None) -> None:
-    """What a layer passes besides causality: a sliding window w (a query at p sees keys p - w + 1 .. p,
-    transformers' definition) and Gemma 2's logit softcap c (scores become c * tanh(scores / c))."""
+    """A sliding window w (keys p - w + 1 .. p) and a logit softcap c (c * tanh(scores / c)), if given."""
     if sliding_window is not None and (isinstance(sliding_window, bool) or int(sliding_window) != sliding_window
                                        or sliding_window < 1):
         raise ValueError(f"sliding_window must be None or an int >= 1 (keys p - w + 1 .. p), got {sliding_window!r}")

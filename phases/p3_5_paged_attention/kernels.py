@@ -29,9 +29,7 @@ import torch
 
 from phases.p3_4_gather_kernel.kernel import use_interpreter_without_gpu
 
-# Without a GPU the kernels below run in Triton's CPU interpreter; the switch
-# must be on before `@triton.jit` decorates them (phase 3.4's kernel.py).
-use_interpreter_without_gpu()
+use_interpreter_without_gpu()   # before `@triton.jit`: without a GPU, Triton's interpreter
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402

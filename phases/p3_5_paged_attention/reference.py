@@ -1,14 +1,9 @@
 """PyTorch references for phase 3.5's decode attention: the test oracles, and what the kernel must match.
 
-`paged_decode_attention_reference` gathers the batch's K/V with phase 3.4's
-`gather_reference`, then runs plain masked attention in fp32: the oracle.
-
-What a layer may ask besides causality, honoured by every path that can express it:
-- a sliding window w (Mistral, Gemma 2/3's local layers): a query at position p
-  sees keys p - w + 1 .. p (`visible_keys`; transformers' own definition);
-- a logit softcap c (Gemma 2): scores become c * tanh(scores / c) after the scale
-  (`soft_cap`).
-The CPU paths of ops.py and SDPA over contiguous K/V (the second oracle) are in extras/.
+`paged_decode_attention_reference` gathers the batch's K/V with phase 3.4's `gather_reference`, then runs
+plain masked attention in fp32. Besides causality a layer may ask for a sliding window w (Mistral, Gemma's
+local layers: `visible_keys`) or a logit softcap c (Gemma 2: `soft_cap`). The CPU paths of ops.py and SDPA
+over contiguous K/V (the second oracle) are in extras/.
 """
 
 from __future__ import annotations
@@ -20,10 +15,7 @@ from phases.p3_5_paged_attention.kernel_checks import check_decode_inputs, check
 
 
 def visible_keys(q_pos: torch.Tensor, k_pos: torch.Tensor, sliding_window: int | None = None) -> torch.Tensor:
-    """q_pos [T], k_pos [L] absolute positions -> [T, L] bool: which keys each query attends.
-
-    Causal, plus transformers' sliding window: a query at p sees keys p - w + 1 .. p
-    (masking_utils.sliding_window_overlay: kv_idx > q_idx - sliding_window)."""
+    """q_pos [T], k_pos [L] -> [T, L] bool: causal, and with a window w keys p - w + 1 .. p (transformers')."""
     visible = k_pos[None, :] <= q_pos[:, None]
     if sliding_window is not None:
         visible &= k_pos[None, :] > q_pos[:, None] - sliding_window
@@ -36,9 +28,7 @@ def soft_cap(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
 
 
 def decode_visible(seq_lens: torch.Tensor, length: int, sliding_window: int | None = None) -> torch.Tensor:
-    """[B, length] bool: the keys the one new query of each sequence sees. It sits at position
-    seq_lens[b] - 1, so that is every slot before seq_lens[b], and with a window only the last w of them.
-    A sequence of length 0 sees nothing."""
+    """[B, length] bool: the keys each sequence's new query (at seq_lens[b] - 1) sees; none at length 0."""
     return visible_keys(seq_lens.to(torch.int64) - 1, torch.arange(length, device=seq_lens.device), sliding_window)
 
 

@@ -28,9 +28,7 @@ def check_prefill_inputs(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: int
                          sliding_window: int | None = None, softcap: float | None = None,
                          table_values: bool = True) -> None:
     """q [N, n_heads, head_dim] against the pool, the S segments' tables and lengths, and the plan.
-
-    table_values=False skips checking the block ids in block_tables (CPU only anyway): for a caller
-    that checks the ids it actually reads itself (the CPU path, which reads them all in one op)."""
+    table_values=False: skip the block ids (for a caller that checks the ids it reads itself)."""
     check_pool(kv_store, layer_idx)
     check_window_and_softcap(sliding_window, softcap)
     block_size = kv_store.shape[4]

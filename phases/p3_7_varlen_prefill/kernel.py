@@ -1,14 +1,10 @@
 """Varlen paged prefill attention as one Triton kernel: every segment of a packed prefill, one launch per layer.
 
-Flash-attention style. The queries of S segments are packed along one axis,
-q [N, n_heads, head_dim]; each segment's keys and values (its cached context
-AND its own new tokens, already written) are read in place from the pool
-through its block table. Nothing is gathered into a contiguous copy first.
+Flash-attention style. The queries of S segments are packed, q [N, n_heads, head_dim]; each segment's K/V
+(its cached context and its own new tokens, already written) are read in place through its block table.
 
-Grid: (n_tiles, n_heads). The plan (plan.py) cut every segment into query
-tiles of BLOCK_M rows; program (t, h) computes tile t for query head h, which
-reads KV head h // group (GQA). With p = context_lens[seg] + i the absolute
-position of the tile's query row i:
+Grid: (n_tiles, n_heads). Program (t, h) computes query tile t (plan.py) for query head h, reading KV head
+h // group. With p = context_lens[seg] + i the position of the tile's query row i:
 
     Q          [BLOCK_M, D]        rows first .. first + BLOCK_M - 1 of segment seg, loaded once
     m, l, acc  [BLOCK_M], [BLOCK_M], [BLOCK_M, D]     fp32 running max, sum, weighted V
@@ -31,9 +27,7 @@ import torch
 
 from phases.p3_4_gather_kernel.kernel import use_interpreter_without_gpu
 
-# Without a GPU the kernel below runs in Triton's CPU interpreter; the switch
-# must be on before `@triton.jit` decorates it (phase 3.4's kernel.py).
-INTERPRETING = use_interpreter_without_gpu()
+INTERPRETING = use_interpreter_without_gpu()   # before `@triton.jit`: without a GPU, Triton's interpreter
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -108,10 +102,8 @@ def _paged_prefill_kernel(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
 
-        # Precision: on a GPU, fp16/bf16 tiles go to `tl.dot` as they are (tensor cores, fp32 accumulation), and
-        # the probabilities are rounded to V's dtype for the second dot, as flash-attention does; fp32 tiles take
-        # "ieee" (no TF32 rounding), so fp32 stays exact enough to compare tokens. In Triton's CPU interpreter
-        # every load is cast to fp32 first (UPCAST): its bf16 arithmetic is wrong.
+        # fp16/bf16 tiles go to `tl.dot` as they are (fp32 accumulation; p rounded to V's dtype, as
+        # flash-attention does); fp32 tiles take "ieee", no TF32, so fp32 runs compare token for token.
         s = tl.dot(q, tl.trans(k), input_precision="ieee")     # [M, N] fp32
         if USE_SOFTCAP:
             s = s * scale
@@ -146,11 +138,7 @@ def paged_prefill_attention_triton(q: torch.Tensor, kv_store: torch.Tensor, laye
                                    sliding_window: int | None = None, softcap: float | None = None,
                                    plan: PrefillPlan | None = None, block_n: int | None = None) -> torch.Tensor:
     """One launch for the whole packed prefill: q [N, n_heads, head_dim] -> [N, n_heads, head_dim], q's dtype.
-
-    plan: `plan_prefill(cu_seqlens_q, context_lens, block_m)` made once per forward pass; its
-    block_m is the kernel's BLOCK_M. None: made here (reads cu_seqlens_q, a sync on a GPU).
-    block_n: key rows per tile (default: `tile_config`'s). Both powers of two >= 16.
-    """
+    plan: `plan_prefill(...)`, once per pass (its block_m is BLOCK_M); block_n: key rows per tile."""
     if plan is None:
         plan = plan_prefill(cu_seqlens_q, context_lens, DEFAULT_BLOCK_M, device=q.device)
     check_prefill_inputs(q, kv_store, layer_idx, block_tables, cu_seqlens_q, context_lens, plan,

@@ -1,7 +1,7 @@
 """The varlen prefill attention the engine calls: `plan_prefill` once per pass, then this in every layer.
 
-CUDA: the Triton kernel. CPU (no Triton backend): extras/p3_7_varlen_prefill/cpu_path.py, the
-oracle's answer computed fast for a CPU. ENGINE_FORCE_TRITON_INTERPRET=1: the kernel, interpreted.
+CUDA: the Triton kernel. CPU: extras/p3_7_varlen_prefill/cpu_path.py. ENGINE_FORCE_TRITON_INTERPRET=1: the
+kernel, interpreted.
 """
 
 from __future__ import annotations
@@ -22,23 +22,13 @@ def paged_prefill_attention(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: 
                             sliding_window: int | None = None, softcap: float | None = None,
                             plan: PrefillPlan | None = None,
                             new_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """Causal attention of S packed segments, K/V read from the pool in place.
+    """Causal attention of S packed segments, K/V read from the pool in place: q [N, n_heads, head_dim]
+    (their K/V already written) -> [N, n_heads, head_dim] in q's dtype.
 
-    q             [N, n_heads, head_dim]   the new tokens of S segments, packed (their K/V already in the pool)
-    kv_store      [n_blocks, n_layers, 2, n_kv_heads, block_size, head_dim]
-    block_tables  [S, max_blocks] int32    each segment's sequence's physical blocks (padding never read)
-    cu_seqlens_q  [S + 1] int32            segment s owns q rows cu[s] .. cu[s+1] - 1
-    context_lens  [S] int32                tokens of that sequence in the pool before this segment
-    scale         softmax scale (default head_dim ** -0.5)
-    sliding_window  None, or w: a query at position p sees keys p - w + 1 .. p (transformers' definition)
-    softcap       None, or c: scores become c * tanh(scores / c) after scaling (Gemma 2)
-    plan          `plan_prefill(cu_seqlens_q, context_lens, device=q.device)`, made once per forward
-                  pass and reused by every layer (None: made here, which on a GPU reads cu_seqlens_q back)
-    new_kv        optional (k, v), each [N, n_kv_heads, head_dim], just written to the pool: the CPU path
-                  reads a fresh segment's K/V from them instead of copying them back out of the pool
-    Query i of segment s sits at position context_lens[s] + i and attends keys 0 .. that position.
-    Query head h reads KV head h // (n_heads // n_kv_heads). Returns [N, n_heads, head_dim] in q's dtype.
-    """
+    block_tables [S, max_blocks], cu_seqlens_q [S + 1], context_lens [S] (tokens in the pool before this
+    segment): query i of segment s sits at context_lens[s] + i. sliding_window w, softcap c: as phase 3.5.
+    plan: `plan_prefill(...)`, once per pass. new_kv: the (k, v) just written, [N, n_kv_heads, head_dim]
+    each, which the CPU path reads instead of the pool."""
     if use_kernels(q.device):
         from phases.p3_7_varlen_prefill.kernel import paged_prefill_attention_triton  # imports triton here only
         return paged_prefill_attention_triton(q, kv_store, layer_idx, block_tables, cu_seqlens_q, context_lens,

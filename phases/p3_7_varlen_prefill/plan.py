@@ -73,13 +73,10 @@ def _as_ints(name: str, values: torch.Tensor | Sequence[int]) -> list[int]:
 
 def plan_prefill(cu_seqlens_q: torch.Tensor | Sequence[int], context_lens: torch.Tensor | Sequence[int],
                  block_m: int = DEFAULT_BLOCK_M, device: torch.device | str | None = None) -> PrefillPlan:
-    """Check the segment layout and cut it into query tiles. Call once per forward pass.
+    """Check the segment layout and cut it into query tiles, once per forward pass.
 
-    cu_seqlens_q  [S + 1] segment s owns packed rows cu[s] .. cu[s+1] - 1 (cu[0] = 0, non-decreasing)
-    context_lens  [S]     tokens of each sequence already in the pool before this pass
-    Either may be a tensor or a list of ints; lists cost no device -> host copy, so an engine
-    that built them on the host should pass them. device: where `tiles` goes (default: the
-    device of cu_seqlens_q if it is a tensor, else the CPU).
+    cu_seqlens_q [S + 1] (segment s owns packed rows cu[s] .. cu[s+1] - 1), context_lens [S]: tensors, or
+    lists of ints (no device -> host copy). device: where `tiles` goes (default: cu_seqlens_q's, else CPU).
     """
     if not is_power_of_two(block_m) or block_m < MIN_DOT_TILE:
         raise ValueError(f"block_m must be a power of two >= {MIN_DOT_TILE} (tl.dot tiles), got {block_m}")

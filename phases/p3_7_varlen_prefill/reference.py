@@ -1,16 +1,9 @@
 """Varlen paged prefill attention in PyTorch: the oracle the kernel is held to.
 
-It shares ops.py's contract: query i of segment s sits at absolute position
-p = context_lens[s] + i and attends the keys its layer lets it see, all of
-them that sequence's tokens in the pool:
-
-    visible(p, k) = k <= p                  causal, never across segments
-                    and k > p - w           only with a sliding window w (w keys, itself included)
-    scores = q . K^T * scale                then c * tanh(scores / c) with a softcap c (Gemma 2)
-
-`paged_prefill_attention_reference` gathers each segment's K/V with phase 3.4's
-`gather_reference`, then writes attention out in fp32. Mask and cap: phase 3.5's.
-(SDPA over contiguous K/V, the second oracle: extras/p3_7_varlen_prefill/contiguous.py.)
+Query i of segment s sits at p = context_lens[s] + i and sees key k if k <= p (causal, never across
+segments) and, with a sliding window w, k > p - w; scores = q . K^T * scale, then c * tanh(scores / c)
+with a softcap c. Each segment's K/V come from phase 3.4's `gather_reference`; mask and cap are phase
+3.5's. (SDPA over contiguous K/V, the second oracle: extras/p3_7_varlen_prefill/contiguous.py.)
 """
 
 from __future__ import annotations

@@ -1,26 +1,21 @@
 """Paged decode attention, tuned: tiles of several blocks, tensor-core dots, and a split count fixed per launch.
 
-Phase 3.5's kernel reads one block (16 tokens) per loop trip and scores it with an elementwise multiply and a
-sum, in fp32: each trip loads 2 x 4 KB and then waits for them, so few bytes are ever in flight. This kernel
-changes three things and keeps the maths (one program per (sequence, KV head, split), every query head of
-the GQA group served from one load of K/V, online softmax in fp32):
+Phase 3.5's kernel reads one block per loop trip and sums elementwise, so few bytes are ever in flight. This
+one keeps its maths (one program per (sequence, KV head, split), the GQA group served from one load of K/V,
+online softmax in fp32) and changes three things:
 
-1. A key tile is TILE_BLOCKS pool blocks (TILE = TILE_BLOCKS * block_size keys), each key finding its own
-   block through the table, so one trip loads TILE x head_dim of K and of V, and `num_stages` trips are in
-   flight at once.
-2. Scores and the weighted sum are `tl.dot`s on tensor cores: the group's query heads are padded to
-   QUERY_ROWS = 16 rows (the smallest `tl.dot` operand). K and V stay in their dtype; accumulators are fp32.
-3. The split count is the grid's third axis, n_splits, fixed per launch so that a CUDA graph can replay
-   it; each sequence's visible blocks are divided evenly among the splits inside the kernel.
+1. A key tile is TILE_BLOCKS pool blocks, each key finding its block through the table: one trip loads
+   TILE x head_dim of K and of V, and `num_stages` trips are in flight at once.
+2. Scores and the weighted sum are `tl.dot`s on tensor cores; the group's query heads are padded to 16 rows
+   (the smallest `tl.dot` operand). K and V stay in their dtype; accumulators are fp32.
+3. The split count is the grid's third axis, fixed per launch so a CUDA graph can replay it; each
+   sequence's visible blocks are shared out among the splits inside the kernel.
 
     for j0 in my blocks, TILE_BLOCKS at a time:
         j      [TILE]        logical block of each key;  phys = block_tables[b, j]
         K, V   [TILE, D]     kv_store[phys, layer, 0/1, g, pos % block_size]
         s      [ROWS, TILE]  tl.dot(q, K^T) * scale -> softcap -> -inf past the length / before the window
         m' = max(m, rowmax s); a = e^(m - m'); l = l * a + rowsum e^(s - m'); acc = acc * a + e^(s - m') @ V
-
-The launch settings (TILE_BLOCKS, num_warps, num_stages) are a `LaunchConfig`; `launch_config` picks one for
-the pool's head_dim and dtype (DEFAULT_CONFIG wherever that compiles without spilling registers).
 """
 
 from __future__ import annotations
@@ -60,8 +55,8 @@ class LaunchConfig:
 # The fastest config on an H100 for Qwen3-0.6B's shape in bf16 at batch 32-256 (measure/decode_tuning.py).
 DEFAULT_CONFIG = LaunchConfig(tile_blocks=4, num_warps=2, num_stages=3)
 
-# Where DEFAULT_CONFIG spills registers on an H100 (fp32 pools, or head_dim 256 in 16-bit), the same tile
-# shared by more warps: the first count that compiled without a spill (measure/decode_aot_check.py).
+# Where DEFAULT_CONFIG spills registers (fp32, or head_dim 256), the same tile over more warps: the first
+# count that compiled for an H100 without a spill (measure/decode_aot_check.py).
 LAUNCH_CONFIGS = {
     (False, 128): DEFAULT_CONFIG,
     (False, 256): LaunchConfig(tile_blocks=4, num_warps=4, num_stages=3),
@@ -71,8 +66,7 @@ LAUNCH_CONFIGS = {
 
 
 def launch_config(head_dim: int, dtype: torch.dtype) -> LaunchConfig:
-    """The launch for a pool of this head_dim and dtype: the smallest entry of LAUNCH_CONFIGS that covers it
-    (past 256, the largest entry for that dtype: the most warps, which spread the registers most)."""
+    """The smallest entry of LAUNCH_CONFIGS covering head_dim (past 256: the most warps for that dtype)."""
     fp32 = dtype == torch.float32
     sizes = sorted(largest for is_fp32, largest in LAUNCH_CONFIGS if is_fp32 == fp32)
     return LAUNCH_CONFIGS[fp32, next((n for n in sizes if head_dim <= n), sizes[-1])]
@@ -137,8 +131,7 @@ def _tiled_decode_kernel(
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
-        # K and V stay in their dtype (bf16 reads half the bytes of fp32). An fp32 pool takes IEEE dots (no TF32
-        # rounding), so fp32 runs still compare token for token with HF.
+        # K, V stay in their dtype (bf16 reads half fp32's bytes); fp32 takes IEEE dots, exact against HF.
         if IEEE:
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -157,8 +150,7 @@ def _tiled_decode_kernel(
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
-    # An empty range: a split past the end, or a sequence of length 0 (a padding row of a bucket), which has
-    # no blocks, reads nothing, and writes zeros and lse -inf.
+    # An empty range (a split past the end, a padding row of length 0) writes zeros and lse -inf.
     has_any = l_i > 0
     out = acc / tl.where(has_any, l_i, 1.0)[:, None]
     dst = out_ptr + seq * s_out_seq + heads[:, None] * s_out_head + split * s_out_split + dims[None, :] * s_out_dim
@@ -173,13 +165,8 @@ def tiled_decode_attention(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: i
                            sliding_window: int | None = None, softcap: float | None = None,
                            config: LaunchConfig | None = None, check_values: bool = True) -> torch.Tensor:
     """q [B, n_heads, head_dim] -> [B, n_heads, head_dim] in q's dtype; phase 3.5's arguments, and
-    n_splits: programs per (sequence, KV head), each over an even share of its blocks. A CUDA graph replays one
-    grid, whatever the lengths are that step, so the split cannot depend on the context length the way phase
-    3.5's `blocks_per_split` did; split_rule.py picks n_splits from the batch, the KV heads and the SM count.
-    With n_splits > 1 each program writes a partial output and its log-sum-exp, merged by one more launch
-    (merge_kernel.py).
-    config: the launch (default: `launch_config` for the pool's head_dim and dtype).
-    check_values=False: shapes only (the values were checked for the pass, or are being captured)."""
+    n_splits: programs per (sequence, KV head) (split_rule.py); above 1, partials merged by merge_kernel.py.
+    config: the launch (default: `launch_config`). check_values=False: shapes only (checked once per pass)."""
     check_decode_inputs(q, kv_store, layer_idx, block_tables, seq_lens, values=check_values)
     check_window_and_softcap(sliding_window, softcap)
     require_power_of_two("block_size", kv_store.shape[4])

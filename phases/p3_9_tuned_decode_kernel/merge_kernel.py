@@ -1,21 +1,13 @@
 """The split-KV merge as one Triton kernel: partials and log-sum-exps in, the attention output out, one launch.
 
-With n_splits > 1 the decode kernel leaves, per (sequence, query head), one
-partial output per split (each normalised over its own keys) and that split's
-log-sum-exp of scores. Phase 3.5's `merge_splits` (extras/) combines them in PyTorch:
+Per (sequence, query head) the decode kernel leaves one partial output per split, normalised over its own
+keys, and its log-sum-exp. With top = max_s lse_s:
 
     softmax over the whole context = sum_s e^(lse_s - top) * partial_s / sum_s e^(lse_s - top)
 
-with top = max_s lse_s. In PyTorch that is about a dozen small element-wise and
-reduction kernels, each a pass over [B, H, S, D] or [B, H, S] in HBM; even in a
-CUDA graph each still starts, drains and passes over memory. So it is one kernel.
-
-This kernel is one program per (sequence, query head): it loads the row's S
-log-sum-exps and S x D partials once, in fp32, and writes the D outputs
-straight in the output dtype. Splits with lse = -inf (nothing to read: past the
-sequence's end, or before its window) weigh 0; a row whose splits are all empty
-(a bucket's padding row, length 0) comes out as zeros, exactly as `merge_splits`.
-It reads no tensor value on the host, so a CUDA graph can capture it.
+In PyTorch (phase 3.5's `merge_splits`) that is a dozen small kernels, each a pass over HBM; here one program
+per (sequence, query head) loads the S log-sum-exps and S x D partials once, in fp32, and writes the output in
+its dtype. A split with lse = -inf weighs 0; a row with every split empty (length 0) comes out as zeros.
 """
 
 from __future__ import annotations

@@ -1,22 +1,15 @@
 """How many programs share one (sequence, KV head) in the decode kernel: the split-KV rule.
 
-The decode kernel's grid is batch x n_kv_heads x n_splits. Each program streams
-its share of K/V from HBM, and HBM is only kept busy when every SM has a few
-programs to switch between while their loads are in flight. So:
+The grid is batch x n_kv_heads x n_splits; HBM is busy only when every SM has programs streaming K/V. So:
 
-- batch x n_kv_heads already >= PROGRAMS_PER_SM x SMs: the GPU is full, split nothing
-  (a split costs a partial output in fp32 and a merge);
-- otherwise split each sequence's context into enough pieces to get there, but
-  never pieces shorter than MIN_BLOCKS_PER_SPLIT blocks (below that the merge and
-  the per-program start cost more than the extra parallelism buys), and at most
-  MAX_SPLITS;
-- the count is rounded down to a power of two, so a CUDA-graph engine captures at
-  most log2(MAX_SPLITS) + 1 graphs per batch bucket (the count changes with the
-  context length, and a graph replays one grid).
+- batch x n_kv_heads >= PROGRAMS_PER_SM x SMs: the GPU is full, split nothing (a split costs an fp32
+  partial and a merge);
+- otherwise split the context into enough pieces to fill it, none shorter than MIN_BLOCKS_PER_SPLIT
+  blocks (below that the merge costs more than the parallelism buys), at most MAX_SPLITS;
+- round down to a power of two, so a CUDA-graph engine captures few grids per batch bucket.
 
-On a CPU there are no SMs to fill (the PyTorch path ignores splits): one split.
-The constants are what the split sweep (`python -m measure.decode_tuning`)
-measured on an H100.
+On a CPU (no SMs; the PyTorch path ignores splits): one split. The constants come from
+`python -m measure.decode_tuning` on an H100.
 """
 
 from __future__ import annotations

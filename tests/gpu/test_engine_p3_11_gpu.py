@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from common.model import load_model
+from extras.p3_11_fused_ops.overlap import FusedOverlappedEngine
 from phases.p3_4_gather_kernel.dispatch import FORCE_KERNELS_ENV
 from phases.p3_11_fused_ops import layers
-from phases.p3_11_fused_ops.engine import FusedDecodeEngine, FusedOverlappedEngine
+from phases.p3_11_fused_ops.engine import FusedDecodeEngine
 from phases.p3_11_fused_ops.kernels import rms_norm, rotary, silu_and_mul
 from tests.gpu.conftest import tier_runs_on_cuda
 from tests.gpu.test_engine_p3_8_gpu import random_prompts
