@@ -1,7 +1,7 @@
-"""Phase 5.1 adds the served engine to phase 4.4's: a step that raises fails only the request that caused it, and a request's records go once it is over.
+"""Phase 5.1 adds the served engine to phase 4.7's: a step that raises fails only the request that caused it, and a request's records go once it is over.
 
 Files, in reading order:
-- engine.py         `ServingEngine(PreemptingEngine)`, with phase 4.5's speculation when asked: a failing step
+- engine.py         `ServingEngine(TensorParallelEngine)`, the whole engine line: a failing step
                     is narrowed until its culprit fails alone (`StepFailed` says who failed, who is retried,
                     what was made); `forget` drops a finished request's records
 - workload_demo.py  `serve_workload`: the served engine on workload_bench's equal and mixed work, beside

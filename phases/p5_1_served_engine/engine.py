@@ -1,4 +1,4 @@
-"""`ServingEngine`: phase 4.4's engine with 4.5's speculation, where a step that raises fails only its culprit.
+"""`ServingEngine`: the whole engine line (4.7's engine), where a step that raises fails only its culprit.
 
 A server steps one engine for every client at once, so an exception in a step (a kernel that trips on one
 prompt's shape, a bad value that slipped past validation, a CUDA error) would otherwise fail every request
@@ -29,7 +29,7 @@ from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput
 from phases.p3_6_batched_engine.runner import Batch
 from phases.p4_1_copy_on_write.engine import SequenceGroup
 from phases.p4_4_preemption.engine import PREEMPTED
-from phases.p4_5_speculative_decoding.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, Verify, speculation_summary
+from phases.p4_5_speculative_decoding.engine import DEFAULT_NUM_SPECULATIVE_TOKENS, Verify
 from phases.p4_7_tensor_parallel.engine import TensorParallelEngine
 from phases.p4_7_tensor_parallel.workers import WorkerDied
 
@@ -50,7 +50,7 @@ class StepFailed(RuntimeError):
 
 
 class ServingEngine(TensorParallelEngine):
-    """The served engine: phase 4.4's, speculating with phase 4.5's parts when asked (`speculative`), with
+    """The served engine: phase 4.7's (speculating with 4.5's parts, across 4.7's workers, when asked), with
     failures isolated to their culprit, and a request's records forgotten once it is over (a server runs for
     days; a run's report reads them, a server never does)."""
 
@@ -207,10 +207,6 @@ class ServingEngine(TensorParallelEngine):
     @property
     def isolating(self) -> bool:
         return self.isolation_width is not None
-
-    def summary(self) -> dict:
-        """Phase 4.4's counters, and what the speculation counted."""
-        return super().summary() | speculation_summary(self.spec_stats)
 
     # --- a server runs for days: a request's records go once it is over ------------------------
     def group_or_none(self, seq) -> SequenceGroup | None:
