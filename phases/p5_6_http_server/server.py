@@ -28,8 +28,8 @@ from phases.p5_5_openai_api.errors import APIError, add_error_handlers
 from phases.p5_1_served_engine.engine import ServingEngine
 from phases.p5_2_async_engine.async_engine import DEFAULT_MAX_WAITING, EngineFailed, QueueFull
 from phases.p5_5_openai_api.formats import ChatFormat, CompletionFormat
-from phases.p5_4_pool_view.kv_events import (DEFAULT_KV_EVENTS_TOPIC, EventRecordingAllocator, KVEvents,
-                                         ZmqEventPublisher, reset_prefix_cache)
+from phases.p5_4_pool_view.kv_events import (DEFAULT_KV_EVENTS_TOPIC, EventRecordingAllocator, ZmqEventPublisher,
+                                             reset_prefix_cache)
 from phases.p5_3_metrics.metrics import exposition, metrics_registry
 from phases.p5_4_pool_view.pool_stream import POOL_PAGE, PoolWatch
 from phases.p5_4_pool_view.watched import WatchedAsyncEngine
@@ -50,7 +50,7 @@ class ServerState:
     started: int             # unix time, for /v1/models
     metrics: object          # its prometheus-client registry
     pool: PoolWatch          # the /pool pages' frames
-    kv_events: KVEvents | None = None   # None: events off
+    kv_events: ZmqEventPublisher | None = None   # None: events off
 
 
 def _state(request: Request) -> ServerState:
@@ -313,7 +313,7 @@ def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DE
     served = model_name or lm.name
     kv_events = None
     if events_on:
-        kv_events = KVEvents(allocator, ZmqEventPublisher(kv_events_endpoint, kv_events_topic))
+        kv_events = ZmqEventPublisher(allocator, kv_events_endpoint, kv_events_topic)
         aengine.add_step_observer(kv_events)
     app = FastAPI(title="inference-engine-phases: OpenAI-compatible server", lifespan=lifespan)
     app.state.server = ServerState(lm, aengine, served, int(time.time()),
