@@ -1,10 +1,9 @@
 """`create_app(lm)`: an OpenAI-compatible HTTP API (FastAPI) over the async engine.
 
-Routes: `POST /v1/completions` and `POST /v1/chat/completions` (with `stream: true`, server-sent events
-ending in `data: [DONE]`), `GET /v1/models`, `/health`, `/metrics`, `/pool` (and its stream and files),
-`POST /reset_prefix_cache`. The README lists what a request goes through, and the status of each refusal.
-The routes are module-level functions: what they need of one server is a `ServerState` on
-`app.state.server`, so every server in one process (tests start several) has its own.
+Routes: `POST /v1/completions` and `/v1/chat/completions` (`stream: true`: server-sent events ending in
+`data: [DONE]`), `GET /v1/models`, `/health`, `/metrics`, `/pool` (its stream and files), and
+`POST /reset_prefix_cache`. The routes are module-level functions that read one server's `ServerState`
+on `app.state.server`, so every server in one process (tests start several) has its own.
 """
 
 from __future__ import annotations
@@ -283,16 +282,10 @@ def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DE
                num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
                draft_layers: int | None = None, kv_events_endpoint: str | None = None,
                kv_events_topic: str = DEFAULT_KV_EVENTS_TOPIC, tensor_parallel=None) -> FastAPI:
-    """The app for one loaded model.
-
-    The engine is a `ServingEngine` (phase 5.1) unless one is given: prefix caching on unless
-    `prefix_caching=False`, preemption by recomputation unless `preemption_mode="swap"`, long prompts
-    prefilled in chunks of at most `max_num_batched_tokens` tokens per step (decode tokens included), and
-    speculative decoding when `speculative` names a method ("ngram", or "draft": a self-draft of `draft_layers`).
-    `kv_events_endpoint` (a ZMQ address such as "tcp://*:5557") turns on KV events in vLLM's format: the engine
-    then runs on an `EventRecordingAllocator`; without it, on phase 4.3's allocator, doing nothing for events.
-    With `tensor_parallel` (the group that `launch` of phase 4.6 returned with `lm`), the model runs across its
-    workers; the server closes the group when it stops."""
+    """The app for one loaded model, on a `ServingEngine` (phase 5.1) unless `engine` is given; the README
+    says what each option turns on. `kv_events_endpoint` (a ZMQ address such as "tcp://*:5557") runs the
+    engine on an `EventRecordingAllocator`; `tensor_parallel` (the group phase 4.7's `launch` returned with
+    `lm`) runs the model across its workers, and the server closes the group when it stops."""
     events_on = kv_events_endpoint is not None
     if events_on and (engine is not None or not prefix_caching):
         raise ValueError("KV events come from the prefix cache of the engine create_app builds: "
