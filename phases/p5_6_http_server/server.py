@@ -22,17 +22,17 @@ from phases.p3_6_batched_engine.engine import DEFAULT_MAX_RUNNING
 from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from phases.p4_5_speculative_decoding.engine import DEFAULT_NUM_SPECULATIVE_TOKENS
 from phases.p4_7_tensor_parallel.engine import use_tensor_parallel
-from phases.p5_5_openai_api import protocol as P
-from phases.p5_5_openai_api.errors import APIError, add_error_handlers
 from phases.p5_1_served_engine.engine import ServingEngine
 from phases.p5_2_async_engine.async_engine import DEFAULT_MAX_WAITING, EngineFailed, QueueFull
-from phases.p5_5_openai_api.formats import ChatFormat, CompletionFormat
+from phases.p5_3_metrics.metrics import exposition, metrics_registry
+from phases.p5_3_metrics.vllm_metrics import VllmCollector
 from phases.p5_4_pool_view.kv_events import (DEFAULT_KV_EVENTS_TOPIC, EventRecordingAllocator, ZmqEventPublisher,
                                              reset_prefix_cache)
-from phases.p5_3_metrics.metrics import exposition, metrics_registry
 from phases.p5_4_pool_view.pool_stream import POOL_PAGE, PoolWatch
 from phases.p5_4_pool_view.watched import WatchedAsyncEngine
-from phases.p5_3_metrics.vllm_metrics import VllmCollector
+from phases.p5_5_openai_api import protocol as P
+from phases.p5_5_openai_api.errors import APIError, add_error_handlers
+from phases.p5_5_openai_api.formats import ChatFormat, CompletionFormat
 
 DISCONNECT_POLL_S = 0.25   # how often a non-streamed request checks that its client is still there
 RETRY_AFTER_S = 1          # what a 503 suggests
@@ -229,8 +229,7 @@ async def _stream(aengine: WatchedAsyncEngine, req, body: P._Sampling, fmt):
             yield _sse(fmt.usage_chunk(P.Usage.of(len(req.prompt_ids), sum(n_tokens))))
     except EngineFailed as e:
         yield _sse(P.error_body(str(e), "server_error"))
-    # A client that disconnects never gets here: the cancellation ran through
-    # aengine.tokens(), whose `finally` aborted the request and freed its blocks.
+    # A client that disconnects never gets here: aengine.tokens()'s `finally` aborted its request.
     yield SSE_DONE
 
 
@@ -276,12 +275,11 @@ async def lifespan(app: FastAPI):
 
 def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DEFAULT_MAX_WAITING,
                block_size: int = DEFAULT_BLOCK_SIZE, n_blocks: int | None = None, engine=None,
-               model_name: str | None = None, prefix_caching: bool = True,
-               preemption_mode: str = "recompute",
+               model_name: str | None = None, prefix_caching: bool = True, preemption_mode: str = "recompute",
                max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, speculative: str | None = None,
-               num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
-               draft_layers: int | None = None, kv_events_endpoint: str | None = None,
-               kv_events_topic: str = DEFAULT_KV_EVENTS_TOPIC, tensor_parallel=None) -> FastAPI:
+               num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS, draft_layers: int | None = None,
+               kv_events_endpoint: str | None = None, kv_events_topic: str = DEFAULT_KV_EVENTS_TOPIC,
+               tensor_parallel=None) -> FastAPI:
     """The app for one loaded model, on a `ServingEngine` (phase 5.1) unless `engine` is given; the README
     says what each option turns on. `kv_events_endpoint` (a ZMQ address such as "tcp://*:5557") runs the
     engine on an `EventRecordingAllocator`; `tensor_parallel` (the group phase 4.7's `launch` returned with
