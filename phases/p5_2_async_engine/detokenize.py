@@ -2,9 +2,9 @@
 
 A byte-level BPE token can be half of a UTF-8 character (`'日'` is three byte-tokens; the first two decode
 to `'\ufffd'`), so decoding each token alone garbles text, and decoding the whole output at every step
-costs O(n) per token. `IncrementalDetokenizer` decodes a small window twice, as vLLM does, and sends the
-difference. `TextStream` adds `StopStrings`, for one sample: its deltas concatenate to exactly the text a
-non-streamed answer returns.
+costs O(n) per token. `IncrementalDetokenizer` decodes a small window (a few tokens already sent, for
+context, and the ones not sent yet) twice, as vLLM does, and sends the difference. `TextStream` adds
+`StopStrings`, for one sample: its deltas concatenate to exactly the text a non-streamed answer returns.
 """
 
 from __future__ import annotations
@@ -13,9 +13,6 @@ REPLACEMENT_CHAR = "\ufffd"  # what a decoder makes of an unfinished UTF-8 chara
 
 
 class IncrementalDetokenizer:
-    """`prefix_offset..read_offset`: a few tokens already sent (the decoder's context); `read_offset..`: the
-    ones not sent yet. While the window ends in an unfinished character, it holds back."""
-
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.ids: list[int] = []
