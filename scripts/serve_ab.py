@@ -64,7 +64,7 @@ def one_run(arm: str, n_requests: int, max_tokens: int) -> dict:
             import zmq
             sub = zmq.Context.instance().socket(zmq.SUB)
             sub.setsockopt(zmq.SUBSCRIBE, b"")
-            sub.connect(app.state.server.kv_events.publisher.endpoint)
+            sub.connect(app.state.server.kv_events.endpoint)
 
             def read_events():
                 while not stop.is_set():

@@ -16,7 +16,7 @@ from phases.p4_1_copy_on_write.engine import SharingEngine
 from phases.p5_1_served_engine.engine import ServingEngine
 from phases.p5_4_pool_view.demo import record
 from phases.p5_4_pool_view.kv_events import (AllBlocksCleared, BlockRemoved, BlockStored, EventRecordingAllocator,
-                                             KVEventBatch, decode_batch, reset_prefix_cache)
+                                             KVEventBatch, reset_prefix_cache)
 from phases.p5_4_pool_view.pool_stream import pool_frame
 from phases.p5_4_pool_view.watched import WatchedAsyncEngine
 
@@ -61,7 +61,7 @@ def test_the_prefix_cache_speaks_vllms_kv_events(tiny32):
     assert removed and {h for e in removed for h in e.block_hashes} <= {e.block_hashes[0] for e in stored}
     assert reset_prefix_cache(allocator) and allocator.take_events() == [AllBlocksCleared()]
     batch = KVEventBatch(ts=time.time(), events=stored + removed + [AllBlocksCleared()])
-    assert decode_batch(msgspec.msgpack.encode(batch)) == batch     # vLLM's wire format, both ways
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(batch), type=KVEventBatch) == batch     # vLLM's wire format, both ways
 
 
 def test_the_watched_engine_runs_observers_after_steps_and_calls_between_them(tiny32):

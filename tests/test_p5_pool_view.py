@@ -19,12 +19,13 @@ import time
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from phases.p4_3_prefix_caching.prefix_cache import PrefixCachingAllocator
-from phases.p5_4_pool_view.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
+from phases.p5_4_pool_view.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from measure.background_server import BackgroundServer
 from phases.p5_6_http_server.server import create_app
 from tests.test_p5_3_metrics import assert_vllms_names_equal_ours, samples_of
@@ -68,7 +69,7 @@ def test_a_zmq_subscriber_rebuilds_the_prefix_cache_from_the_events(tiny32):
     sub = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"kv")
     monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-    sub.connect(srv.app.state.server.kv_events.publisher.endpoint)
+    sub.connect(srv.app.state.server.kv_events.endpoint)
     # A PUB socket drops what no subscriber has asked for yet: wait for the connection's handshake (the
     # subscription goes out right after it), then a moment for the publisher to take it in.
     assert monitor.poll(TIMEOUT_S * 1000), "the subscriber never connected"
@@ -83,7 +84,7 @@ def test_a_zmq_subscriber_rebuilds_the_prefix_cache_from_the_events(tiny32):
             topic, number, payload = sub.recv_multipart()
             assert topic == b"kv"
             numbers.append(int.from_bytes(number, "big"))
-            for event in decode_batch(payload).events:
+            for event in msgspec.msgpack.decode(payload, type=KVEventBatch).events:
                 seen[type(event)] += 1
                 if isinstance(event, BlockStored):
                     assert event.block_size == 16 and len(event.token_ids) == 16 * len(event.block_hashes)

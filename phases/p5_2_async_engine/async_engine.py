@@ -1,11 +1,9 @@
 """`AsyncEngine`: the served engine, stepped by one thread while requests come and go on an asyncio loop.
 
-The served engine (phase 5.1) is synchronous and a forward pass blocks, so it lives in a thread of its
-own that nothing else touches (the README draws the two sides). The loop posts "add" and "abort" to an
-inbox; the thread drains it between steps, steps, and hands each request its `TokenEvent`s on its own
-`asyncio.Queue` with one `loop.call_soon_threadsafe` per step. Past `max_waiting` requests that have made
-no token, `submit` raises `QueueFull`. A step that raises fails only its culprit's client
-(`_fail_culprits`); an error the engine cannot recover from fails every request in it, as a shutdown does.
+A forward pass blocks, so the engine lives in a thread that nothing else touches (the README draws the two
+sides). The loop posts "add" and "abort" to an inbox; the thread drains it between steps, steps, and hands
+each request its `TokenEvent`s with one `loop.call_soon_threadsafe` per step. A step that raises fails only
+its culprit's client; an error the engine cannot recover from fails every request in it, as a shutdown does.
 """
 
 from __future__ import annotations
@@ -112,12 +110,8 @@ class AsyncEngine:
     async def submit(self, prompt_ids: list[int], n: int = 1, max_tokens: int = 16,
                      sampling: SamplingParams = GREEDY, ignore_eos: bool = False,
                      label: str | None = None) -> Request:
-        """Queue a request; returns once the engine accepted it. `label` names it in the logs.
-
-        Raises QueueFull when `max_waiting` requests are already waiting, and the
-        engine's ValueError for a request it can never run (too long for the
-        context or the pool, a seed + n that overflows).
-        """
+        """Queue a request and return once the engine accepted it (`label` names it in the logs). Raises QueueFull
+        past `max_waiting`, and the engine's ValueError for a request it can never run."""
         if self._thread is None or self._stopping:
             raise EngineFailed("the engine is not running")
         if self.n_queued >= self.max_waiting:
@@ -230,9 +224,7 @@ class AsyncEngine:
                 self._fail_all(EngineFailed(f"engine step failed: {type(e).__name__}: {e}"))
                 continue
             self._dispatch(outputs)
-            # The engine keeps every finished Sequence for `run()`'s answer; a server
-            # that runs for days must not, and has already routed their tokens.
-            self.engine.finished.clear()
+            self.engine.finished.clear()   # kept for `run()`'s answer; a server has routed their tokens already
         self._fail_all(EngineFailed("the server is shutting down"))
 
     def _drain(self) -> None:
@@ -248,8 +240,7 @@ class AsyncEngine:
             self._call(self._settle, req, EngineFailed("the server is shutting down"))
             return
         try:
-            # One group of n samples: the prompt is prefilled once and its samples share its blocks;
-            # sample i draws with seed + i, so a seed makes the request reproducible.
+            # One group of n samples sharing the prompt's blocks; sample i draws with seed + i.
             req.group = self.engine.add_group(req.prompt_ids, req.max_tokens, req.sampling, req.ignore_eos, n=req.n)
         except ValueError as e:
             self._call(self._settle, req, e)

@@ -2,12 +2,9 @@
 
 A byte-level BPE token can be half of a UTF-8 character (`'日'` is three byte-tokens; the first two decode
 to `'\ufffd'`), so decoding each token alone garbles text, and decoding the whole output at every step
-costs O(n) per token. `IncrementalDetokenizer` keeps two offsets into the ids, as vLLM does:
-`prefix_offset..read_offset` is a few tokens already sent (context for the decoder), `read_offset..` the
-ones not yet sent; it decodes that window twice, sends the difference, and holds back while the window
-ends in an unfinished character. `StopStrings` cuts the text just before a stop string (OpenAI's rule)
-and holds back `len(longest stop) - 1` characters that might start one. `TextStream` is both, for one
-sample: its deltas concatenate to exactly `text`, what a non-streamed answer returns.
+costs O(n) per token. `IncrementalDetokenizer` decodes a small window (a few tokens already sent, for
+context, and the ones not sent yet) twice, as vLLM does, and sends the difference. `TextStream` adds
+`StopStrings`, for one sample: its deltas concatenate to exactly the text a non-streamed answer returns.
 """
 
 from __future__ import annotations
@@ -48,6 +45,8 @@ class IncrementalDetokenizer:
 
 
 class StopStrings:
+    """Cuts the text just before a stop string (OpenAI's rule), holding back what might start one."""
+
     def __init__(self, stops: list[str] | None):
         self.stops = [s for s in (stops or []) if s]
         self.hold = max((len(s) for s in self.stops), default=1) - 1  # chars that may start a stop string

@@ -1,17 +1,10 @@
-"""What `/health` and `/metrics` report: a snapshot of the engine, and the Prometheus exposition of it.
+"""What `/health` and `/metrics` report: a snapshot of the engine, and its Prometheus exposition.
 
-`MeteredAsyncEngine` is the async engine, measured: its engine thread takes
-an `EngineStats` snapshot after every step (one
-reference assignment: a reader sees the old one or the new one, never half
-of each), so the HTTP handlers never touch the engine. `/metrics` turns the
-latest snapshot into Prometheus' text format with the `prometheus-client`
-package: a custom collector reads the snapshot at each scrape, the way that
-package exports values that live elsewhere. Counters only grow (a scraper
-derives rates from them); gauges are the state now, and
-`engine_generation_tokens_per_second` is the generation rate over the last
-`TOKEN_RATE_WINDOW_S` seconds, for a person reading /health. Two histograms,
-time to first token and inter-token latency, are timed on the event loop as
-tokens reach their request. vllm_metrics.py adds vLLM's names beside ours.
+`MeteredAsyncEngine`'s engine thread takes an `EngineStats` after every step and publishes it with one
+reference assignment, so the HTTP handlers never touch the engine. At each scrape a custom collector
+(prometheus-client's way to export values that live elsewhere) reads the latest snapshot. Counters only
+grow (a scraper derives rates); gauges are the state now. Time to first token and inter-token latency are
+timed on the event loop as tokens reach their request. vllm_metrics.py adds vLLM's names beside ours.
 """
 
 from __future__ import annotations
@@ -22,6 +15,7 @@ from bisect import bisect_left
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
+from itertools import accumulate
 from weakref import WeakKeyDictionary
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -85,29 +79,27 @@ class RateMeter:
 
     def __init__(self, window_s: float = TOKEN_RATE_WINDOW_S):
         self.window_s = window_s
-        self._events: deque[tuple[float, int]] = deque()
+        self._events: deque[tuple[float, int]] = deque()   # (when, how many)
         self._lock = threading.Lock()
 
-    def add(self, n: int, t: float | None = None) -> None:
-        t = time.monotonic() if t is None else t
+    def add(self, n: int) -> None:
         with self._lock:
-            self._events.append((t, n))
-            self._trim(t)
+            self._events.append((time.monotonic(), n))
+            self._trim()
 
-    def per_second(self, t: float | None = None) -> float:
-        t = time.monotonic() if t is None else t
+    def per_second(self) -> float:
         with self._lock:
-            self._trim(t)
+            self._trim()
             return sum(n for _, n in self._events) / self.window_s
 
-    def _trim(self, t: float) -> None:
-        while self._events and self._events[0][0] < t - self.window_s:
+    def _trim(self) -> None:
+        cutoff = time.monotonic() - self.window_s
+        while self._events and self._events[0][0] < cutoff:
             self._events.popleft()
 
 
 class Histogram:
-    """Counts per bucket, a sum and a count: what a Prometheus histogram exports. Observed on the event loop
-    only; a scrape (also on the loop) reads it whole."""
+    """Counts per bucket, a sum and a count, as Prometheus exports them; observed and scraped on the loop."""
 
     def __init__(self, bounds: tuple[float, ...]):
         self.bounds = bounds
@@ -124,39 +116,28 @@ class Histogram:
         """Prometheus' cumulative buckets, `le` as text."""
         labels = labels or {}
         h = HistogramMetricFamily(name, doc, labels=list(labels))
-        cumulative, total = [], 0
-        for bound, n in zip([*map(str, self.bounds), "+Inf"], self.counts):
-            total += n
-            cumulative.append((bound, total))
+        cumulative = list(zip([*map(str, self.bounds), "+Inf"], accumulate(self.counts)))
         h.add_metric(list(labels.values()), cumulative, self.sum)
         return h
 
 
-class LatencyStats:
-    """Time to first token per request (any sample's first), and the time between a sample's tokens."""
-
-    def __init__(self):
-        self.ttft = Histogram(TTFT_BUCKETS_S)
-        self.itl = Histogram(ITL_BUCKETS_S)
-
-
 class MeteredAsyncEngine(AsyncEngine):
-    """Phase 5.2's async engine, measured: a snapshot of the engine after every drain of the inbox (so after every
-    step, and while idle), the tokens handed out, the requests failed, the token rate, TTFT and ITL."""
+    """Phase 5.2's async engine, measured: a snapshot after every drain of the inbox (after every step, and
+    while idle), the tokens handed out, the requests failed, the token rate, TTFT and ITL."""
 
     def __init__(self, engine, **kwargs):
         super().__init__(engine, **kwargs)
         self.n_generated = 0                           # engine side: tokens the engine made
         self.n_requests_failed = 0                     # engine side: requests a failed step failed
         self.token_rate = RateMeter()
-        self.latency = LatencyStats()                  # loop side: time to first token, inter-token latency
+        self.ttft = Histogram(TTFT_BUCKETS_S)         # loop side: a request's first token (any sample's)
+        self.itl = Histogram(ITL_BUCKETS_S)           # loop side: between two tokens of one sample
         # loop side: request -> when each sample's last token came; an entry goes with its request
         self._last_token_at: WeakKeyDictionary = WeakKeyDictionary()
         self.stats: EngineStats = self._snapshot()
 
     def _snapshot(self) -> EngineStats:
         return snapshot(self.engine, self.n_generated, self.n_requests_failed)
-
     # --- engine thread ----------------------------------------------------------------
     def _drain(self) -> None:
         super()._drain()
@@ -186,12 +167,11 @@ class MeteredAsyncEngine(AsyncEngine):
         super()._deliver(batch)
 
     def _time(self, req, index: int, now: float) -> None:
-        """Time to first token (a request's first token, any sample), inter-token latency (per sample)."""
         last = self._last_token_at.setdefault(req, [None] * req.n)
         if all(t is None for t in last):
-            self.latency.ttft.observe(now - req.arrival)
+            self.ttft.observe(now - req.arrival)
         elif last[index] is not None:
-            self.latency.itl.observe(now - last[index])
+            self.itl.observe(now - last[index])
         last[index] = now
 
 
@@ -232,9 +212,9 @@ class EngineCollector:
         ]
         for name, doc, value in counters:
             yield CounterMetricFamily(f"{p}_{name}", doc, value=value)
-        latency = self.aengine.latency
-        yield latency.ttft.family(f"{p}_time_to_first_token_seconds", "Time from a request's arrival to its first token")
-        yield latency.itl.family(f"{p}_inter_token_latency_seconds", "Time between two tokens of one sample")
+        yield self.aengine.ttft.family(f"{p}_time_to_first_token_seconds",
+                                       "Time from a request's arrival to its first token")
+        yield self.aengine.itl.family(f"{p}_inter_token_latency_seconds", "Time between two tokens of one sample")
         group = getattr(self.aengine.engine, "tensor_parallel", None)
         if group is not None:
             alive = group.health()["alive"]
@@ -244,8 +224,7 @@ class EngineCollector:
 
 
 def metrics_registry(aengine, *collectors) -> CollectorRegistry:
-    """A registry of this server's own (not the process-wide default: tests start several servers): ours,
-    and the `collectors` given (vLLM's names)."""
+    """This server's own registry (tests start several servers): ours and the `collectors` given (vLLM's)."""
     registry = CollectorRegistry(auto_describe=False)
     for collector in (EngineCollector(aengine), *collectors):
         registry.register(collector)

@@ -1,9 +1,7 @@
 """vLLM's metric names on /metrics, beside ours, where the meaning is the same.
 
-A dashboard or an autoscaler built for vLLM (its Grafana dashboard, a KEDA rule on
-`vllm:num_requests_waiting`) reads these names with a `model_name` label, so it works on this
-server unchanged. Each is read from the same snapshot (or histogram) as our own series of that
-meaning, at the same scrape, so the two always agree:
+A dashboard or autoscaler built for vLLM (a KEDA rule on `vllm:num_requests_waiting`) reads these
+names, labelled `model_name`, unchanged. Each comes from the same snapshot as ours, so the two agree:
 
     vLLM's name                          ours                                          note
     vllm:num_requests_running            engine_running_sequences                      vLLM's n samples are requests of their own
@@ -15,8 +13,6 @@ meaning, at the same scrape, so the two always agree:
     vllm:generation_tokens_total         engine_generation_tokens_total
     vllm:time_to_first_token_seconds     engine_time_to_first_token_seconds            vLLM's buckets
     vllm:inter_token_latency_seconds     engine_inter_token_latency_seconds            vLLM's buckets
-
-The README lists what has no counterpart on either side.
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ VLLM_PREFIX = "vllm"
 
 
 def kv_cache_usage(s: EngineStats) -> float:
-    """The fraction of the pool in use: 0 empty, 1 full; cached-free blocks are free (they are reclaimable)."""
+    """The fraction of the pool in use, 0 to 1; cached-free blocks count free (they are reclaimable)."""
     return 1.0 - s.free_blocks / s.total_blocks
 
 
@@ -47,8 +43,7 @@ class VllmCollector:
 
     def collect(self):
         s: EngineStats = self.aengine.stats
-        yield self._one(GaugeMetricFamily, "num_requests_running", "Requests in model execution batches",
-                        s.running)
+        yield self._one(GaugeMetricFamily, "num_requests_running", "Requests in model execution batches", s.running)
         yield self._one(GaugeMetricFamily, "num_requests_waiting", "Requests waiting to be processed",
                         s.waiting + s.preempted)
         yield self._one(GaugeMetricFamily, "kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent",
@@ -56,12 +51,10 @@ class VllmCollector:
         yield self._one(CounterMetricFamily, "prefix_cache_queries", "Prefix cache queries, in tokens",
                         s.prefix_tokens_queried)
         yield self._one(CounterMetricFamily, "prefix_cache_hits", "Prefix cache hits, in tokens", s.prefix_tokens_hit)
-        yield self._one(CounterMetricFamily, "num_preemptions", "Cumulative number of preemptions",
-                        s.preemptions)
+        yield self._one(CounterMetricFamily, "num_preemptions", "Cumulative number of preemptions", s.preemptions)
         yield self._one(CounterMetricFamily, "generation_tokens", "Number of generation tokens processed",
                         s.generated_tokens)
-        latency = self.aengine.latency
-        yield latency.ttft.family(f"{VLLM_PREFIX}:time_to_first_token_seconds",
-                                  "Histogram of time to first token in seconds", self.labels)
-        yield latency.itl.family(f"{VLLM_PREFIX}:inter_token_latency_seconds",
-                                 "Histogram of inter-token latency in seconds", self.labels)
+        yield self.aengine.ttft.family(f"{VLLM_PREFIX}:time_to_first_token_seconds",
+                                       "Histogram of time to first token in seconds", self.labels)
+        yield self.aengine.itl.family(f"{VLLM_PREFIX}:inter_token_latency_seconds",
+                                      "Histogram of inter-token latency in seconds", self.labels)

@@ -1,25 +1,17 @@
 """KV events in vLLM's format: what entered and left the prefix cache, msgpack over ZMQ.
 
-A KV-aware router (Dynamo's, llm-d's) sends a request to the replica that already holds its prompt's
-blocks. It learns which blocks each replica holds from the replica's event stream, so the stream must
-be the engine's own: every full block published in the prefix cache, and every one taken back.
-
-The messages are vLLM's (`vllm/distributed/kv_events.py`), field for field, so a tool that decodes
-vLLM's decodes ours:
+A KV-aware router sends a request to the replica that already holds its prompt's blocks, and learns
+which blocks each replica holds from its event stream. The messages are vLLM's
+(`vllm/distributed/kv_events.py`), field for field, so a tool that decodes vLLM's decodes ours:
 
     KVEventBatch  [ts, events, data_parallel_rank]               one per engine step that changed the cache
     BlockStored   ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium]
     BlockRemoved  ["BlockRemoved", block_hashes, medium]
     AllBlocksCleared ["AllBlocksCleared"]
 
-(msgspec structs encoded as arrays, the first item the tag.) A ZMQ message is three frames, as vLLM's
-`ZmqEventPublisher` sends them: [topic, sequence number (8 bytes, big-endian), msgpack payload]; a
-subscriber that sees a gap in the numbers knows it missed a batch.
-
-`EventRecordingAllocator` is phase 4.3's allocator noting an event where its table changes: `register`
-of a new entry (BlockStored), `_forget` of an evicted one (BlockRemoved), `reset_prefix_cache`
-(AllBlocksCleared); with events off the engine runs phase 4.3's allocator, unchanged. One BlockStored
-names one block (vLLM may batch a run: a consumer reads both block by block along `block_hashes`).
+(msgspec structs as arrays, the tag first.) A ZMQ message is [topic, sequence number (8 bytes, big-endian),
+payload], as vLLM's; a gap in the numbers is a lost batch. One BlockStored names one block (vLLM's may name
+a run: a consumer reads both along `block_hashes`).
 """
 
 from __future__ import annotations
@@ -37,12 +29,6 @@ SEND_HWM = 100_000                # messages queued for a slow subscriber before
 
 
 # --- the messages (vLLM's field names and order) ------------------------------------------------
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list
-    data_parallel_rank: int | None = None
-
-
 class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
     """Base of the events; `tag=True` puts the class name first in the array."""
 
@@ -65,22 +51,20 @@ class AllBlocksCleared(KVCacheEvent):
     pass
 
 
-class KVEventBatch(EventBatch):
+class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
-
-
-def medium_of(allocator: PrefixCachingAllocator) -> str:
-    """vLLM's name for where the pool lives."""
-    return "GPU" if allocator.kv_store.device.type == "cuda" else "CPU"
+    data_parallel_rank: int | None = None
 
 
 # --- where they come from -----------------------------------------------------------------------
 class EventRecordingAllocator(PrefixCachingAllocator):
-    """Phase 4.3's allocator, noting each change of its hash table as a vLLM event (`take_events`)."""
+    """Phase 4.3's allocator, noting each change of its hash table as a vLLM event (`take_events`): `register`
+    of a new entry (BlockStored), `_forget` of an evicted one (BlockRemoved)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.medium = medium_of(self)
+        self.medium = "GPU" if self.kv_store.device.type == "cuda" else "CPU"   # vLLM's name for the pool's place
         self._events: list[KVCacheEvent] = []
 
     def register(self, block_id: int, block_hash: int, tokens: tuple[int, ...],
@@ -97,7 +81,6 @@ class EventRecordingAllocator(PrefixCachingAllocator):
         super()._forget(block_id)
         self._events.append(BlockRemoved([block_hash], self.medium))
 
-
     def take_events(self) -> list[KVCacheEvent]:
         """The events since the last call, oldest first."""
         events, self._events = self._events, []
@@ -105,9 +88,8 @@ class EventRecordingAllocator(PrefixCachingAllocator):
 
 
 def reset_prefix_cache(allocator: PrefixCachingAllocator) -> bool:
-    """vLLM's `reset_prefix_cache`: every cached block forgotten and truly free, only when no block is in use
-    (a table holding one would lose its name). Returns whether it cleared; an `EventRecordingAllocator`
-    notes AllBlocksCleared. Call on the engine thread."""
+    """vLLM's `reset_prefix_cache`, on the engine thread: every cached block forgotten and truly free, only when
+    no block is in use (a table holding one would lose its name). Returns whether it cleared."""
     if allocator.n_used:
         return False
     for block_id in allocator.evictor.eviction_order():
@@ -121,51 +103,27 @@ def reset_prefix_cache(allocator: PrefixCachingAllocator) -> bool:
 
 
 class ZmqEventPublisher:
-    """Sends each step's events as one `KVEventBatch` on a ZMQ PUB socket bound at `endpoint`.
+    """A step observer: sends the allocator's new events as one `KVEventBatch` on a ZMQ PUB socket, which never
+    blocks the engine thread (no subscriber: dropped; a slow one: queued up to `SEND_HWM`)."""
 
-    A PUB socket never blocks its sender: with no subscriber a message is dropped, and one a slow
-    subscriber has not read waits in ZMQ's queue (up to `SEND_HWM`), so the engine thread, which
-    calls `publish` after each step, never waits on a reader."""
-
-    def __init__(self, endpoint: str, topic: str = DEFAULT_KV_EVENTS_TOPIC, data_parallel_rank: int | None = None):
-        self._ctx = zmq.Context.instance()
-        self._pub = self._ctx.socket(zmq.PUB)
+    def __init__(self, allocator: EventRecordingAllocator, endpoint: str, topic: str = DEFAULT_KV_EVENTS_TOPIC):
+        self.allocator = allocator
+        self._pub = zmq.Context.instance().socket(zmq.PUB)
         self._pub.setsockopt(zmq.SNDHWM, SEND_HWM)
         self._pub.setsockopt(zmq.LINGER, 0)
         self._pub.bind(endpoint)
         self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)   # the real port when bound to :0
         self._topic = topic.encode()
-        self._rank = data_parallel_rank
         self._encoder = msgspec.msgpack.Encoder()
         self.seq = 0                  # the sequence number of the next batch
-        self.n_events = 0
 
-    def publish(self, events: list[KVCacheEvent]) -> None:
+    def __call__(self, engine, outputs) -> None:
+        events = self.allocator.take_events()
         if not events:
             return
-        payload = self._encoder.encode(KVEventBatch(ts=time.time(), events=events, data_parallel_rank=self._rank))
+        payload = self._encoder.encode(KVEventBatch(ts=time.time(), events=events))
         self._pub.send_multipart((self._topic, self.seq.to_bytes(8, "big"), payload), flags=zmq.NOBLOCK)
         self.seq += 1
-        self.n_events += len(events)
 
     def close(self) -> None:
         self._pub.close(linger=0)
-
-
-class KVEvents:
-    """The two halves together, as the async engine calls them: after each step, send what changed."""
-
-    def __init__(self, allocator: EventRecordingAllocator, publisher: ZmqEventPublisher):
-        self.allocator = allocator
-        self.publisher = publisher
-
-    def __call__(self, engine, outputs) -> None:
-        self.publisher.publish(self.allocator.take_events())
-
-    def close(self) -> None:
-        self.publisher.close()
-
-
-def decode_batch(payload: bytes) -> KVEventBatch:
-    """A subscriber's side: one message's payload back to its batch."""
-    return msgspec.msgpack.decode(payload, type=KVEventBatch)

@@ -9,10 +9,7 @@
     queues   waiting, running, swapped (sequence ids, in queue order)
     step     what this step did: preemptions, copy-on-write copies, prefix-hit blocks, who finished
 
-The frame sends each block table once and the page inverts them into each block's owners, checked
-against the allocator's own refs[b]. Any engine of phases 3.6-5 gives a frame (what one has not, a
-prefix cache or a swap space, is empty). `PoolWatch` streams frames to the pages watching a
-`WatchedAsyncEngine`, and observes it only while one does.
+Any engine of phases 3.6-5 gives a frame (what it lacks, a prefix cache or a swap space, is empty).
 """
 
 from __future__ import annotations
@@ -31,54 +28,44 @@ GONE_CHECK_S = 0.5       # how often a stream checks that its page is still ther
 
 def counters(engine) -> dict[str, int]:
     """The running totals a frame reports the step's share of."""
-    stats = getattr(engine, "stats", None)
-    kv = engine.kv
-    return {"preemptions": getattr(stats, "n_preemptions", 0),
-            "cow_copies": kv.copies.n_copied if hasattr(kv, "copies") else 0,
+    return {"preemptions": getattr(getattr(engine, "stats", None), "n_preemptions", 0),
+            "cow_copies": engine.kv.copies.n_copied if hasattr(engine.kv, "copies") else 0,
             "prefix_hit_blocks": engine.cache_stats.blocks_hit if hasattr(engine, "cache_stats") else 0}
 
 
 def pool_frame(engine, finished=(), before: dict[str, int] | None = None, label_of=None) -> dict:
-    """The engine's pool and queues now (call on the thread that steps it, between steps).
-
-    `finished`: the sequences this step finished; `before`: `counters(engine)` before the step;
-    `label_of(seq)`: what to call a sequence's request (default: its request id)."""
+    """The pool and queues now, between steps on the thread that steps the engine. `finished`: the sequences
+    this step finished; `before`: `counters(engine)` before it; `label_of(seq)`: a sequence's request's name."""
     allocator = engine.allocator
     n = allocator.n_blocks
-    refs = [allocator.refcount(b) for b in range(n)]
     cached_entry = getattr(allocator, "cached_entry", None)
-    cached = [b for b in range(n) if cached_entry(b) is not None] if cached_entry else []
     evictor = getattr(allocator, "evictor", None)
-    evictable = evictor.eviction_order() if evictor is not None else []
     group_of = getattr(engine, "group_or_none", None) or getattr(engine, "group_of", None)
-    swapped = list(getattr(engine, "swapped_seqs", []))
+    queues = {"running": engine.running, "waiting": list(engine.waiting),
+              "swapped": list(getattr(engine, "swapped_seqs", []))}
 
     def seq_row(seq, where: str) -> dict:
         group = group_of(seq) if group_of else None
         request = group.request_id if group is not None else seq.seq_id
-        on_gpu = where != "swapped" and seq.kv is not None
+        table = list(seq.kv.block_ids) if seq.kv is not None else []   # a swapped one's are CPU blocks
         return {"id": seq.seq_id, "req": request, "label": label_of(seq) if label_of else f"req {request}",
                 "sample": group.index(seq) if group is not None and seq in group.seqs else 0,
                 "status": seq.status.name, "queue": where,
-                "blocks": list(seq.kv.block_ids) if on_gpu else [],
-                "cpu_blocks": list(seq.kv.block_ids) if where == "swapped" and seq.kv is not None else [],
+                "blocks": table if where != "swapped" else [], "cpu_blocks": table if where == "swapped" else [],
                 "prompt": len(seq.prompt_ids), "out": len(seq.output_ids), "max": seq.max_new_tokens}
 
-    rows = ([seq_row(s, "running") for s in engine.running] + [seq_row(s, "waiting") for s in engine.waiting]
-            + [seq_row(s, "swapped") for s in swapped])
     now = counters(engine)
     before = before or now
-    swap_space = getattr(engine, "swap_space", None)
-    cpu = getattr(swap_space, "cpu", None)
+    cpu = getattr(getattr(engine, "swap_space", None), "cpu", None)
     return {
         "step": engine.n_steps, "t": time.time(), "block_size": allocator.block_size, "n_blocks": n,
-        "refs": refs, "cached": cached, "evictable": evictable,
+        "refs": [allocator.refcount(b) for b in range(n)],
+        "cached": [b for b in range(n) if cached_entry(b) is not None] if cached_entry else [],
+        "evictable": evictor.eviction_order() if evictor is not None else [],
         "cpu_blocks": cpu.n_blocks if cpu is not None else 0,
-        "seqs": rows,
-        "queues": {"running": [s.seq_id for s in engine.running], "waiting": [s.seq_id for s in engine.waiting],
-                   "swapped": [s.seq_id for s in swapped]},
-        "did": {k: now[k] - before[k] for k in now},
-        "totals": now,
+        "seqs": [seq_row(s, where) for where, seqs in queues.items() for s in seqs],
+        "queues": {where: [s.seq_id for s in seqs] for where, seqs in queues.items()},
+        "did": {k: now[k] - before[k] for k in now}, "totals": now,
         "finished": [{"id": s.seq_id, "label": label_of(s) if label_of else f"req {s.seq_id}",
                       "reason": s.finish_reason, "out": len(s.output_ids)}
                      for s in finished if s.status is Status.DONE],
@@ -86,7 +73,7 @@ def pool_frame(engine, finished=(), before: dict[str, int] | None = None, label_
 
 
 class PoolWatch:
-    """Frames of the async engine's steps to every /pool page watching (`frames()` per page)."""
+    """Frames of the engine's steps to every /pool page watching (`frames()`), observing only while one does."""
 
     def __init__(self, aengine):
         self.aengine = aengine
@@ -95,8 +82,7 @@ class PoolWatch:
         self._labels: dict[int, str] = {}             # engine thread: seq_id -> label, of the last frame's sequences
 
     def _label_of(self, seq) -> str:
-        """The request's API id. The server forgets a request as its last token goes out, before the frame of
-        that step is built, so the ids of the sequences in the last frame are kept (`_labels`)."""
+        """The request's API id; the last frame's are kept, since a request is forgotten before its frame."""
         label = self.aengine.label_of(seq) or self._labels.get(seq.seq_id) or f"seq {seq.seq_id}"
         self._labels[seq.seq_id] = label
         return label
@@ -128,8 +114,7 @@ class PoolWatch:
             page.put_nowait(text)
 
     async def frames(self, gone):
-        """Server-sent events for one page, from the engine's state now, until the page leaves (`await gone()`
-        is true: writing to a closed connection raises nothing, so the stream asks)."""
+        """Server-sent events for one page until it leaves (`await gone()`: a closed connection raises nothing)."""
         page: asyncio.Queue[str] = asyncio.Queue(maxsize=PAGE_QUEUE_FRAMES)
         self._pages.add(page)
         if len(self._pages) == 1:

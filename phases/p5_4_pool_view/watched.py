@@ -1,10 +1,8 @@
 """`WatchedAsyncEngine`: phase 5.3's async engine with step observers and calls on its thread.
 
-Two things want to see the engine between steps, on the engine thread that alone may touch it: the /pool
-page's frames (pool_stream.py) and the KV events (kv_events.py). A step observer is a callable
-(engine, outputs) run after each step's tokens are routed; `call_on_engine(fn)` runs `fn()` once, between
-two steps (the first frame of a page, a reset of the prefix cache). With no observer, a step pays one loop
-over an empty tuple.
+The /pool page's frames and the KV events want the engine between steps, on the engine thread that alone
+may touch it: a step observer `(engine, outputs)` runs after each step's tokens are routed, and
+`call_on_engine(fn)` runs `fn()` once between two steps (a page's first frame, a prefix-cache reset).
 """
 
 from __future__ import annotations
@@ -18,12 +16,9 @@ log = logging.getLogger(__name__)
 
 
 class WatchedAsyncEngine(MeteredAsyncEngine):
-    """Phase 5.3's async engine with step observers and `call_on_engine`."""
-
     def __init__(self, engine, **kwargs):
         super().__init__(engine, **kwargs)
-        # A tuple, replaced whole (never mutated), so the engine thread reads the old one or the new one;
-        # empty, a step pays one loop over nothing.
+        # Replaced whole, never mutated: the engine thread reads the old tuple or the new; empty, it costs nothing.
         self.step_observers: tuple = ()
         self._calls: deque = deque()
 

@@ -1,8 +1,7 @@
 """Every refusal in OpenAI's error shape: `{"error": {"message", "type", "param", "code"}}`.
 
-A route raises `APIError` (its status, a message, and `param` naming the field at fault); a body that
-fails validation (protocol.py), a bad path and a crash are turned into the same shape by the handlers
-`add_error_handlers(app)` installs, so a client reads one shape whatever went wrong.
+A route raises `APIError` (`param` names the field at fault); the handlers `add_error_handlers(app)`
+installs give a body that fails validation, a bad path and a crash the same shape.
 """
 
 from __future__ import annotations
@@ -38,8 +37,7 @@ async def on_invalid_request(request: Request, e: RequestValidationError):
     if err.get("type") == "json_invalid":
         return _error(400, f"the request body is not valid JSON: {err.get('ctx', {}).get('error', '')}",
                       "invalid_request_error")
-    loc = [str(p) for p in err.get("loc", []) if p != "body"]
-    param = ".".join(loc) or None
+    param = ".".join(str(p) for p in err.get("loc", []) if p != "body") or None
     msg = err.get("msg", "invalid request").removeprefix("Value error, ")
     return _error(400, f"{param}: {msg}" if param else msg, "invalid_request_error", param)
 

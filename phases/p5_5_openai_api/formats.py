@@ -1,6 +1,4 @@
-"""How each endpoint shapes its answers: `/v1/completions` choices carry `text`, chat choices a `message`
-(and chunks a `delta`, the first naming the role). The routes (server.py) stream or collect `ChoiceDelta`s
-from the async engine and hand them to one of these."""
+"""How each endpoint shapes the `ChoiceDelta`s of the async engine into answers and stream chunks."""
 
 from __future__ import annotations
 
@@ -14,19 +12,21 @@ class CompletionFormat:
     def __init__(self, model: str, rid: str, created: int):
         self.model, self.rid, self.created = model, rid, created
 
+    def _chunk(self, choices, usage=None) -> P.CompletionResponse:
+        return P.CompletionResponse(id=self.rid, created=self.created, model=self.model, choices=choices, usage=usage)
+
     def opening(self, n: int) -> list:
         return []
 
     def chunk(self, d) -> P.CompletionResponse:
-        choice = P.CompletionChoice(index=d.index, text=d.text, finish_reason=d.finish_reason)
-        return P.CompletionResponse(id=self.rid, created=self.created, model=self.model, choices=[choice])
+        return self._chunk([P.CompletionChoice(index=d.index, text=d.text, finish_reason=d.finish_reason)])
 
-    def usage_chunk(self, usage: P.Usage) -> P.CompletionResponse:
-        return P.CompletionResponse(id=self.rid, created=self.created, model=self.model, choices=[], usage=usage)
+    def usage_chunk(self, usage: P.Usage):
+        return self._chunk([], usage)
 
     def response(self, texts, reasons, usage) -> P.CompletionResponse:
-        choices = [P.CompletionChoice(index=i, text=t, finish_reason=r) for i, (t, r) in enumerate(zip(texts, reasons))]
-        return P.CompletionResponse(id=self.rid, created=self.created, model=self.model, choices=choices, usage=usage)
+        return self._chunk([P.CompletionChoice(index=i, text=t, finish_reason=r)
+                            for i, (t, r) in enumerate(zip(texts, reasons))], usage)
 
 
 class ChatFormat(CompletionFormat):
@@ -43,9 +43,6 @@ class ChatFormat(CompletionFormat):
     def chunk(self, d) -> P.ChatCompletionChunk:
         delta = P.ChatDelta(content=d.text) if d.text or d.finish_reason is None else P.ChatDelta()
         return self._chunk([P.ChatChunkChoice(index=d.index, delta=delta, finish_reason=d.finish_reason)])
-
-    def usage_chunk(self, usage: P.Usage) -> P.ChatCompletionChunk:
-        return self._chunk([], usage)
 
     def response(self, texts, reasons, usage) -> P.ChatCompletionResponse:
         choices = [P.ChatChoice(index=i, message=P.AssistantMessage(content=t), finish_reason=r)

@@ -1,17 +1,8 @@
 """The OpenAI wire format: request bodies (validated) and response bodies, as pydantic models.
 
-Only what this server implements is declared. Fields OpenAI has and we do
-not support either are rejected with a 400 when set (`logprobs`, `echo`,
-`suffix`, `best_of` > 1, tools) rather than silently ignored; fields no
-server needs to honour (`user`, `frequency_penalty` left at 0, ...) are
-ignored. Two vLLM extensions are accepted: `top_k` (-1 or 0: no cut, as in
-vLLM) and `ignore_eos` (the serving benchmark runs fixed-length outputs
-with it).
-
-The bounds written here are the ones a client can read in the server's
-OpenAPI schema; the engine checks the sampling values again itself
-(`SamplingParams`, and `seed + n - 1` for `n` samples), and the server turns
-its refusals into the same 400 with `param` set.
+Only what this server implements is declared: a field it does not support is refused with a 400 when set,
+never silently ignored. The bounds written here are the ones a client reads in the OpenAPI schema; the
+engine checks the sampling values again itself, and the server turns its refusals into the same 400.
 """
 
 from __future__ import annotations
@@ -31,10 +22,8 @@ NO_TOP_K = -1                       # vLLM's "no top-k cut" (0 means the same he
 MAX_TEMPERATURE = 2.0               # OpenAI's range is [0, 2]
 DEFAULT_TEMPERATURE = 1.0           # OpenAI's default: sampling, not greedy
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-# OpenAI's chat default is "until the context is full". Here `add()` refuses a
-# request whose prompt + max_tokens could outgrow the whole pool, so an unbounded
-# default would refuse every chat request on a pool smaller than the context (and
-# one long answer could take the pool over); the default is bounded and documented.
+# OpenAI's chat default is "until the context is full"; the engine refuses a request that could outgrow
+# the whole pool, so that would refuse every chat request on a pool smaller than the context.
 DEFAULT_CHAT_MAX_TOKENS = 256
 
 

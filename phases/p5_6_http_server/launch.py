@@ -1,7 +1,6 @@
 """Run the server: `python -m common serve`, its flags (`--help`), and uvicorn on the app.
 
-Tests, the benchmark and the notebook serve the app in-process instead, with
-`measure.background_server.BackgroundServer` (uvicorn in a thread on a free port).
+Tests, the benchmark and the notebook serve the app in-process instead (measure/background_server.py).
 """
 
 from __future__ import annotations
@@ -25,38 +24,28 @@ GRACEFUL_SHUTDOWN_S = 2  # open streams get this long to finish before uvicorn c
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m common serve",
                                 description="Serve a model over an OpenAI-compatible HTTP API (phase 5).")
-    p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), tiny, dummy:<arch>, or a HF id/path")
+    p.add_argument("--model", default="smollm2-135m", help="smollm2-135m (default), tiny, dummy:<arch>, a HF id/path")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda when present)")
-    p.add_argument("--dtype", default=None,
-                   help="bf16, fp16 or fp32 (default: bf16 on a GPU or a CPU with native bf16, else fp32)")
+    p.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 (default: bf16 where native, else fp32)")
     p.add_argument("--host", default=LOCALHOST, help=f"address to listen on (default {LOCALHOST}: this machine only)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT)
     p.add_argument("--max-running", type=int, default=DEFAULT_MAX_RUNNING, help="sequences decoded together at most")
-    p.add_argument("--max-waiting", type=int, default=DEFAULT_MAX_WAITING,
-                   help="requests waiting for a slot at most; more get HTTP 503")
+    p.add_argument("--max-waiting", type=int, default=DEFAULT_MAX_WAITING, help="requests waiting at most; then 503")
     p.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE, help="tokens per KV block")
     p.add_argument("--n-blocks", type=int, default=None, help="KV pool size in blocks (default: sized from memory)")
     p.add_argument("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
-                   help=f"tokens in one step's forward pass at most: decode tokens, then prefill chunks "
-                        f"(default {DEFAULT_MAX_NUM_BATCHED_TOKENS}; smaller keeps streams smooth while long prompts arrive)")
-    p.add_argument("--no-prefix-caching", action="store_true",
-                   help="turn the prefix cache off (on by default: requests sharing a prompt prefix reuse its KV)")
+                   help="tokens in one step's forward pass at most: decode tokens, then prefill chunks")
+    p.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off (on by default)")
     p.add_argument("--preemption-mode", choices=PREEMPTION_MODES, default="recompute",
-                   help="how a request preempted for room comes back: recompute its KV (default) or swap it "
-                        "to a CPU pool and back")
+                   help="how a preempted request comes back: recompute its KV (default), or swap to a CPU pool")
     p.add_argument("--speculative", choices=SPECULATIVE_METHODS, default=None,
-                   help="speculative decoding (off by default): ngram (prompt lookup) or draft (the model's first "
-                        "--draft-layers layers as a draft); greedy outputs are unchanged, sampled ones keep their "
-                        "distribution")
+                   help="speculative decoding (off by default): ngram (prompt lookup) or draft (a self-draft)")
     p.add_argument("--num-speculative-tokens", type=int, default=DEFAULT_NUM_SPECULATIVE_TOKENS,
-                   help=f"tokens proposed per sequence and step at most (default {DEFAULT_NUM_SPECULATIVE_TOKENS})")
-    p.add_argument("--draft-layers", type=int, default=None,
-                   help="layers of the self-draft (--speculative draft; default half of the model's)")
-    p.add_argument("--tensor-parallel-size", type=int, default=1,
-                   help="workers the model is cut across (phase 4.6: gloo on CPUs, one GPU each on CUDA)")
+                   help="tokens proposed per sequence and step at most")
+    p.add_argument("--draft-layers", type=int, default=None, help="layers of the self-draft (default: half)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="workers the model is cut across (phase 4.7)")
     p.add_argument("--kv-events-endpoint", default=None,
-                   help="publish KV events in vLLM's format (msgpack over ZMQ) on this address, e.g. tcp://*:5557 "
-                        "(off by default; needs prefix caching)")
+                   help="publish vLLM's KV events (msgpack over ZMQ) here, e.g. tcp://*:5557 (needs prefix caching)")
     p.add_argument("--kv-events-topic", default="", help="the ZMQ topic of the KV events (default: none)")
     p.add_argument("--log-level", default="info")
     return p
@@ -91,7 +80,3 @@ def main(argv: list[str] | None = None) -> int:
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,10 +1,9 @@
 """`create_app(lm)`: an OpenAI-compatible HTTP API (FastAPI) over the async engine.
 
-Routes: `POST /v1/completions` and `POST /v1/chat/completions` (with `stream: true`, server-sent events
-ending in `data: [DONE]`), `GET /v1/models`, `/health`, `/metrics`, `/pool` (and its stream and files),
-`POST /reset_prefix_cache`. The README lists what a request goes through, and the status of each refusal.
-The routes are module-level functions: what they need of one server is a `ServerState` on
-`app.state.server`, so every server in one process (tests start several) has its own.
+Routes: `POST /v1/completions` and `/v1/chat/completions` (`stream: true`: server-sent events ending in
+`data: [DONE]`), `GET /v1/models`, `/health`, `/metrics`, `/pool` (its stream and files), and
+`POST /reset_prefix_cache`. The routes are module-level functions that read one server's `ServerState`
+on `app.state.server`, so every server in one process (tests start several) has its own.
 """
 
 from __future__ import annotations
@@ -22,17 +21,17 @@ from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_6_batched_engine.engine import DEFAULT_MAX_RUNNING
 from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from phases.p4_5_speculative_decoding.engine import DEFAULT_NUM_SPECULATIVE_TOKENS
-from phases.p5_5_openai_api import protocol as P
-from phases.p5_5_openai_api.errors import APIError, add_error_handlers
 from phases.p5_1_served_engine.engine import ServingEngine
 from phases.p5_2_async_engine.async_engine import DEFAULT_MAX_WAITING, EngineFailed, QueueFull
-from phases.p5_5_openai_api.formats import ChatFormat, CompletionFormat
-from phases.p5_4_pool_view.kv_events import (DEFAULT_KV_EVENTS_TOPIC, EventRecordingAllocator, KVEvents,
-                                         ZmqEventPublisher, reset_prefix_cache)
 from phases.p5_3_metrics.metrics import exposition, metrics_registry
+from phases.p5_3_metrics.vllm_metrics import VllmCollector
+from phases.p5_4_pool_view.kv_events import (DEFAULT_KV_EVENTS_TOPIC, EventRecordingAllocator, ZmqEventPublisher,
+                                             reset_prefix_cache)
 from phases.p5_4_pool_view.pool_stream import POOL_PAGE, PoolWatch
 from phases.p5_4_pool_view.watched import WatchedAsyncEngine
-from phases.p5_3_metrics.vllm_metrics import VllmCollector
+from phases.p5_5_openai_api import protocol as P
+from phases.p5_5_openai_api.errors import APIError, add_error_handlers
+from phases.p5_5_openai_api.formats import ChatFormat, CompletionFormat
 
 DISCONNECT_POLL_S = 0.25   # how often a non-streamed request checks that its client is still there
 RETRY_AFTER_S = 1          # what a 503 suggests
@@ -49,7 +48,7 @@ class ServerState:
     started: int             # unix time, for /v1/models
     metrics: object          # its prometheus-client registry
     pool: PoolWatch          # the /pool pages' frames
-    kv_events: KVEvents | None = None   # None: events off
+    kv_events: ZmqEventPublisher | None = None   # None: events off
 
 
 def _state(request: Request) -> ServerState:
@@ -229,8 +228,7 @@ async def _stream(aengine: WatchedAsyncEngine, req, body: P._Sampling, fmt):
             yield _sse(fmt.usage_chunk(P.Usage.of(len(req.prompt_ids), sum(n_tokens))))
     except EngineFailed as e:
         yield _sse(P.error_body(str(e), "server_error"))
-    # A client that disconnects never gets here: the cancellation ran through
-    # aengine.tokens(), whose `finally` aborted the request and freed its blocks.
+    # A client that disconnects never gets here: aengine.tokens()'s `finally` aborted its request.
     yield SSE_DONE
 
 
@@ -276,22 +274,15 @@ async def lifespan(app: FastAPI):
 
 def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DEFAULT_MAX_WAITING,
                block_size: int = DEFAULT_BLOCK_SIZE, n_blocks: int | None = None, engine=None,
-               model_name: str | None = None, prefix_caching: bool = True,
-               preemption_mode: str = "recompute",
+               model_name: str | None = None, prefix_caching: bool = True, preemption_mode: str = "recompute",
                max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS, speculative: str | None = None,
-               num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
-               draft_layers: int | None = None, kv_events_endpoint: str | None = None,
-               kv_events_topic: str = DEFAULT_KV_EVENTS_TOPIC, tensor_parallel=None) -> FastAPI:
-    """The app for one loaded model.
-
-    The engine is a `ServingEngine` (phase 5.1) unless one is given: prefix caching on unless
-    `prefix_caching=False`, preemption by recomputation unless `preemption_mode="swap"`, long prompts
-    prefilled in chunks of at most `max_num_batched_tokens` tokens per step (decode tokens included), and
-    speculative decoding when `speculative` names a method ("ngram", or "draft": a self-draft of `draft_layers`).
-    `kv_events_endpoint` (a ZMQ address such as "tcp://*:5557") turns on KV events in vLLM's format: the engine
-    then runs on an `EventRecordingAllocator`; without it, on phase 4.3's allocator, doing nothing for events.
-    With `tensor_parallel` (the group that `launch` of phase 4.6 returned with `lm`), the model runs across its
-    workers; the server closes the group when it stops."""
+               num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS, draft_layers: int | None = None,
+               kv_events_endpoint: str | None = None, kv_events_topic: str = DEFAULT_KV_EVENTS_TOPIC,
+               tensor_parallel=None) -> FastAPI:
+    """The app for one loaded model, on a `ServingEngine` (phase 5.1) unless `engine` is given; the README
+    says what each option turns on. `kv_events_endpoint` (a ZMQ address such as "tcp://*:5557") runs the
+    engine on an `EventRecordingAllocator`; `tensor_parallel` (the group phase 4.7's `launch` returned with
+    `lm`) runs the model across its workers, and the server closes the group when it stops."""
     events_on = kv_events_endpoint is not None
     if events_on and (engine is not None or not prefix_caching):
         raise ValueError("KV events come from the prefix cache of the engine create_app builds: "
@@ -311,7 +302,7 @@ def create_app(lm, max_running: int = DEFAULT_MAX_RUNNING, max_waiting: int = DE
     served = model_name or lm.name
     kv_events = None
     if events_on:
-        kv_events = KVEvents(allocator, ZmqEventPublisher(kv_events_endpoint, kv_events_topic))
+        kv_events = ZmqEventPublisher(allocator, kv_events_endpoint, kv_events_topic)
         aengine.add_step_observer(kv_events)
     app = FastAPI(title="inference-engine-phases: OpenAI-compatible server", lifespan=lifespan)
     app.state.server = ServerState(lm, aengine, served, int(time.time()),
