@@ -1,14 +1,14 @@
-"""Count what a tensor-parallel group's collectives cost on one worker: all-reduces and gathered logits.
+"""Count what a tensor-parallel group sends: the shards' collectives, and the driver's control messages.
 
-Phase 4.6's `Comm` only calls torch.distributed. `count_collectives(comm)` wraps that one object's two
-methods (every layer of the shard calls them through it) and returns the counts it keeps from then on:
-tp_demo's figures, and the tests' all-reduces per pass.
+Phase 4.6's `Comm` only calls torch.distributed, and phase 4.7's group only broadcasts. `count_collectives(comm)`
+and `count_messages(group)` wrap that one object's methods and return the counts they keep from then on:
+tp_demo's figures, and the tests' all-reduces per pass and swaps sent.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -46,3 +46,24 @@ def count_collectives(comm) -> CommStats:
     comm.all_reduce, comm.gather_to_driver = counted_all_reduce, counted_gather_to_driver
     return stats
 
+
+@dataclass
+class MessageStats:
+    """Control messages sent, by op (message.py's PASS, COPY, ...): how many, and their bytes (header and payload)."""
+    n: dict[int, int] = field(default_factory=dict)
+    bytes: dict[int, int] = field(default_factory=dict)
+
+
+def count_messages(group) -> MessageStats:
+    """Count a phase 4.7 `WorkerGroup`'s messages (each a header, then at most one payload) from now on."""
+    stats = MessageStats()
+    send = group.send
+
+    def counted_send(head, *payload):
+        send(head, *payload)
+        op = int(head[0])
+        stats.n[op] = stats.n.get(op, 0) + 1
+        stats.bytes[op] = stats.bytes.get(op, 0) + 8 * (head.numel() + sum(p.numel() for p in payload))
+
+    group.send = counted_send
+    return stats
