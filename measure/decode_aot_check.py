@@ -4,7 +4,7 @@ measure/prefill_aot_check.py compiles a kernel ahead of time for sm_90 (Triton I
 PTX -> `ptxas -v`, all inside the triton wheel, no GPU). This runs the same
 compile step over the decode kernel's tuning grid (measure/decode_tuning.py: every
 LaunchConfig, with one split and with split-KV) for a model's shape, over every
-entry of LAUNCH_CONFIGS (what `launch_config` picks: the tuned default, fp32
+entry of extras/p3_9_tuned_decode_kernel's LAUNCH_CONFIGS (what `launch_config` picks: the tuned default, fp32
 pools, head_dim 256), and over the merge kernel. It cannot say how fast a variant runs; it says which ones
 spill registers to local memory, which a timing on a GPU should then explain,
 and that every variant builds.
@@ -33,8 +33,9 @@ import triton  # noqa: E402
 from measure.prefill_aot_check import (H100_ARCH, TRITON_DTYPES, KernelCost, compile_for_gpu,  # noqa: E402
                                        compiled_report, finish_report)
 from phases.p3_9_tuned_decode_kernel import decode_kernel, merge_kernel  # noqa: E402
-from phases.p3_9_tuned_decode_kernel.decode_kernel import (DEFAULT_CONFIG, LAUNCH_CONFIGS, MIN_DOT,  # noqa: E402
-                                                  LaunchConfig, launch_config)
+from extras.p3_9_tuned_decode_kernel.launch_configs import (DEFAULT_CONFIG, LAUNCH_CONFIGS,  # noqa: E402
+                                                            LaunchConfig, launch_config)
+from phases.p3_9_tuned_decode_kernel.decode_kernel import MIN_DOT  # noqa: E402
 from measure.decode_tuning import SPLIT_CHOICES, config_grid  # noqa: E402
 
 # Qwen3-0.6B (the GPU runs' model): 16 query heads over 8 KV heads of 128 dims; the pool's block size.
@@ -68,7 +69,7 @@ def compile_decode_kernel(dtype: torch.dtype, head_dim: int, group: int, split: 
     signature.update(q_ptr="*" + TRITON_DTYPES[dtype], kv_ptr="*" + TRITON_DTYPES[dtype], tables_ptr="*i32",
                      lens_ptr="*i32", out_ptr=out, lse_ptr=out, scale="fp32", softcap="fp32")
     constants = dict(GROUP=group, QUERY_ROWS=max(MIN_DOT, triton.next_power_of_2(group)), BLOCK_SIZE=block_size,
-                     HEAD_DIM=head_dim, TILE_BLOCKS=config.tile_blocks_for(block_size), WRITE_LSE=split,
+                     HEAD_DIM=head_dim, TILE_BLOCKS=config.tile_blocks_for(block_size, MIN_DOT), WRITE_LSE=split,
                      USE_WINDOW=False, USE_SOFTCAP=False, UPCAST=False, IEEE=dtype == torch.float32,
                      **{name: 1 for name in DECODE_UNIT_STRIDES})
     return compile_for_gpu(fn, signature, constants, arch, divisible=DECODE_DIVISIBLE, num_warps=config.num_warps,

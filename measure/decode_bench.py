@@ -23,7 +23,8 @@ from measure.kernel_bench import CALLS_PER_GRAPH, GRAPH_REPLAY, PER_CALL, gpu_ti
 from measure.report import Report
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE
 from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton
-from phases.p3_9_tuned_decode_kernel.decode_kernel import DEFAULT_CONFIG, launch_config, tiled_decode_attention
+from extras.p3_9_tuned_decode_kernel.launch_configs import DEFAULT_CONFIG, launch_config
+from phases.p3_9_tuned_decode_kernel.decode_kernel import tiled_decode_attention
 from phases.p3_9_tuned_decode_kernel.split_rule import choose_splits, sm_count
 from measure.decode_tuning import LAYER, best_config, decode_case, tune
 
@@ -99,7 +100,7 @@ def kernel_section(cfg: RunConfig, lm, report: Report) -> None:
     if measured:
         notes.append(f"% of copy: of a measured device-to-device copy ({measured / 1e12:.2f} TB/s, read + write).")
     config = launch_config(lm.head_dim, lm.dtype)
-    t.notes.append(" ".join(notes + [f"p3_9 launch: {config} (decode_kernel.launch_config); splits: "
+    t.notes.append(" ".join(notes + [f"p3_9 launch: {config} (launch_configs.launch_config); splits: "
                                      "split_rule.choose_splits."]))
     report.data["kernel"] = dict(rows=rows, nominal_hbm=nominal, copy_bandwidth=measured, config=vars(config))
 
@@ -123,6 +124,6 @@ def tune_section(cfg: RunConfig, lm, report: Report) -> None:
             totals.setdefault(key, {})[cell] = min(totals[key].get(cell, float("inf")), r["ms"])
     for key, per_cell in sorted(totals.items(), key=lambda kv: sum(kv[1].values()))[:10]:
         t.add_row(*key, sum(per_cell.values()))
-    t.notes.append(f"best: {best or 'none (no cell with batch >= 32)'}; decode_kernel.DEFAULT_CONFIG is "
+    t.notes.append(f"best: {best or 'none (no cell with batch >= 32)'}; launch_configs.DEFAULT_CONFIG is "
                    f"{DEFAULT_CONFIG}")
     report.data["tune"] = dict(rows=rows, best=best)

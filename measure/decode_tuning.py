@@ -13,9 +13,9 @@ is the K/V bytes the sequences hold (what any exact attention must read once)
 over `ms`.
 
 `best_config(rows)` is the config with the lowest total time over the cells a
-serving batch lands in (batch >= 32); the winner is written into decode_kernel.py's
-DEFAULT_CONFIG by hand, with the table in the README. Runs on CUDA only: on a
-CPU the kernel runs in Triton's interpreter and timing it means nothing.
+serving batch lands in (batch >= 32); the winner is written into
+extras/p3_9_tuned_decode_kernel/launch_configs.py's DEFAULT_CONFIG by hand, with
+the table in the README. Runs on CUDA only: on a CPU the kernel runs in Triton's interpreter and timing it means nothing.
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ from dataclasses import asdict
 import torch
 
 from extras.p3_5_paged_attention.contiguous import sdpa_decode_contiguous
+from extras.p3_9_tuned_decode_kernel.launch_configs import LaunchConfig
 from measure.kernel_bench import CALLS_PER_GRAPH, GRAPH_REPLAY, PER_CALL, gpu_time, lengths_for, median_ms
 from phases.p3_1_block_allocator.allocator import blocks_for
 from phases.p3_5_paged_attention.kernels import paged_decode_attention_triton
-from phases.p3_9_tuned_decode_kernel.decode_kernel import LaunchConfig, tiled_decode_attention
+from phases.p3_9_tuned_decode_kernel.decode_kernel import tiled_decode_attention
 from phases.p3_9_tuned_decode_kernel.split_rule import sm_count
 
 TILE_CHOICES = (1, 2, 4, 8)

@@ -12,8 +12,8 @@ import torch
 
 from measure.paged_inputs import random_paged_batch
 from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
-from phases.p3_9_tuned_decode_kernel.decode_kernel import (DEFAULT_CONFIG, LaunchConfig, launch_config,
-                                                          tiled_decode_attention)
+from extras.p3_9_tuned_decode_kernel.launch_configs import DEFAULT_CONFIG, LaunchConfig, launch_config
+from phases.p3_9_tuned_decode_kernel.decode_kernel import tiled_decode_attention
 from phases.p3_9_tuned_decode_kernel.split_rule import MAX_SPLITS, choose_splits
 from measure.decode_tuning import best_config
 from tests.test_p3_5_kernels import HEAD_DIM, LAYER, N_KV_HEADS, close

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from extras.p3_5_paged_attention.split_kv import merge_splits
-from phases.p3_9_tuned_decode_kernel.decode_kernel import LAUNCH_CONFIGS
+from extras.p3_9_tuned_decode_kernel.launch_configs import LAUNCH_CONFIGS
 from phases.p3_9_tuned_decode_kernel.merge_kernel import merge_splits_triton
 from tests.test_p3_7_prefill_kernel import H100_SHARED_BYTES, REPO_ROOT
 

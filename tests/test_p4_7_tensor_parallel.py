@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from common.model import load_model
 from common.sampling import SamplingParams
+from measure.collectives import count_messages
 from measure.harness import drive, outputs_of
 from measure.workload import TracedRequest, burst
 from phases.p3_1_block_allocator.allocator import blocks_for
@@ -21,7 +22,7 @@ from phases.p3_8_chunked_prefill.attention import MixedBatch
 from phases.p3_10_cuda_graphs.attention import StaticDecodeBatch
 from phases.p4_5_speculative_decoding.acceptance import Proposal
 from phases.p4_7_tensor_parallel import TensorParallelEngine, WorkerDied, launch
-from phases.p4_7_tensor_parallel.message import HEADER_LEN, decode_pass, encode_pass, payload_len
+from phases.p4_7_tensor_parallel.message import HEADER_LEN, SWAP_OUT, decode_pass, encode_pass, payload_len
 from tests.oracles import hf_greedy, run_ignoring_eos
 
 PACKAGED_PROMPTS = ["What is the capital of France?", "Name three colours.", "Count from one to five."]
@@ -124,12 +125,13 @@ class TestTinyOnTwoWorkers:
         # a pool that runs dry (preemption), a budget that cuts prompts (chunked prefill), caching on (hits)
         kwargs = dict(preemption_mode=mode, block_size=4, n_blocks=26, max_num_batched_tokens=16)
         one, one_steps = run_recorded(served(tiny32, **kwargs), trace)
+        messages = count_messages(group)
         engine = served(lm, group, **kwargs)
         two, two_steps = run_recorded(engine, trace)
         assert two == one and two_steps == one_steps
         assert engine.stats.n_preemptions >= 1 and engine.cache_stats.blocks_hit >= 1
         assert engine.n_copied >= 1                              # the samples' copy-on-write reached the workers
-        assert group.messages.n.get("swap_out", 0) == (engine.swap_space.out.n_swaps if mode == "swap" else 0)
+        assert messages.n.get(SWAP_OUT, 0) == (engine.swap_space.out.n_swaps if mode == "swap" else 0)
         for out, r in zip(two, trace):
             if r.kind == "plain":
                 assert out[0] == hf_greedy(tiny32, r.prompt_ids, r.max_new_tokens, ignore_eos=True)

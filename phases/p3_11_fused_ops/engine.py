@@ -1,9 +1,7 @@
 """`FusedDecodeEngine`: phase 3.10's static decode step with RMSNorm, rotary and SwiGLU each one kernel.
 
-A CUDA-graph step whose time barely grows with the batch is counted in kernels, not bytes or FLOPs. This
-engine runs phase 3.10's step with the model's norms, rotary and SwiGLU gate routed to one kernel each
-(kernels.py, layers.py), inside the step only, so the graph captures the fused kernels. They are on by
-default only where `use_kernels` says kernels run (CUDA); elsewhere `fused_ops=True` is refused.
+The fused ops are on inside the step only, so the graph captures them. On by default only where
+`use_kernels` says kernels run (CUDA); elsewhere `fused_ops=True` is refused.
 """
 
 from __future__ import annotations

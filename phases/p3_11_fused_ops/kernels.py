@@ -7,9 +7,8 @@ and most of a decode step's kernels are tiny element-wise ops on one row per seq
     rotary    q*cos, cat(-q2, q1)*sin, add; the same for k                     ~10 kernels -> 1
     SwiGLU    silu(gate), * up                                                  2 kernels -> 1
 
-Each computes in fp32 registers. `rms_norm` and `silu_and_mul` round to the model's dtype where its
-PyTorch code rounds; `rotary` rounds once, at the end (in bf16, up to an ulp apart). In fp32 all three
-equal the model's to rounding. None reads a tensor value on the host, so a graph can capture them.
+Each computes in fp32 registers and rounds where the model's PyTorch code rounds (`rotary` once, at the
+end: in bf16 up to an ulp apart); none reads a tensor value on the host, so a graph can capture them.
 Triton's CPU interpreter truncates fp32 -> bf16, so bf16 is checked exactly only on a GPU.
 """
 

@@ -1,15 +1,13 @@
 """Route the model's RMSNorm, rotary embedding and SwiGLU to the fused kernels, only inside `fused_ops_on()`.
 
-The model object is shared (the HF peers and the engine's prefill passes run the same modules), so nothing
-is replaced for good: `install_fused_ops(model)` gives each recognised module a forward that reads one flag
-per call, the fused kernel inside `fused_ops_on()`, its own forward elsewhere. A replayed graph runs no Python.
+The model object is shared (the HF peers and the engine's prefill passes run the same modules), so
+`install_fused_ops(model)` gives each recognised module a forward that checks one flag per call: the fused
+kernel inside `fused_ops_on()`, its own forward elsewhere. A replayed graph runs no Python.
 
-Recognised by name, from families whose code was read against the kernels; anything else is left alone:
-- norms: RMSNorms computing `weight * (x / rms(x)).to(dtype)` (Llama, Qwen2/3, Mistral), weight in x's
-  dtype (Gemma's `(1 + weight)` norm is not one);
-- MLPs: the SwiGLU `down_proj(act_fn(gate_proj(x)) * up_proj(x))` of the same families, with a SiLU;
-- rotary: their `apply_rotary_pos_emb` and Gemma 2's, called as (q, k, cos, sin) in HF's default layout
-  (q, k [B, H, T, D]; cos, sin [B, T, D]) on tensors the kernel takes.
+Recognised by name, from families whose code was read against the kernels (Llama, Qwen2/3, Mistral, and
+Gemma 2's rotary); anything else is left alone: their RMSNorms, weight in x's dtype (not Gemma's
+`(1 + weight)` norm); their SwiGLU MLPs with a SiLU; `apply_rotary_pos_emb` called as (q, k, cos, sin) in
+HF's default layout (q, k [B, H, T, D]; cos, sin [B, T, D]).
 """
 
 from __future__ import annotations
@@ -69,7 +67,7 @@ def install_fused_ops(model: torch.nn.Module) -> FusedModules:
             found.norms += 1
         elif kind.endswith("RMSNorm"):
             found.left_norms.append(kind)
-        elif _is_swiglu(module):
+        elif kind in FUSABLE_MLPS and type(getattr(module, "act_fn", None)).__name__ in SILU_ACTIVATIONS:
             module.forward = _fused_mlp_forward(module)
             found.mlps += 1
         file = sys.modules.get(type(module).__module__)
@@ -82,11 +80,6 @@ def install_fused_ops(model: torch.nn.Module) -> FusedModules:
     found.left_norms = sorted(set(found.left_norms))
     model._fused_modules = found
     return found
-
-
-def _is_swiglu(module: torch.nn.Module) -> bool:
-    return type(module).__name__ in FUSABLE_MLPS and \
-        type(getattr(module, "act_fn", None)).__name__ in SILU_ACTIVATIONS
 
 
 def _fused_norm_forward(module):

@@ -20,8 +20,6 @@ online softmax in fp32) and changes three things:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from phases.p3_4_gather_kernel.kernel import use_interpreter_without_gpu
@@ -32,44 +30,13 @@ INTERPRETING = use_interpreter_without_gpu()
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from extras.p3_9_tuned_decode_kernel.launch_configs import LaunchConfig, launch_config  # noqa: E402  (speed only)
 from phases.p3_4_gather_kernel.checks import require_power_of_two  # noqa: E402
 from phases.p3_5_paged_attention.kernel_checks import check_decode_inputs, check_window_and_softcap  # noqa: E402
 from phases.p3_5_paged_attention.kernels import NO_SOFTCAP, NO_WINDOW  # noqa: E402
 from phases.p3_9_tuned_decode_kernel.merge_kernel import merge_splits_triton  # noqa: E402
 
 MIN_DOT = 16   # the smallest M, N and K `tl.dot` takes on a GPU: query rows and key tiles are padded up to it
-
-
-@dataclass(frozen=True)
-class LaunchConfig:
-    """How one launch is cut: blocks per key tile, warps per program, loop trips in flight."""
-    tile_blocks: int = 4
-    num_warps: int = 2
-    num_stages: int = 3
-
-    def tile_blocks_for(self, block_size: int) -> int:
-        """At least MIN_DOT keys per tile (a pool of 8-token blocks reads 2 per trip at the least)."""
-        return max(self.tile_blocks, -(-MIN_DOT // block_size))
-
-
-# The fastest config on an H100 for Qwen3-0.6B's shape in bf16 at batch 32-256 (measure/decode_tuning.py).
-DEFAULT_CONFIG = LaunchConfig(tile_blocks=4, num_warps=2, num_stages=3)
-
-# Where DEFAULT_CONFIG spills registers (fp32, or head_dim 256), the same tile over more warps: the first
-# count that compiled for an H100 without a spill (measure/decode_aot_check.py).
-LAUNCH_CONFIGS = {
-    (False, 128): DEFAULT_CONFIG,
-    (False, 256): LaunchConfig(tile_blocks=4, num_warps=4, num_stages=3),
-    (True, 128): LaunchConfig(tile_blocks=4, num_warps=8, num_stages=3),
-    (True, 256): LaunchConfig(tile_blocks=4, num_warps=16, num_stages=3),
-}
-
-
-def launch_config(head_dim: int, dtype: torch.dtype) -> LaunchConfig:
-    """The smallest entry of LAUNCH_CONFIGS covering head_dim (past 256: the most warps for that dtype)."""
-    fp32 = dtype == torch.float32
-    sizes = sorted(largest for is_fp32, largest in LAUNCH_CONFIGS if is_fp32 == fp32)
-    return LAUNCH_CONFIGS[fp32, next((n for n in sizes if head_dim <= n), sizes[-1])]
 
 
 @triton.jit
@@ -194,7 +161,7 @@ def tiled_decode_attention(q: torch.Tensor, kv_store: torch.Tensor, layer_idx: i
             *q.stride(), *kv_store.stride(), *block_tables.stride(), *out.stride(),
             *(lse.stride() if lse is not None else (0, 0, 0)),
             GROUP=group, QUERY_ROWS=max(MIN_DOT, triton.next_power_of_2(group)),
-            BLOCK_SIZE=block_size, HEAD_DIM=head_dim, TILE_BLOCKS=config.tile_blocks_for(block_size),
+            BLOCK_SIZE=block_size, HEAD_DIM=head_dim, TILE_BLOCKS=config.tile_blocks_for(block_size, MIN_DOT),
             WRITE_LSE=lse is not None, USE_WINDOW=sliding_window is not None, USE_SOFTCAP=softcap is not None,
             UPCAST=INTERPRETING, IEEE=kv_store.dtype == torch.float32 or INTERPRETING,
             num_warps=config.num_warps, num_stages=config.num_stages,

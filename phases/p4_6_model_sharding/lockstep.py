@@ -10,12 +10,8 @@
                gather the logits      <--  send its columns of the logits
     close: send STOP                  -->  leave the loop, exit
 
-On the driver `lm.model` is a `ShardedModel`: a call first sends what a worker cannot know (the ids, and
-how many positions' logits to keep), then runs rank 0's shard. So phase 0's loop, which re-reads the whole
-sequence each step, runs on the cut model unchanged. The backend follows the device: gloo on CPUs (so all
-of this runs on a laptop), NCCL on GPUs, one GPU per rank. How a worker starts, stops and dies is any
-worker's (common/processes.py): no worker outlives the driver, and once one dies every later call raises
-`WorkerDied`.
+On the driver `lm.model` is a `ShardedModel`, so phase 0's loop runs on the cut model unchanged. Gloo on
+CPUs, NCCL on GPUs (one GPU per rank). Starting, stopping and dying are any worker's (common/processes.py).
 """
 
 from __future__ import annotations

@@ -1,32 +1,15 @@
-"""Cut an unmodified Hugging Face model into one worker's shard, Megatron-style.
+"""Cut an unmodified Hugging Face model into one worker's shard, Megatron-style (the README's picture).
 
-Each decoder layer holds two pairs of matmuls, and each pair is cut so that the
-workers need to talk only once, at its end:
-
-    attention   q/k/v_proj   column-parallel: a worker computes only its heads
-                             (its rows of each weight, [heads_r * head_dim, hidden])
-                attention    on those heads alone, against its own KV heads in its own pool
-                o_proj       row-parallel: its columns [hidden, heads_r * head_dim] give a
-                             partial sum [.., hidden]; ONE all-reduce adds the workers' sums
-    MLP         gate/up_proj column-parallel: its slice of the intermediate features
-                down_proj    row-parallel, then ONE all-reduce
-
-Between the two all-reduces every worker holds the same full hidden state
-[.., hidden], so norms, residuals and rotary run unchanged on every worker.
-
-Heads are cut by KV-head group (a KV head and the query heads that read it),
-so a worker's attention never needs another worker's K/V. Groups need not
-split evenly: SmolLM2-135M's 3 KV heads run on 2 workers as 2 + 1 (`split`).
-A world larger than the KV heads is refused (vLLM replicates KV heads instead).
-
-The vocabulary is cut too: the embedding looks up its own rows (an all-reduce
-fills in the rest), and the LM head computes its own columns of the logits,
-which the driver gathers whole. Tied embeddings keep one shared slice.
+q/k/v_proj and gate/up_proj are column-parallel (`_rows`: a worker computes its heads, its MLP features);
+o_proj and down_proj are row-parallel (`RowParallelLinear`: a partial sum [.., hidden], then ONE
+all-reduce), so between the two all-reduces every worker holds the full hidden state and norms, residuals
+and rotary run unchanged. Heads are cut by KV-head group (`split`), so no worker needs another's K/V; more
+workers than KV heads is refused. The embedding and the LM head are cut by vocabulary (the driver gathers
+the logits whole); tied embeddings keep one shared slice.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -63,41 +46,21 @@ def check_world_size(world_size, n_kv_heads: int) -> None:
             f"holds whole KV-head groups, so at most {n_kv_heads} workers can share this model")
 
 
-@dataclass
-class CommStats:
-    """What the model's own communication cost on this worker: all-reduces, and the logits gathered."""
-    n_all_reduce: int = 0
-    all_reduce_bytes: int = 0       # bytes of each tensor reduced (what one worker contributes)
-    all_reduce_seconds: float = 0.0
-    n_gather: int = 0
-    gather_bytes: int = 0           # bytes of every shard gathered
-    gather_seconds: float = 0.0
-
-
 class Comm:
-    """The collectives a shard calls, on one process group, counted."""
+    """The collectives a shard calls, on one process group."""
 
     def __init__(self, rank: int, world_size: int):
         self.rank, self.world_size = rank, world_size
-        self.stats = CommStats()
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum `x` over the workers, in place; every worker gets the sum."""
-        start = time.perf_counter()
         dist.all_reduce(x)
-        self.stats.n_all_reduce += 1
-        self.stats.all_reduce_bytes += x.numel() * x.element_size()
-        self.stats.all_reduce_seconds += time.perf_counter() - start
         return x
 
     def gather_to_driver(self, x: torch.Tensor) -> torch.Tensor:
         """Rank 0 gets every worker's `x` concatenated along the last axis; the others get theirs back."""
-        start = time.perf_counter()
         parts = [torch.empty_like(x) for _ in range(self.world_size)] if self.rank == 0 else None
         dist.gather(x.contiguous(), parts, dst=0)
-        self.stats.n_gather += 1
-        self.stats.gather_bytes += x.numel() * x.element_size() * self.world_size
-        self.stats.gather_seconds += time.perf_counter() - start
         return torch.cat(parts, dim=-1) if self.rank == 0 else x
 
 

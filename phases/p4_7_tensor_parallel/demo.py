@@ -20,6 +20,7 @@ import torch
 from common.clock import now
 from common.processes import backend_for
 from common.prompts import SHORT_PROMPTS, LONG_PROMPTS
+from measure.collectives import count_collectives, count_messages
 from measure.demos import Option, RunConfig, demo
 from measure.harness import run_prompts
 from measure.report import Report
@@ -92,14 +93,11 @@ def tp_demo(cfg: RunConfig) -> Report:
     try:
         many = TensorParallelEngine(tlm, group, **kwargs)
         _run(many, prompts[:2], WARMUP_NEW_TOKENS, f"warm-up, {tp} workers")
-        comm_before = (group.comm.stats.n_all_reduce, group.comm.stats.all_reduce_bytes,
-                       group.comm.stats.all_reduce_seconds, group.comm.stats.gather_bytes,
-                       sum(group.messages.bytes.values()), tlm.model.n_passes)
+        s, messages = count_collectives(group.comm), count_messages(group)   # from here on, on the driver
+        passes = tlm.model.n_passes
         rn = _run(many, prompts, opts["max_new_tokens"], f"{tp} workers")
-        s = group.comm.stats
-        n_ar, ar_bytes, ar_s, g_bytes, msg_bytes, passes = (
-            a - b for a, b in zip((s.n_all_reduce, s.all_reduce_bytes, s.all_reduce_seconds, s.gather_bytes,
-                                   sum(group.messages.bytes.values()), tlm.model.n_passes), comm_before))
+        n_ar, ar_bytes, ar_s, g_bytes = s.n_all_reduce, s.all_reduce_bytes, s.all_reduce_seconds, s.gather_bytes
+        msg_bytes, passes = sum(messages.bytes.values()), tlm.model.n_passes - passes
         held = dict(group.held)
         pool_bytes_one = one.allocator.kv_store.numel() * one.allocator.kv_store.element_size()
         block_bytes = {r: pool_bytes_one // opts["n_blocks"] * h["n_kv_heads"] // lm.n_kv_heads

@@ -1,27 +1,14 @@
 """The driver's side: its model call broadcasts the pass, and its pool's block moves are sent too.
 
-Tensor parallelism refines the model runner at the one place it touches the
-model: `lm.model(input_ids=..., position_ids=..., paged=batch, ...)`. On the
-driver `lm.model` is a `DriverModel`: it sends the pass to the workers
-(message.py), then runs rank 0's shard. Every worker runs its own shard on
-the same batch over its own pool, and the shards meet in their all-reduces
-(shard.py). So every runner of the earlier phases (3.6's two passes, 3.8's
-mixed pass, 3.10's static decode step, 4.5's verifying runner) runs under
-tensor parallelism unchanged.
+On the driver `lm.model` is a `DriverModel`: it sends the pass to the workers (message.py), then runs
+rank 0's shard, and the shards meet in their all-reduces (shard.py). So every earlier runner (3.6's, 3.8's
+mixed pass, 3.10's static step, 4.5's verifier) runs under tensor parallelism unchanged.
 
-Memory management stays on the driver: the scheduler, the block allocator,
-the block tables, the prefix cache and the sampler exist once, there. A
-worker never decides anything; it only hears which slots to write and which
-blocks to read (in every PASS), and which whole blocks to move: the copies of
-copy-on-write (`BroadcastCopyQueue`) and the swaps of preemption
-(`BroadcastSwapSpace`). Each of them runs on the driver's pool as before and
-is sent first, so every worker's pool changes the same way.
-
-`TensorParallelEngine(lm, group)`, on the `lm` that `launch` returned with
-`group`, picks these parts (`make_kv`, `make_swap_space`); with no group it
-is phase 4.5's engine on one device. Refused, by name: CUDA graphs (a replay
-would skip the broadcast), and a self-draft proposer (it would run the
-target's cut layers on the driver alone).
+The scheduler, allocator, block tables, prefix cache and sampler exist once, on the driver. A worker hears
+which slots to write and blocks to read (every PASS), and which whole blocks to move: copy-on-write's copies
+(`BroadcastCopyQueue`) and preemption's swaps (`BroadcastSwapSpace`), each sent before the driver makes it.
+`TensorParallelEngine(lm, group)` picks these parts; with no group it is phase 4.5's engine. Refused: CUDA
+graphs (a replay would skip the broadcast) and a self-draft (the target's cut layers on the driver alone).
 """
 
 from __future__ import annotations

@@ -9,9 +9,8 @@ A worker keeps only its shard and its pool, so it is told exactly what to do wit
     SETUP     (re)build the pools: n_blocks, block_size, CPU blocks
     STOP      leave the loop
 
-Block ids are the driver's: every worker's pool has the same blocks, each holding that worker's KV heads,
-so one block table addresses them all. A message is a header, int64 [HEADER_LEN], then one int64 payload
-whose length the header gives; a PASS's is (a segment: start, length, context_len, row)
+Block ids are the driver's (every pool has the same blocks). A message is a header, int64 [HEADER_LEN],
+then one int64 payload whose length the header gives; a PASS's is (a segment: start, length, context_len, row)
 
     [ ids B*T | positions B*T | slots B*T | tables S*W | lens S | segments 4*P | keep K ]
 """
@@ -19,7 +18,7 @@ whose length the header gives; a PASS's is (a segment: start, length, context_le
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -29,25 +28,12 @@ from phases.p3_8_chunked_prefill.attention import VARLEN_ATTN_NAME, MixedBatch
 from phases.p3_10_cuda_graphs.attention import STATIC_ATTN_NAME, StaticDecodeBatch
 
 PASS, COPY, SWAP_OUT, SWAP_IN, SETUP, STOP = range(6)
-OP_NAMES = ("pass", "copy", "swap_out", "swap_in", "setup", "stop")
 HEADER_LEN = 13
 # header slots of a PASS
 OP, KIND, ATTN, B, T, S, W, P, K, KEEP, N_DECODE, N_SPLITS, IS_DECODE = range(HEADER_LEN)
 # The batch types a pass may carry (a worker rebuilds the same type), and the attention names it may run under.
 BATCH_KINDS = (PagedBatch, MixedBatch, StaticDecodeBatch)
 ATTENTION_NAMES = (ATTN_NAME, VARLEN_ATTN_NAME, STATIC_ATTN_NAME)
-
-
-@dataclass
-class MessageStats:
-    """Control messages sent: how many of each op, and their bytes (header and payload)."""
-    n: dict[str, int] = field(default_factory=dict)
-    bytes: dict[str, int] = field(default_factory=dict)
-
-    def add(self, op: int, n_bytes: int) -> None:
-        name = OP_NAMES[op]
-        self.n[name] = self.n.get(name, 0) + 1
-        self.bytes[name] = self.bytes.get(name, 0) + n_bytes
 
 
 def header(op: int, *values: int) -> torch.Tensor:

@@ -1,15 +1,5 @@
-"""The workers of phase 4.6, now obeying an engine: each holds a pool for its heads, and the driver's every
-pass and block move.
-
-    driver (rank 0)                        worker (rank r = 1 .. N-1)
-    ---------------                        --------------------------
-    the engine built: send SETUP      -->  build its pool: the driver's blocks, its KV heads
-    each step: schedule, send PASS    -->  rebuild the batch over its pool
-               run its own shard      <->  run its shard (the all-reduces meet here)
-               gather the logits      <--  send its columns of the logits
-               sample, update
-    a block moved: send COPY or SWAP  -->  move the same blocks in its own pools
-    close: send STOP                  -->  leave the loop, exit
+"""The workers of phase 4.6, now obeying an engine: each holds a pool for its heads (SETUP), rebuilds each
+PASS's batch over it and runs its shard, and moves the same blocks as the driver (COPY, SWAP_OUT, SWAP_IN).
 
 Starting, meeting and stopping are phase 4.6's (`start`, `ShardGroup`, `ShardWorker`); this file changes
 what the messages say (message.py) and what a worker keeps between them.
@@ -29,26 +19,20 @@ from phases.p4_4_preemption.swap import SwapSpace
 from phases.p4_6_model_sharding.lockstep import ShardGroup, ShardWorker, Started, start
 from phases.p4_7_tensor_parallel.engine import DriverModel
 from phases.p4_7_tensor_parallel.message import (COPY, HEADER_LEN, PASS, SETUP, STOP, SWAP_IN, SWAP_OUT,
-                                                 MessageStats, decode_pass, header, payload_len)
+                                                 decode_pass, header, payload_len)
 
 
 class WorkerGroup(ShardGroup):
-    """Phase 4.6's group, its messages counted: the passes and block moves an engine sends."""
+    """Phase 4.6's group, sending an engine's passes and block moves."""
 
     def __init__(self, started: Started):
         super().__init__(started, stop=header(STOP))
-        self.messages = MessageStats()
 
     def health(self) -> dict:
         """The group's size, which ranks are alive, and the error that broke it (a server's /health)."""
         alive = self.alive()
         return {"world_size": self.world_size, "alive": alive,
                 "error": None if self.error is None and all(alive) else str(self.error or "a worker exited")}
-
-    def send(self, head: torch.Tensor, payload: torch.Tensor | None = None) -> None:
-        """Broadcast one message (header, then its payload) to every worker, and count it."""
-        super().send(head, *([] if payload is None else [payload]))
-        self.messages.add(int(head[0]), 8 * (HEADER_LEN + (0 if payload is None else payload.numel())))
 
     def send_ids(self, op: int, src: list[int], dst: list[int]) -> None:
         """A COPY, SWAP_OUT or SWAP_IN of blocks src[i] -> dst[i]."""

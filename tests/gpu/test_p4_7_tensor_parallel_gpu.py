@@ -8,6 +8,7 @@ import torch
 from phases.p4_5_speculative_decoding.engine import SpeculativeEngine
 from phases.p4_7_tensor_parallel import TensorParallelEngine, launch
 from common.processes import backend_for
+from measure.collectives import count_collectives
 
 pytestmark = pytest.mark.gpu
 
@@ -31,8 +32,9 @@ def test_a_group_on_the_device_makes_one_workers_tokens(gpu_device, tier_models,
     group, lm = launch(name, world, device=gpu_device, dtype=torch.float32)
     try:
         assert group.comm is not None and backend_for(lm.device) == ("gloo" if gpu_device == "cpu" else "nccl")
+        stats = count_collectives(group.comm)
         engine = TensorParallelEngine(lm, group, n_blocks=64, max_num_batched_tokens=16)
         assert run(engine) == expected
-        assert group.comm.stats.n_all_reduce == lm.model.n_passes * (2 * lm.n_layers + 1)
+        assert stats.n_all_reduce == lm.model.n_passes * (2 * lm.n_layers + 1)
     finally:
         group.close()
