@@ -34,6 +34,12 @@ class WorkerDied(RuntimeError):
     """A worker process exited or broke a collective: its group can run nothing more."""
 
 
+def broke_a_collective(error: RuntimeError) -> bool:
+    """`error` came from a collective, not from the model: torch raises DistError, but gloo reports a peer whose
+    socket closed mid-collective as a plain RuntimeError that names it."""
+    return isinstance(error, dist.DistError) or "gloo" in str(error)
+
+
 def free_port() -> int:
     """A TCP port nobody listens on now (the OS picks it), for a rendezvous."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
