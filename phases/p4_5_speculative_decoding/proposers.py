@@ -1,14 +1,9 @@
-"""Proposers: cheap guesses at each sequence's next few tokens, for the target to check in one pass.
+"""Proposers: cheap guesses at each sequence's next few tokens. One interface: `propose(seqs, k, seeds)` -> one
+`Proposal` per sequence (maybe empty), and `release(seq)` when a sequence stops speculating.
 
-One interface: `propose(seqs, k, seeds)` -> one `Proposal` per sequence (maybe empty), and `release(seq)`
-when a sequence stops speculating.
-
-`NgramProposer` (prompt lookup, vLLM's "ngram"): the k tokens that followed the last earlier occurrence of
-    the sequence's final n tokens. No model, no memory; it proposes when outputs copy their context.
-`DraftProposer`: a smaller model with the same tokenizer, k passes ahead, on a paged pool of its own; where
-    its tokens and the sequence's differ (rejected guesses), its table is cut back to the common prefix.
-`self_draft(lm, n_layers)`: the target's first n_layers layers under its own norm and head (an early exit,
-    as in LayerSkip). It shares every weight with the target: the draft that runs with one packaged model.
+`NgramProposer` (prompt lookup, vLLM's "ngram"); `DraftProposer`, a model with the same tokenizer on a paged
+pool of its own, cut back to the common prefix after a rejection; `self_draft(lm, n_layers)`, the target's first
+n_layers under its own norm and head (an early exit, as in LayerSkip), sharing every weight.
 """
 
 from __future__ import annotations
@@ -30,18 +25,6 @@ from phases.p4_5_speculative_decoding.acceptance import Proposal, target_logits
 DEFAULT_MAX_N = 3        # longest suffix the n-gram proposer looks for (vLLM's prompt_lookup_max default is 5)
 DEFAULT_MIN_N = 1
 DRAFT_STREAM = _as_int64(0x5EED_D4AF_7000_0001)   # xor-ed into a seed: the draft's own random stream
-
-
-class NoProposer:
-    """The proposer of an engine that does not speculate (`speculative=None`): nothing proposed, nothing kept."""
-
-    name = "none"
-
-    def propose(self, seqs: list, k: int, seeds: list[int]) -> list[Proposal]:
-        return [Proposal([]) for _ in seqs]
-
-    def release(self, seq) -> None:
-        pass
 
 
 class NgramProposer:
@@ -96,8 +79,7 @@ def self_draft(lm, n_layers: int):
 
 @dataclass(eq=False)
 class DraftState:
-    """What the draft keeps for one sequence: the tokens it fed, their K/V in its pool, and this round's guesses.
-    Duck-types the parts of a `Sequence` the runner reads (`all_ids`, `kv`)."""
+    """What the draft keeps for one sequence; duck-types what the runner reads of a `Sequence` (`all_ids`, `kv`)."""
     fed: list[int]          # tokens whose K/V the draft's table holds, in order
     kv: BlockTable
     all_ids: list[int]      # this round: the sequence's tokens, then the draft's proposals so far
@@ -169,9 +151,8 @@ class DraftProposer:
 
     def _state(self, seq) -> DraftState:
         """`seq`'s draft state, its table cut back to the longest prefix the sequence still agrees with."""
-        state = self.states.get(seq.seq_id)
         ids = seq.all_ids
-        if state is None:
+        if (state := self.states.get(seq.seq_id)) is None:
             state = self.states[seq.seq_id] = DraftState([], BlockTable(self.allocator.block_size), [])
         keep = min(common_prefix(state.fed, ids), len(ids) - 1)   # the last token is fed again: the first guess
         truncate(state.kv, self.allocator, keep)
@@ -206,10 +187,7 @@ def check_same_vocabulary(target_lm, draft_lm) -> None:
 
 def common_prefix(a: list[int], b: list[int]) -> int:
     """Length of the longest common prefix of a and b."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:      # the usual case, compared in C
-        return n
-    return next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def truncate(table: BlockTable, allocator: BlockAllocator, n_filled: int) -> int:
