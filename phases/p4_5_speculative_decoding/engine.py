@@ -31,8 +31,7 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 
 @dataclass
 class Verify(PartialChunk):
-    """A decoding sequence's last token and its m proposed tokens: m + 1 rows, every row's logits kept; after the
-    check, `made` holds the tokens it kept (its accepted guesses, then the target's own), one row each."""
+    """A sequence's last token and its m guesses: m + 1 rows; after the check, `made`: the tokens it kept."""
     proposal: Proposal = field(default_factory=lambda: Proposal([]))
     made: list[int] | None = None
 
@@ -112,15 +111,14 @@ class SpeculativePlan(TokenBudget):
         batch.decode, batch.decode_slots = decode, slots
 
     def slots_free(self, seq: Sequence) -> int:
-        """Positions `seq` can claim without preempting anyone or evicting a cached block: the rest of its last
-        block, then the truly free blocks (a guess likely to be rejected is not worth a prefix-cache entry)."""
+        """Positions `seq` can claim without preempting anyone or evicting a cached block (a likely-rejected guess
+        is not worth one): the rest of its last block, then the truly free blocks."""
         allocator = self.engine.allocator      # phase 4.3's pool, caching on or off
         return seq.kv.capacity - seq.kv.n_filled + allocator.n_uncached_free * allocator.block_size
 
 
 class VerifyingRunner:
-    """The engine's runner, then the check: each `Verify` chunk's guesses are accepted or rejected against the
-    pass's logits, the rejected guesses' slots go back, and the chunk keeps one row per token it made."""
+    """The engine's runner, then the check: rejected guesses' slots go back; a `Verify` keeps a row per token made."""
 
     def __init__(self, runner, engine, stats: SpecStats):
         self.inner = runner           # the engine's own runner: it runs every pass
@@ -177,8 +175,7 @@ def until_stop(seq: Sequence, tokens: list[int], eos_ids: set[int]) -> list[int]
 
 
 class VerifyingSampler:
-    """The engine's sampler for every row but a checked one: that row gets the token the check made. A sequence
-    that is DONE also leaves the proposer (a preempted one keeps its state there: its tokens do not change)."""
+    """The engine's sampler, but a checked row gets the token the check made; a DONE sequence leaves the proposer."""
 
     def __init__(self, sampler, engine, stats: SpecStats):
         self.inner = sampler          # the engine's own sampler: it samples every other row
@@ -212,8 +209,7 @@ def speculation_summary(stats: SpecStats) -> dict:
 
 
 class SpeculativeEngine(PreemptingEngine):
-    """Phase 4.4's engine; decoding sequences verify up to k proposed tokens per step (`speculative=None`:
-    none of the three parts is picked, there is no proposer, and the engine is phase 4.4's)."""
+    """Phase 4.4's engine; decoding sequences verify up to k guesses per step (`speculative=None`: phase 4.4's)."""
 
     def __init__(self, lm, speculative=None, num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
                  draft_layers: int | None = None, **engine_kwargs):

@@ -58,16 +58,14 @@ def lookup(ids: list[int], k: int, max_n: int = DEFAULT_MAX_N, min_n: int = DEFA
 
 # --- a draft model ---------------------------------------------------------------------------------
 def self_draft(lm, n_layers: int):
-    """The target's first `n_layers` decoder layers under its own norm and head, as a model of its own
-    (a LoadedModel like `lm`). Nothing is copied: the draft's modules ARE the target's."""
+    """The target's first `n_layers` layers under its own norm and head, a LoadedModel of its own; nothing copied."""
     layers = getattr(getattr(lm.model, "model", None), "layers", None)
     if not isinstance(layers, nn.ModuleList):
         raise ValueError(f"{type(lm.model).__name__} has no `model.layers` list to take a self-draft from")
     if isinstance(n_layers, bool) or not isinstance(n_layers, int) or not 1 <= n_layers < len(layers):
         raise ValueError(f"a self-draft takes 1 .. {len(layers) - 1} of the target's {len(layers)} layers, "
                          f"got {n_layers!r}")
-    # Shallow copies with their own module dicts: replacing `layers` here leaves the target whole. The config
-    # stays shared, so switching the attention implementation switches it for the layers both models run.
+    # Shallow copies with their own module dicts leave the target whole; the shared config keeps one attention.
     inner = copy.copy(lm.model.model)
     inner._modules = dict(inner._modules)
     inner.layers = nn.ModuleList(list(layers)[:n_layers])
@@ -106,7 +104,7 @@ class DraftProposer:
 
     def propose(self, seqs: list, k: int, seeds: list[int]) -> list[Proposal]:
         """k draft passes (phase 3.8's runner): the first feeds every token the draft has not seen, each later one
-        the last guess. seeds[i]: seqs[i]'s draw seed (the draft draws from its own stream of it)."""
+        the last guess; seeds[i] seeds seqs[i]'s draws (the draft's own stream of it)."""
         seed_of = {s.seq_id: seed for s, seed in zip(seqs, seeds)}
         active = [(seq, self._state(seq)) for seq in seqs]
         tokens: dict[int, list[int]] = {s.seq_id: [] for s in seqs}
@@ -136,8 +134,7 @@ class DraftProposer:
         return [Proposal(tokens[s.seq_id], torch.stack(probs[s.seq_id]) if probs[s.seq_id] else None) for s in seqs]
 
     def _append_slots(self, state: DraftState, n: int, proposing: list) -> list[int]:
-        """`n` slots of the draft's pool for `state`. A full pool first gives up the states of the sequences not
-        proposing now (preempted, or prefilling again: rebuilt when they next propose)."""
+        """`n` slots of the draft's pool; a full pool first drops the states of sequences not proposing now."""
         try:
             return state.kv.append_slots(self.allocator, n)
         except OutOfBlocks:
@@ -162,8 +159,7 @@ class DraftProposer:
 
     def _draw(self, active: list, logits: torch.Tensor, seed_of: dict[int, int]
               ) -> tuple[list[int], list[torch.Tensor | None]]:
-        """Each row's guess: the argmax for a greedy sequence (a point mass), a draw from the draft's own
-        distribution q otherwise (returned, so acceptance can weigh p / q)."""
+        """Each row's guess: the argmax (greedy), or a draw from the draft's q, returned for acceptance's p / q."""
         seqs = [seq for seq, _ in active]
         params: list[SamplingParams] = [s.sampling for s in seqs]
         vocab = logits.shape[-1]
@@ -191,8 +187,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 def truncate(table: BlockTable, allocator: BlockAllocator, n_filled: int) -> int:
-    """Cut `table` back to its first `n_filled` tokens: blocks past them go back to `allocator` (one owner less
-    each). Returns how many blocks were released."""
+    """Cut `table` back to its first `n_filled` tokens; the blocks past them go back. Returns how many went."""
     if not 0 <= n_filled <= table.n_filled:
         raise ValueError(f"cannot cut a table of {table.n_filled} tokens back to {n_filled}")
     keep = -(-n_filled // table.block_size)
