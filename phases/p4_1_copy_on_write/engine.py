@@ -16,12 +16,9 @@ engine would prefill the prompt n times and store its K/V n times. Here:
      one, now its only owner, writes in place. Full prompt blocks are never
      written again, so they stay shared until the last sample finishes.
 
-The copies of a step are batched into one indexed copy, run at the end of
-`schedule()` before the forward pass writes (block_ops.CopyQueue), so a step
-with many forks costs one launch. The KV manager part is `CowKV` (kv.py).
-
-Admission is phase 3.3's rule for groups (`GroupWorstCaseAdmission`): n free
-slots, and the group's worst case with its full prompt blocks counted once.
+A step's copies run as one indexed copy at the end of `schedule()`, before the pass writes (`CowKV`,
+kv.py). Admission (`GroupWorstCaseAdmission`): n free slots, and the group's worst case with its full
+prompt blocks counted once.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """`PrefixCachingEngine`: phase 4.1's engine, with prompts that start with cached blocks skipping their prefill.
 
-The whole phase is a KV part, `PrefixKV` (kv.py, its `make_kv`), on the pool
-that keeps the cache (prefix_cache.py, its `make_allocator`): admission does
-not count a cached block someone else holds, a new table maps the cached
-prefix in and its prefill starts past it, full blocks are published once
-written, and a fork continues its parent's chain of hashes. The scheduler,
-runner and sampler are phase 4.1's, unchanged.
-
-`PrefixCachingEngine(lm, prefix_caching=False)` chooses phase 4.1's `CowKV`
-instead: phase 4.1's engine, step for step, as the "off" side of a comparison.
-
-Known limit: requests admitted in the same step all look the cache up before
-any of them has computed anything, so N requests arriving together with one
-new system prompt all compute it; requests admitted in later steps hit.
+The whole phase is a KV part, `PrefixKV` (kv.py, its `make_kv`), on the pool that keeps the cache
+(prefix_cache.py, its `make_allocator`); the scheduler, runner and sampler are phase 4.1's, unchanged.
+`prefix_caching=False` picks phase 4.1's `CowKV` instead: phase 4.1's engine, step for step, as the "off"
+side of a comparison.
 """
 
 from __future__ import annotations

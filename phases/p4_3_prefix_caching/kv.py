@@ -48,9 +48,6 @@ class CacheStats:
     def hit_rate(self) -> float:
         return self.blocks_hit / self.blocks_queried if self.blocks_queried else float("nan")
 
-    def as_dict(self) -> dict:
-        return dict(self.__dict__, hit_rate=self.hit_rate)
-
 
 @dataclass
 class Chain:

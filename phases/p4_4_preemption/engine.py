@@ -1,26 +1,16 @@
 """`PreemptingEngine`: optimistic FCFS admission; when the pool runs dry, the latest request gives its blocks back.
 
-Phase 4.3's engine (samples over shared blocks, copy-on-write, the prefix cache). Phases 3.3-4.3 admitted
-a request only if its worst case (prompt + max_new_tokens, every sample) fit beside everyone else's, so
-most reserved blocks sat empty. Here (vLLM paper §4.5):
-
-admission   first come, first served, optimistic: the head of the queue is admitted, whole group at
-            once, when its prefill's blocks fit NOW, beside the running sequences' next tokens and a
-            reserve (`watermark_blocks`): `OptimisticAdmission`, the admission part this engine picks
-            in place of phase 4.1's. Nobody overtakes the head; nothing new starts while a group is
-            swapped out.
-preemption  before each step, while the pool cannot cover every running sequence's next token (a new
-            block, or a copy-on-write copy), the LATEST-arrived running group is preempted, all of it.
-            The earliest is never preempted for a later one: no livelock.
-recovery    "recompute": blocks dropped, back to the FRONT of the queue; admitted again, it prefills
-            prompt + outputs in one pass (chunked, full blocks found in the prefix cache), and a group's
-            lead computes the prompt blocks that its other members fork (`claim`). "swap" (swap.py):
-            blocks copied to a CPU pool and back when they fit; a full CPU pool falls back to
-            recomputation. A group part-way through its prefill is always recomputed.
-
+Phase 4.3's engine; until now a request was admitted only if its worst case fit. Here (vLLM paper §4.5):
+admission   `OptimisticAdmission`: the head of the queue's whole group starts when its prefill's blocks fit
+            NOW, beside the running sequences' next tokens and a reserve (`watermark_blocks`). Nobody
+            overtakes the head; nothing new starts while a group is swapped out.
+preemption  before each step, while the pool cannot cover every running sequence's next token (a new block,
+            or a copy-on-write copy), the LATEST-arrived running group is preempted whole: no livelock.
+recovery    "recompute": back to the FRONT of the queue, to prefill prompt + outputs (cached blocks found
+            again; a group's lead computes the prompt blocks its members fork, `claim`). "swap" (swap.py):
+            to a CPU pool and back when it fits; a full CPU pool, or a group mid-prefill, recomputes.
 Draws are keyed on (seed, token index) (phase 3.10), so preemption changes no token; `add()` refuses a
-request that could outgrow the pool alone, so preempting every later group always makes room and nothing
-is lost.
+request that could outgrow the pool alone, so preempting every later group always makes room.
 """
 
 from __future__ import annotations
@@ -88,9 +78,8 @@ class OptimisticAdmission:
         return self.engine.allocator.n_free - self.blocks_promised()
 
     def can_admit(self, seq: Sequence, blocks_left: int) -> bool:
-        """`seq`'s whole group may start: nothing older is swapped out, its members find slots, and their
-        prefill (`blocks_to_admit`) fits the blocks left (less the reserve, `watermark_blocks`) and this
-        step's pass."""
+        """`seq`'s whole group may start: nothing older is swapped out, its members find slots, and their prefill
+        fits the blocks left (less the reserve, `watermark_blocks`) and this step's pass."""
         e = self.engine
         group = e.group_of(seq)
         if e.swapped and group.request_id > e.swapped[0].request_id:
@@ -119,9 +108,8 @@ class OptimisticAdmission:
         return sum(self.decode_blocks(m, self.engine.allocator) for m in self.engine.running_groups().values())
 
     def decode_blocks(self, seqs: list[Sequence], allocator: BlockAllocator) -> int:
-        """Blocks the next decode pass takes for `seqs`, exactly as `append_slots_cow` will take them; for a
-        sequence part-way through its prefill, the blocks the rest of it takes (less the prompt blocks a
-        recomputed member will fork from its lead)."""
+        """Blocks the next decode pass takes for `seqs`, as `append_slots_cow` will; for one part-way through its
+        prefill, what the rest of it takes (less the prompt blocks a recomputed member forks from its lead)."""
         need, writers = 0, Counter()
         for s in seqs:
             table = s.kv
@@ -154,8 +142,7 @@ class PreemptingEngine(PrefixCachingEngine):
             else watermark_blocks
         if not 0 <= self.watermark_blocks < n:
             raise ValueError(f"watermark_blocks must be in [0, {n}), got {self.watermark_blocks}")
-        # The recovery part: a CPU pool to swap into ("swap"; the paper bounds it by the GPU pool's size, and the
-        # default follows it), or none ("recompute").
+        # The recovery part; the paper bounds the CPU pool by the GPU pool's size, and the default follows it.
         self.swap_space = self.make_swap_space(cpu_blocks or n)
         self.swapped: deque[SequenceGroup] = deque()  # swapped-out groups, in arrival order
         self.stats = PreemptionStats()
@@ -271,17 +258,15 @@ class PreemptingEngine(PrefixCachingEngine):
 
     # --- admission: optimistic (`OptimisticAdmission`), first come first served, whole groups -----------
     def admit(self) -> None:
-        """First make room for every running sequence's next token, preempting the latest groups. A step that
-        preempted admits nothing; otherwise swapped groups come back first, then phase 3.6's loop admits
-        whole groups from the head of the queue while the rule lets them in."""
+        """Make room for every running sequence's next token, preempting the latest groups. A step that preempted
+        admits nothing; otherwise swapped groups come back first, then phase 3.6's loop admits from the head."""
         if self._make_room_for_decode():
             return
         self._swap_in()
         super().admit()
 
     def admit_head(self) -> Sequence:
-        """The head of the queue's group joins the running set, all its waiting members at once; returns the
-        last of them."""
+        """The head of the queue's group joins the running set, all its waiting members; returns the last."""
         members = self.head_group()
         if any(s.output_ids or s.seq_id in self._computed for s in members):
             self.stats.n_recomputed += 1
@@ -312,9 +297,8 @@ class PreemptingEngine(PrefixCachingEngine):
         return next(s for s in queue if self.group_of(s) is group and self._recomputing(s))
 
     def claim(self, chunk):
-        """Claim the chunk's slots, counting the tokens it computes again; once a recomputing lead has claimed
-        every slot of its full prompt blocks (so nobody writes them again, and no copy-on-write ever splits
-        them), the group's other members fork them."""
+        """Claim the chunk's slots, counting the tokens it computes again; once a recomputing lead has claimed its
+        full prompt blocks (nobody writes them again, no copy-on-write splits them), its group's members fork them."""
         chunk = super().claim(chunk)
         self.stats.tokens_recomputed += max(0, min(chunk.end, self._computed_before(chunk.seq)) - chunk.start)
         if chunk.last:

@@ -1,18 +1,12 @@
 """Which proposed tokens the target keeps: one verification pass's logits -> each sequence's new tokens.
 
-A sequence proposed d_1 .. d_m; the pass fed its last token and the m guesses,
-so its m + 1 rows are the target's distributions p_1 .. p_{m+1}. Left to right:
-
-greedy    keep d_i while it is argmax p_i; at the first mismatch emit that argmax
-          and stop; if all m match, argmax p_{m+1} is a bonus token.
-sampling  Leviathan et al. / Chen et al.: keep d_i with probability
-          min(1, p_i(d_i) / q_i(d_i)), q_i the distribution d_i was drawn from (a
-          point mass for an n-gram or greedy draft); at the first rejection draw
-          from max(0, p_i - q_i), renormalised, and stop; if all are kept, draw
-          the bonus from p_{m+1}. Every emitted token is distributed as p_i.
-
-p_i is what a plain step samples from (phase 3.10's row filter). Seeded draws stay reproducible: the
-residual and bonus draws use the j-th draw's noise (Gumbel-max), the test a second stream, seed ^ ACCEPT_STREAM.
+A sequence proposed d_1 .. d_m; its m + 1 rows (its last token, then the guesses) are the target's p_1 .. p_{m+1}.
+greedy    keep d_i while it is argmax p_i; at the first mismatch emit that argmax; if all match, argmax p_{m+1}.
+sampling  (Leviathan et al.) keep d_i with probability min(1, p_i(d_i) / q_i(d_i)), q_i what d_i was drawn from
+          (a point mass for n-gram or greedy guesses); at the first rejection draw from max(0, p_i - q_i),
+          renormalised; if all are kept, draw from p_{m+1}. Every emitted token is distributed as p_i.
+Seeded draws stay reproducible: the residual and bonus draws use the j-th draw's noise (Gumbel-max), the test
+a second stream, seed ^ ACCEPT_STREAM.
 """
 
 from __future__ import annotations

@@ -1,27 +1,14 @@
 """Speculative decoding: guess each sequence's next k tokens cheaply, check them in one target pass, keep what agrees.
 
-A proposer (proposers.py) guesses up to k tokens per decoding sequence; the
-target scores the last sampled token and the guesses in ONE pass; acceptance
-(acceptance.py) keeps the guesses it agrees with plus one token of its own. A
-step makes 1 to k + 1 tokens per sequence, all of them what the target alone
-would make. The engine's loop stays phase 3.6's; with `speculative` set, its
-`make_prefill`, `make_runner` and `make_sampler` pick one more version of each:
-
-plan      `SpeculativePlan`, 3.8's token budget plus one rule: after the decode
-          tokens and prefill chunks, a decoding sequence with m guesses becomes a
-          `Verify` chunk of m + 1 rows (its last token, then the guesses), in the
-          budget left and truly free blocks only: a guess never preempts, evicts a
-          cached block, delays an admission or runs past max_new_tokens.
-runner    `VerifyingRunner`: the engine's runner runs the pass (phase 3.8's mixed
-          pass keeps every row of a `Verify` chunk; a decode-only step keeps 3.10's
-          graphs), then checks the guesses. The rejected ones' slots are cut from
-          the table (`truncate`) BEFORE the KV part hears the pass ran, so only
-          accepted tokens are ever published to the prefix cache.
-sampler   `VerifyingSampler`: a `Verify` chunk keeps one row per token the check
-          made, and each such row gets that token; other rows are sampled as before.
-          A sequence that made 3 tokens is in `emitting` 3 times; update takes them.
-
-Refused: k < 1, a draft with another vocabulary.
+The loop stays phase 3.6's; with `speculative` set, three `make_` methods pick one more version of a part:
+plan      `SpeculativePlan`: after 3.8's decode tokens and prefill chunks, a sequence with m guesses becomes a
+          `Verify` chunk of m + 1 rows, in the budget left and truly free blocks only: a guess never preempts,
+          evicts a cached block, delays an admission or runs past max_new_tokens.
+runner    `VerifyingRunner`: the engine's runner runs the pass, then acceptance (acceptance.py) checks the
+          guesses; rejected slots are cut (`truncate`) BEFORE the KV part hears the pass ran, so only accepted
+          tokens reach the prefix cache.
+sampler   `VerifyingSampler`: each kept row of a `Verify` chunk gets the token the check made; a sequence that
+          made 3 tokens is in `emitting` 3 times, and update takes them in order.
 """
 
 from __future__ import annotations
@@ -36,7 +23,7 @@ from phases.p3_8_chunked_prefill.engine import TokenBudget
 from phases.p3_8_chunked_prefill.runner import PartialChunk
 from phases.p4_4_preemption.engine import PreemptingEngine
 from phases.p4_5_speculative_decoding.acceptance import Proposal, accept
-from phases.p4_5_speculative_decoding.proposers import DraftProposer, NgramProposer, NoProposer, self_draft, truncate
+from phases.p4_5_speculative_decoding.proposers import DraftProposer, NgramProposer, self_draft, truncate
 
 SPECULATIVE_METHODS = ("ngram", "draft")
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
@@ -44,8 +31,7 @@ DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 
 @dataclass
 class Verify(PartialChunk):
-    """A decoding sequence's last token and its m proposed tokens: m + 1 rows, every row's logits kept; after the
-    check, `made` holds the tokens it kept (its accepted guesses, then the target's own), one row each."""
+    """A sequence's last token and its m guesses: m + 1 rows; after the check, `made`: the tokens it kept."""
     proposal: Proposal = field(default_factory=lambda: Proposal([]))
     made: list[int] | None = None
 
@@ -75,15 +61,9 @@ class SpecStats:
     def acceptance_rate(self) -> float:
         return self.accepted / self.proposed if self.proposed else float("nan")
 
-    def as_dict(self) -> dict:
-        return dict(self.__dict__, acceptance_rate=self.acceptance_rate)
-
 
 def make_proposer(lm, speculative, draft_layers: int | None, draft_blocks: int):
-    """A proposer from a method name ("ngram", "draft": a self-draft of `draft_layers` layers, by default half
-    the target's; None: `NoProposer`), or the given one."""
-    if speculative is None:
-        return NoProposer()
+    """A proposer: the given one, or "ngram", or "draft" (a self-draft of `draft_layers`, by default half)."""
     if hasattr(speculative, "propose"):
         return speculative
     if speculative == "ngram":
@@ -131,15 +111,14 @@ class SpeculativePlan(TokenBudget):
         batch.decode, batch.decode_slots = decode, slots
 
     def slots_free(self, seq: Sequence) -> int:
-        """Positions `seq` can claim without preempting anyone or evicting a cached block: the rest of its last
-        block, then the truly free blocks (a guess likely to be rejected is not worth a prefix-cache entry)."""
+        """Positions `seq` can claim without preempting anyone or evicting a cached block (a likely-rejected guess
+        is not worth one): the rest of its last block, then the truly free blocks."""
         allocator = self.engine.allocator      # phase 4.3's pool, caching on or off
         return seq.kv.capacity - seq.kv.n_filled + allocator.n_uncached_free * allocator.block_size
 
 
 class VerifyingRunner:
-    """The engine's runner, then the check: each `Verify` chunk's guesses are accepted or rejected against the
-    pass's logits, the rejected guesses' slots go back, and the chunk keeps one row per token it made."""
+    """The engine's runner, then the check: rejected guesses' slots go back; a `Verify` keeps a row per token made."""
 
     def __init__(self, runner, engine, stats: SpecStats):
         self.inner = runner           # the engine's own runner: it runs every pass
@@ -147,12 +126,11 @@ class VerifyingRunner:
         self.stats = stats
         self.decided: dict[int, list[int]] = {}    # seq_id -> the tokens this pass's check made for it
 
-    # What the engine reports of its runner: the counts of the one that runs the passes.
+    # What the engine reports of its runner (and 3.10's emit reads after a decode-only static step): the inner's.
     n_forward_passes = property(lambda self: self.inner.n_forward_passes)
     n_prefill_tokens = property(lambda self: self.inner.n_prefill_tokens)
     n_chunks = property(lambda self: self.inner.n_chunks)
     n_mixed_passes = property(lambda self: self.inner.n_mixed_passes)
-    # phase 3.10's emit reads these after a static step (a decode-only pass: nothing to check in it)
     ran_static = property(lambda self: self.inner.ran_static)
     buffers = property(lambda self: self.inner.buffers)
 
@@ -171,8 +149,12 @@ class VerifyingRunner:
         made = accept(seqs, [c.proposal for c in verifying],
                       logits[[i for c, rows in zip(batch.chunks, spans) if isinstance(c, Verify) for i in rows]],
                       [self.engine.sampler.seed(s) for s in seqs])
-        self.count(verifying, made)
+        st = self.stats
+        st.n_verify_passes += 1
+        st.n_verified += len(verifying)
         for c, tokens in zip(verifying, made):
+            st.proposed += len(c.proposal)
+            st.accepted += len(tokens) - 1
             c.made = until_stop(c.seq, tokens, self.engine.lm.eos_token_ids)
             # Positions c.start .. c.start + len(c.made) - 1 hold real tokens (the last one and the kept
             # guesses); the rest of the chunk's slots go, before anything is published.
@@ -180,14 +162,6 @@ class VerifyingRunner:
             self.decided[c.seq.seq_id] = c.made
         kept = [i for c, rows in zip(batch.chunks, spans) for i in rows[:len(c.rows_kept)]]
         return logits[kept + list(range(r, logits.shape[0]))]   # a Verify chunk's first rows stand for its tokens
-
-    def count(self, verifying: list[Verify], made: list[list[int]]) -> None:
-        st = self.stats
-        st.n_verify_passes += 1
-        st.n_verified += len(verifying)
-        for c, tokens in zip(verifying, made):
-            st.proposed += len(c.proposal)
-            st.accepted += len(tokens) - 1
 
 
 def until_stop(seq: Sequence, tokens: list[int], eos_ids: set[int]) -> list[int]:
@@ -201,8 +175,7 @@ def until_stop(seq: Sequence, tokens: list[int], eos_ids: set[int]) -> list[int]
 
 
 class VerifyingSampler:
-    """The engine's sampler for every row but a checked one: that row gets the token the check made. A sequence
-    that is DONE also leaves the proposer (a preempted one keeps its state there: its tokens do not change)."""
+    """The engine's sampler, but a checked row gets the token the check made; a DONE sequence leaves the proposer."""
 
     def __init__(self, sampler, engine, stats: SpecStats):
         self.inner = sampler          # the engine's own sampler: it samples every other row
@@ -213,8 +186,7 @@ class VerifyingSampler:
         return self.inner.seed(seq)
 
     def draw(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
-        """Phase 3.10's draw on the device after a static step: a decode-only pass has no checked row."""
-        return self.inner.draw(seqs, logits)
+        return self.inner.draw(seqs, logits)    # 3.10's draw after a static (decode-only) step: nothing checked
 
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
         decided = self.engine.runner.decided
@@ -231,29 +203,25 @@ class VerifyingSampler:
         self.engine.proposer.release(seq)
 
 
-def check_num_speculative_tokens(k) -> None:
-    """k, the guesses a sequence may verify per step, is an int >= 1 (checked before an engine takes its pool)."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
-
-
 def speculation_summary(stats: SpecStats) -> dict:
     """What the speculation counted, as `summary()` keys."""
-    return {f"spec_{k}": v for k, v in stats.as_dict().items()}
+    return {f"spec_{k}": v for k, v in dict(stats.__dict__, acceptance_rate=stats.acceptance_rate).items()}
 
 
 class SpeculativeEngine(PreemptingEngine):
-    """Phase 4.4's engine; decoding sequences verify up to k proposed tokens per step (`speculative=None`:
-    none of the three parts is picked, nothing is proposed, and the engine is phase 4.4's)."""
+    """Phase 4.4's engine; decoding sequences verify up to k guesses per step (`speculative=None`: phase 4.4's)."""
 
     def __init__(self, lm, speculative=None, num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS,
                  draft_layers: int | None = None, **engine_kwargs):
-        check_num_speculative_tokens(num_speculative_tokens)
+        k = num_speculative_tokens     # checked before the engine takes its pool
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
         # read by the make_ methods, during phase 3.6's constructor
         self.speculative, self.num_speculative_tokens = speculative, num_speculative_tokens
         self.spec_stats = SpecStats()
         super().__init__(lm, **engine_kwargs)
-        self.proposer = make_proposer(lm, speculative, draft_layers, self.allocator.n_blocks)
+        if speculative is not None:
+            self.proposer = make_proposer(lm, speculative, draft_layers, self.allocator.n_blocks)
 
     def make_prefill(self) -> TokenBudget:
         if self.speculative is None:

@@ -1,14 +1,9 @@
-"""Proposers: cheap guesses at each sequence's next few tokens, for the target to check in one pass.
+"""Proposers: cheap guesses at each sequence's next few tokens. One interface: `propose(seqs, k, seeds)` -> one
+`Proposal` per sequence (maybe empty), and `release(seq)` when a sequence stops speculating.
 
-One interface: `propose(seqs, k, seeds)` -> one `Proposal` per sequence (maybe empty), and `release(seq)`
-when a sequence stops speculating.
-
-`NgramProposer` (prompt lookup, vLLM's "ngram"): the k tokens that followed the last earlier occurrence of
-    the sequence's final n tokens. No model, no memory; it proposes when outputs copy their context.
-`DraftProposer`: a smaller model with the same tokenizer, k passes ahead, on a paged pool of its own; where
-    its tokens and the sequence's differ (rejected guesses), its table is cut back to the common prefix.
-`self_draft(lm, n_layers)`: the target's first n_layers layers under its own norm and head (an early exit,
-    as in LayerSkip). It shares every weight with the target: the draft that runs with one packaged model.
+`NgramProposer` (prompt lookup, vLLM's "ngram"); `DraftProposer`, a model with the same tokenizer on a paged
+pool of its own, cut back to the common prefix after a rejection; `self_draft(lm, n_layers)`, the target's first
+n_layers under its own norm and head (an early exit, as in LayerSkip), sharing every weight.
 """
 
 from __future__ import annotations
@@ -30,18 +25,6 @@ from phases.p4_5_speculative_decoding.acceptance import Proposal, target_logits
 DEFAULT_MAX_N = 3        # longest suffix the n-gram proposer looks for (vLLM's prompt_lookup_max default is 5)
 DEFAULT_MIN_N = 1
 DRAFT_STREAM = _as_int64(0x5EED_D4AF_7000_0001)   # xor-ed into a seed: the draft's own random stream
-
-
-class NoProposer:
-    """The proposer of an engine that does not speculate (`speculative=None`): nothing proposed, nothing kept."""
-
-    name = "none"
-
-    def propose(self, seqs: list, k: int, seeds: list[int]) -> list[Proposal]:
-        return [Proposal([]) for _ in seqs]
-
-    def release(self, seq) -> None:
-        pass
 
 
 class NgramProposer:
@@ -75,16 +58,14 @@ def lookup(ids: list[int], k: int, max_n: int = DEFAULT_MAX_N, min_n: int = DEFA
 
 # --- a draft model ---------------------------------------------------------------------------------
 def self_draft(lm, n_layers: int):
-    """The target's first `n_layers` decoder layers under its own norm and head, as a model of its own
-    (a LoadedModel like `lm`). Nothing is copied: the draft's modules ARE the target's."""
+    """The target's first `n_layers` layers under its own norm and head, a LoadedModel of its own; nothing copied."""
     layers = getattr(getattr(lm.model, "model", None), "layers", None)
     if not isinstance(layers, nn.ModuleList):
         raise ValueError(f"{type(lm.model).__name__} has no `model.layers` list to take a self-draft from")
     if isinstance(n_layers, bool) or not isinstance(n_layers, int) or not 1 <= n_layers < len(layers):
         raise ValueError(f"a self-draft takes 1 .. {len(layers) - 1} of the target's {len(layers)} layers, "
                          f"got {n_layers!r}")
-    # Shallow copies with their own module dicts: replacing `layers` here leaves the target whole. The config
-    # stays shared, so switching the attention implementation switches it for the layers both models run.
+    # Shallow copies with their own module dicts leave the target whole; the shared config keeps one attention.
     inner = copy.copy(lm.model.model)
     inner._modules = dict(inner._modules)
     inner.layers = nn.ModuleList(list(layers)[:n_layers])
@@ -96,8 +77,7 @@ def self_draft(lm, n_layers: int):
 
 @dataclass(eq=False)
 class DraftState:
-    """What the draft keeps for one sequence: the tokens it fed, their K/V in its pool, and this round's guesses.
-    Duck-types the parts of a `Sequence` the runner reads (`all_ids`, `kv`)."""
+    """What the draft keeps for one sequence; duck-types what the runner reads of a `Sequence` (`all_ids`, `kv`)."""
     fed: list[int]          # tokens whose K/V the draft's table holds, in order
     kv: BlockTable
     all_ids: list[int]      # this round: the sequence's tokens, then the draft's proposals so far
@@ -124,7 +104,7 @@ class DraftProposer:
 
     def propose(self, seqs: list, k: int, seeds: list[int]) -> list[Proposal]:
         """k draft passes (phase 3.8's runner): the first feeds every token the draft has not seen, each later one
-        the last guess. seeds[i]: seqs[i]'s draw seed (the draft draws from its own stream of it)."""
+        the last guess; seeds[i] seeds seqs[i]'s draws (the draft's own stream of it)."""
         seed_of = {s.seq_id: seed for s, seed in zip(seqs, seeds)}
         active = [(seq, self._state(seq)) for seq in seqs]
         tokens: dict[int, list[int]] = {s.seq_id: [] for s in seqs}
@@ -154,8 +134,7 @@ class DraftProposer:
         return [Proposal(tokens[s.seq_id], torch.stack(probs[s.seq_id]) if probs[s.seq_id] else None) for s in seqs]
 
     def _append_slots(self, state: DraftState, n: int, proposing: list) -> list[int]:
-        """`n` slots of the draft's pool for `state`. A full pool first gives up the states of the sequences not
-        proposing now (preempted, or prefilling again: rebuilt when they next propose)."""
+        """`n` slots of the draft's pool; a full pool first drops the states of sequences not proposing now."""
         try:
             return state.kv.append_slots(self.allocator, n)
         except OutOfBlocks:
@@ -169,9 +148,8 @@ class DraftProposer:
 
     def _state(self, seq) -> DraftState:
         """`seq`'s draft state, its table cut back to the longest prefix the sequence still agrees with."""
-        state = self.states.get(seq.seq_id)
         ids = seq.all_ids
-        if state is None:
+        if (state := self.states.get(seq.seq_id)) is None:
             state = self.states[seq.seq_id] = DraftState([], BlockTable(self.allocator.block_size), [])
         keep = min(common_prefix(state.fed, ids), len(ids) - 1)   # the last token is fed again: the first guess
         truncate(state.kv, self.allocator, keep)
@@ -181,8 +159,7 @@ class DraftProposer:
 
     def _draw(self, active: list, logits: torch.Tensor, seed_of: dict[int, int]
               ) -> tuple[list[int], list[torch.Tensor | None]]:
-        """Each row's guess: the argmax for a greedy sequence (a point mass), a draw from the draft's own
-        distribution q otherwise (returned, so acceptance can weigh p / q)."""
+        """Each row's guess: the argmax (greedy), or a draw from the draft's q, returned for acceptance's p / q."""
         seqs = [seq for seq, _ in active]
         params: list[SamplingParams] = [s.sampling for s in seqs]
         vocab = logits.shape[-1]
@@ -206,15 +183,11 @@ def check_same_vocabulary(target_lm, draft_lm) -> None:
 
 def common_prefix(a: list[int], b: list[int]) -> int:
     """Length of the longest common prefix of a and b."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:      # the usual case, compared in C
-        return n
-    return next(i for i, (x, y) in enumerate(zip(a, b)) if x != y)
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def truncate(table: BlockTable, allocator: BlockAllocator, n_filled: int) -> int:
-    """Cut `table` back to its first `n_filled` tokens: blocks past them go back to `allocator` (one owner less
-    each). Returns how many blocks were released."""
+    """Cut `table` back to its first `n_filled` tokens; the blocks past them go back. Returns how many went."""
     if not 0 <= n_filled <= table.n_filled:
         raise ValueError(f"cannot cut a table of {table.n_filled} tokens back to {n_filled}")
     keep = -(-n_filled // table.block_size)
