@@ -1,25 +1,10 @@
-"""Hugging Face attention, rerouted through the paged KV pool.
+"""Hugging Face attention, rerouted through the paged KV pool (the README tells how the model reaches it).
 
-`paged_attention_forward` is registered with transformers' `AttentionInterface`
-under ATTN_NAME. An unmodified HF model whose attention implementation is
-switched to it (see `use_paged_attention`) hands every layer's post-RoPE
-query/key/value to us, together with the `PagedBatch` the engine passed as an
-extra `model(..., paged=batch)` keyword. No HF cache object is involved
-(`past_key_values=None`): this function *is* the cache.
-
-Two layouts reach it:
-- decode: `input_ids [S, 1]`, one new token per sequence. query [S, H, 1, D],
-  key/value [S, H_kv, 1, D]. The new K/V are written to their slots, then the
-  paged decode-attention op reads every sequence's context straight from the
-  pool, at its own length, in one call.
-- prefill: the prompts of newly admitted sequences packed along one row,
-  `input_ids [1, N]` (N = sum of segment lengths), each segment with its own
-  positions. The linear layers run on all N tokens at once; attention runs
-  per segment (causal inside a segment, never across two).
-
-Attention as the model defines it: scaling, sliding windows and softcaps are
-honoured in both layouts (`paged_attention_forward`); what cannot be honoured is
-refused by name, never a silently wrong token.
+Two layouts reach `paged_attention_forward`, each with query [B, H, T, D], key/value [B, H_kv, T, D]:
+- decode: `input_ids [S, 1]`; the new K/V go to their slots, then phase 3.5's paged decode op reads
+  every sequence's context from the pool at its own length, in one call.
+- prefill: prompts packed along one row, `input_ids [1, N]`, each segment with its own positions;
+  attention runs per segment (causal inside a segment, never across two).
 """
 
 from __future__ import annotations
@@ -47,12 +32,8 @@ class UnsupportedAttention(ValueError):
 
 
 def check_attention_supported(model) -> None:
-    """Refuse, by name, a model whose attention the paged pool would compute wrongly.
-
-    Honoured (not refused): causal attention, GQA, any `scaling`, a sliding window
-    and a logit softcap. Refused: per-layer attention kinds other than full and
-    sliding (chunked, linear, ...), chunked attention (Llama 4), attention sinks
-    (gpt-oss), bidirectional attention."""
+    """Refuse, by name, a model whose attention the pool would compute wrongly: layer kinds other than full
+    and sliding, chunked attention (Llama 4), attention sinks (gpt-oss), bidirectional attention."""
     config = model.config
     name = type(model).__name__
     unknown = sorted(set(getattr(config, "layer_types", None) or ()) - set(SUPPORTED_LAYER_TYPES))
@@ -81,8 +62,8 @@ def declared_window(config, layer_idx: int) -> int | None:
 
 
 def check_call(module, sliding_window: int | None, kwargs: dict) -> None:
-    """Refuse a call that asks for what this attention does not compute, or that does not pass a
-    window its config declares (a model whose attention leaves the window to a mask we never build)."""
+    """Refuse a call that asks for sinks, or passes no window where the config declares one (left to a
+    mask we never build)."""
     if kwargs.get("s_aux") is not None:
         raise UnsupportedAttention(f"{type(module).__name__}: attention sinks (s_aux) are not supported "
                                    "by the paged engines")
@@ -112,7 +93,6 @@ class PagedBatch:
     is_decode: bool             # True: [S, 1] layout; False: packed [1, N] prefill
     segments: list[Segment] = field(default_factory=list)  # prefill only
 
-
     # Worked out at the first layer that needs them, reused by every other layer of the pass.
     @cached_property
     def write_plan(self):
@@ -136,18 +116,14 @@ def _prefill_segment(module, q, k_new, v_new, seg: Segment, batch: PagedBatch, s
     total = seg.context_len + seg.length                             # = seq_lens[row], known on the host
     window_binds = sliding_window is not None and total > sliding_window
     if seg.context_len == 0 and softcap is None and not window_binds:
-        # Nothing earlier in the pool, plain causal: attend over the fresh K/V with HF's
-        # own SDPA path, so a fresh prompt is computed exactly as `model.generate` does.
+        # HF's own SDPA path, so a fresh prompt is computed exactly as `model.generate` does.
         out, _ = sdpa_attention_forward(module, q, k_new, v_new, None, scaling=scaling, is_causal=True)
         return out
     if seg.context_len == 0:
         k_all, v_all = k_new, v_new                                  # [1, H_kv, T, D]
     else:
-        # A prefix of this sequence is already in the pool (its K/V written by an earlier pass):
-        # read the whole context (prefix + this segment) back from the pool.
+        # A prefix is already in the pool: read prefix + segment back. max_len spares a GPU sync per layer.
         row = slice(seg.row, seg.row + 1)
-        # Passing the length spares the gather from reading it out of seq_lens: on a GPU that read
-        # would wait for the stream, once per layer per segment.
         k_all, v_all = gather_kv(batch.kv_store, module.layer_idx, batch.block_tables[row], batch.seq_lens[row],
                                  max_len=total)                      # [1, H_kv, total, D]
     # query i sits at absolute position context_len + i and sees keys 0..context_len + i (the last w, windowed)
@@ -167,14 +143,9 @@ def _prefill_segment(module, q, k_new, v_new, seg: Segment, batch: PagedBatch, s
 def paged_attention_forward(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0,
                             paged: PagedBatch | None = None, sliding_window: int | None = None,
                             softcap: float | None = None, **kwargs):
-    """The AttentionInterface entry point. Returns (attn_output [B, T, H, D], None).
-    sliding_window, softcap: what this layer's attention call passes (None: plain causal, no cap).
-
-    Each layer's call passes what the layer asks besides causality, and it is honoured in both layouts:
-    `scaling` (Gemma 2 scales by query_pre_attn_scalar, not head_dim), a `sliding_window` (Mistral; Gemma 2/3
-    and Qwen's local layers: a query at p sees keys p - w + 1 .. p), and a logit `softcap` (Gemma 2). What
-    cannot be honoured is refused, by name, when the engine is built (`check_attention_supported`) or at the
-    first call that asks for it (`check_call`)."""
+    """The AttentionInterface entry point. Returns (attn_output [B, T, H, D], None). Honoured in both
+    layouts: `scaling` (Gemma 2's is not head_dim), a `sliding_window` (a query at p sees keys p - w + 1 .. p)
+    and a logit `softcap` (Gemma 2); None means plain causal, no cap."""
     if paged is None:
         raise RuntimeError(f"attention '{ATTN_NAME}' needs model(..., paged=PagedBatch); "
                            "run the model through BatchedPagedEngine")
@@ -200,11 +171,8 @@ AttentionInterface.register(ATTN_NAME, paged_attention_forward)
 
 @contextmanager
 def use_paged_attention(model, name: str = ATTN_NAME):
-    """Switch `model` to the paged attention registered as `name` for the duration of a forward pass.
-
-    Switched per call, not once, because other engines in the same process (the
-    benchmarks compare them) run the same model with SDPA and padding masks.
-    So the switch runs twice every step, and must be cheap (`switch_attention`)."""
+    """Switch `model` to the attention registered as `name` for one step's passes (other engines in the
+    process run the same model with SDPA), then back."""
     previous = model.config._attn_implementation
     if previous != name:
         switch_attention(model, name)
@@ -226,16 +194,9 @@ _SWITCH_STATE: "weakref.WeakKeyDictionary[torch.nn.Module, _SwitchState]" = weak
 
 
 def switch_attention(model, name: str) -> None:
-    """Set `model`'s attention implementation to `name`.
-
-    transformers' `set_attn_implementation` checks the name, then walks every
-    submodule looking for submodels with configs of their own: ~400 modules on
-    a 28-layer model, host time spent twice per step (in and
-    back). That walk changes nothing more than the config's own setter does when
-    every submodel shares the top config (a causal LM and its inner model do).
-    So the full call runs the first time a model meets a name, and after that,
-    where the configs are shared, only the setter: what the attention layers
-    read at each forward (`config._attn_implementation`)."""
+    """Set `model`'s attention implementation to `name`, cheaply: transformers' `set_attn_implementation`
+    walks every submodule, which does no more than the config's setter when every submodel shares the top
+    config. So the full call runs once per model and name, then (configs shared) only the setter."""
     state = _SWITCH_STATE.get(model)
     if state is None:
         shared = all(m.config is model.config for m in model.modules() if isinstance(m, PreTrainedModel))
