@@ -1,6 +1,5 @@
-"""Hugging Face attention, rerouted through the paged KV pool (the README tells how the model reaches it).
-
-Two layouts reach `paged_attention_forward`, each with query [B, H, T, D], key/value [B, H_kv, T, D]:
+"""Hugging Face attention, rerouted through the paged KV pool. Two layouts reach `paged_attention_forward`,
+each with query [B, H, T, D], key/value [B, H_kv, T, D]:
 - decode: `input_ids [S, 1]`; the new K/V go to their slots, then phase 3.5's paged decode op reads
   every sequence's context from the pool at its own length, in one call.
 - prefill: prompts packed along one row, `input_ids [1, N]`, each segment with its own positions;
@@ -9,69 +8,22 @@ Two layouts reach `paged_attention_forward`, each with query [B, H, T, D], key/v
 
 from __future__ import annotations
 
-import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+# What the pool's attention cannot compute is refused by name (support.py); the switch is made cheap (switch.py).
+from extras.p3_6_batched_engine.support import UnsupportedAttention, check_call  # noqa: F401
+from extras.p3_6_batched_engine.switch import switch_attention
 from phases.p3_5_paged_attention.ops import gather_kv, paged_decode_attention, plan_decode, plan_write, write_kv
 from phases.p3_5_paged_attention.reference import soft_cap, visible_keys
 
 ATTN_NAME = "engine_paged_pool"
-# Layer types (config.layer_types) whose attention is causal with or without a sliding window.
-SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
-
-
-class UnsupportedAttention(ValueError):
-    """The model asks its attention for something the paged pool's attention does not compute."""
-
-
-def check_attention_supported(model) -> None:
-    """Refuse, by name, a model whose attention the pool would compute wrongly: layer kinds other than full
-    and sliding, chunked attention (Llama 4), attention sinks (gpt-oss), bidirectional attention."""
-    config = model.config
-    name = type(model).__name__
-    unknown = sorted(set(getattr(config, "layer_types", None) or ()) - set(SUPPORTED_LAYER_TYPES))
-    if unknown:
-        raise UnsupportedAttention(f"{name}: layer types {unknown} are not supported by the paged engines "
-                                   f"(only {list(SUPPORTED_LAYER_TYPES)})")
-    if getattr(config, "attention_chunk_size", None):
-        raise UnsupportedAttention(f"{name}: chunked attention (attention_chunk_size="
-                                   f"{config.attention_chunk_size}) is not supported by the paged engines")
-    for module in model.modules():
-        if getattr(module, "sinks", None) is not None:
-            raise UnsupportedAttention(f"{name}: attention sinks ({type(module).__name__}.sinks) are not "
-                                       "supported by the paged engines")
-        if getattr(module, "is_causal", True) is False:
-            raise UnsupportedAttention(f"{name}: bidirectional attention ({type(module).__name__}.is_causal=False) "
-                                       "is not supported by the paged engines")
-
-
-def declared_window(config, layer_idx: int) -> int | None:
-    """The sliding window the model's config declares for a layer (None: full attention)."""
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None:
-        return window if layer_types[layer_idx] == "sliding_attention" else None
-    return window if getattr(config, "use_sliding_window", True) else None
-
-
-def check_call(module, sliding_window: int | None, kwargs: dict) -> None:
-    """Refuse a call that asks for sinks, or passes no window where the config declares one (left to a
-    mask we never build)."""
-    if kwargs.get("s_aux") is not None:
-        raise UnsupportedAttention(f"{type(module).__name__}: attention sinks (s_aux) are not supported "
-                                   "by the paged engines")
-    declared = declared_window(module.config, module.layer_idx)
-    if declared is not None and sliding_window is None:
-        raise UnsupportedAttention(f"{type(module).__name__} layer {module.layer_idx}: the config declares a "
-                                   f"sliding window of {declared} but the attention call passes none; the paged "
-                                   "engines honour only a window passed to the attention function")
 
 
 @dataclass
@@ -150,11 +102,10 @@ def paged_attention_forward(module, query, key, value, attention_mask=None, scal
         raise RuntimeError(f"attention '{ATTN_NAME}' needs model(..., paged=PagedBatch); "
                            "run the model through BatchedPagedEngine")
     check_call(module, sliding_window, kwargs)
-    layer = module.layer_idx
-    write_new_kv(paged, layer, key, value)
+    write_new_kv(paged, module.layer_idx, key, value)
     if paged.is_decode:
         # query [S, H, 1, D] -> [S, H, D]; every sequence at its own length, one call
-        out = paged_decode_attention(query[:, :, 0, :], paged.kv_store, layer, paged.block_tables,
+        out = paged_decode_attention(query[:, :, 0, :], paged.kv_store, module.layer_idx, paged.block_tables,
                                      paged.seq_lens, scaling, plan=paged.decode_plan,
                                      sliding_window=sliding_window, softcap=softcap)
         return out.unsqueeze(1), None                                 # [S, 1, H, D]
@@ -181,28 +132,3 @@ def use_paged_attention(model, name: str = ATTN_NAME):
     finally:
         if previous != name:
             switch_attention(model, previous)
-
-
-@dataclass
-class _SwitchState:
-    """What `switch_attention` learnt about one model."""
-    configs_shared: bool                            # every transformers submodel uses model.config itself
-    checked: set[str] = field(default_factory=set)  # names transformers has already checked for it
-
-
-_SWITCH_STATE: "weakref.WeakKeyDictionary[torch.nn.Module, _SwitchState]" = weakref.WeakKeyDictionary()
-
-
-def switch_attention(model, name: str) -> None:
-    """Set `model`'s attention implementation to `name`, cheaply: transformers' `set_attn_implementation`
-    walks every submodule, which does no more than the config's setter when every submodel shares the top
-    config. So the full call runs once per model and name, then (configs shared) only the setter."""
-    state = _SWITCH_STATE.get(model)
-    if state is None:
-        shared = all(m.config is model.config for m in model.modules() if isinstance(m, PreTrainedModel))
-        state = _SWITCH_STATE[model] = _SwitchState(shared)
-    if name in state.checked and state.configs_shared:
-        model.config._attn_implementation = name
-        return
-    model.set_attn_implementation(name)
-    state.checked.add(name)

@@ -5,31 +5,28 @@
   runner     `PagedRunner` (runner.py): a `Batch` -> forward passes -> logits
   sampler    `Sampler` (common/sampling.py): logits -> one token per row
 
-The scheduler's two rules are parts too: `WorstCaseAdmission` (may the head of the queue start?) and
-`WholePrompts` (which prompt tokens a step runs). `step()` calls them in order.
+The scheduler's two rules are parts too: `WorstCaseAdmission` and `WholePrompts`.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
 
 import torch
 
 from common.clock import SeqTiming, now
 from common.sampling import GREEDY, Sampler, SamplingParams
+from extras.p3_6_batched_engine.support import check_attention_supported
 from phases.p2_1_naive_batching.validate import tokenize_prompt
+from phases.p2_2_scheduler.scheduler import Progress
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput, take_tokens
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
 from phases.p3_3_paged_cache.scheduler import check_fits_pool
-from phases.p3_6_batched_engine.attention import check_attention_supported
 from phases.p3_6_batched_engine.kv import BlockKV
 from phases.p3_6_batched_engine.runner import Batch, Chunk, PagedRunner
 
 DEFAULT_MAX_RUNNING = 64
 DEFAULT_MAX_PREFILL_TOKENS = 4096  # prompt tokens packed into one prefill pass at most
-
-Progress = Callable[[int, int], None]  # progress(n_finished, n_added), called after every step
 
 
 class WorstCaseAdmission:
@@ -44,7 +41,6 @@ class WorstCaseAdmission:
         return self.engine.allocator.n_free - self.blocks_promised()
 
     def can_admit(self, seq: Sequence, blocks_left: int) -> bool:
-        """`seq` may start now, `blocks_left` free blocks being left to admissions this step."""
         e = self.engine
         if not e.n_free_slots or not e.prefill.fits(len(seq.all_ids)):
             return False
@@ -54,11 +50,9 @@ class WorstCaseAdmission:
         return False
 
     def blocks_to_admit(self, seq: Sequence) -> int:
-        """Free blocks `seq` must find to be admitted: its worst case."""
         return self.engine.kv.blocks_for_worst_case(seq)
 
     def blocks_promised(self) -> int:
-        """Blocks the running sequences may still claim before they finish."""
         return sum(self.engine.kv.blocks_still_needed(s) for s in self.engine.running)
 
 
@@ -76,7 +70,6 @@ class WholePrompts:
         batch.chunks += [e.claim(Chunk(s, 0, len(s.all_ids))) for s in e.running if s.status is Status.PREFILLING]
 
     def fits(self, n_tokens: int) -> bool:
-        """`n_tokens` more prompt tokens fit this step's prefill pass."""
         pending = sum(len(s.all_ids) for s in self.engine.running if s.status is Status.PREFILLING)
         return not pending or pending + n_tokens <= self.max_prefill_tokens
 
@@ -108,7 +101,6 @@ class BatchedPagedEngine:
         self.n_steps = 0
         self._next_id = 0
 
-    # --- the parts --------------------------------------------------------------------------------
     def make_allocator(self, block_size: int, n_blocks: int | None) -> BlockAllocator:
         """The pool; n_blocks=None sizes it from the memory left after model load (phase 3.1's budget)."""
         return BlockAllocator.for_model(self.lm, block_size=block_size, n_blocks=n_blocks)
@@ -128,7 +120,6 @@ class BatchedPagedEngine:
     def make_runner(self) -> PagedRunner:
         return PagedRunner(self.lm, self.allocator)
 
-    # --- requests ----------------------------------------------------------------------------
     def add(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,
             ignore_eos: bool = False, arrival: float | None = None) -> Sequence:
         """Queue a request: text (chat template applied) or token ids; `arrival` a `common.clock.now` reading."""
@@ -154,13 +145,8 @@ class BatchedPagedEngine:
         self.sequences.append(seq)
         self.waiting.append(seq)
 
-    @property
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    @property
-    def n_free_slots(self) -> int:
-        return self.max_running - len(self.running)
+    has_work = property(lambda self: bool(self.waiting or self.running))
+    n_free_slots = property(lambda self: self.max_running - len(self.running))
 
     def run(self, progress: Progress | None = None) -> list[Sequence]:
         """Step until every queued sequence is DONE; return them in seq_id order."""
@@ -170,7 +156,6 @@ class BatchedPagedEngine:
                 progress(len(self.finished), len(self.sequences))
         return sorted(self.finished, key=lambda s: s.seq_id)
 
-    # --- the loop --------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
         """One step: schedule, run, sample, update. Returns one StepOutput per token made."""
         batch = self.schedule()
@@ -188,7 +173,6 @@ class BatchedPagedEngine:
         tokens = self.sampler.sample(seqs, logits)
         return self.update(seqs, tokens)
 
-    # --- schedule ----------------------------------------------------------------------------------
     def schedule(self) -> Batch:
         """Admission, then every decoding sequence's next token, then the step's prefill work."""
         self.admit()
@@ -216,14 +200,12 @@ class BatchedPagedEngine:
                                f"({self.allocator.n_free} of {self.allocator.n_blocks} blocks free)")
 
     def admit_head(self) -> Sequence:
-        """The head of the queue joins the running set, with a new table."""
         seq = self.waiting.popleft()
         seq.move(Status.PREFILLING)
         self.kv.new_table(seq)
         self.running.append(seq)
         return seq
 
-    # --- update ------------------------------------------------------------------------------------
     def update(self, seqs: list[Sequence], tokens: list[int], t: float | None = None) -> list[StepOutput]:
         """Each sequence takes its token; a finished one leaves, its blocks back. `t`: when (default: now)."""
         t = now(self.lm.device) if t is None else t
@@ -261,15 +243,7 @@ class BatchedPagedEngine:
         self.sampler.forget(seq)
         self.finished.append(seq)
 
-    # --- what the parts counted -------------------------------------------------------------------
-    @property
-    def n_forward_passes(self) -> int:
-        return self.runner.n_forward_passes
-
-    @property
-    def n_prefill_tokens(self) -> int:
-        return self.runner.n_prefill_tokens
-
-    @property
-    def peak_blocks_used(self) -> int:
-        return self.kv.peak_blocks_used
+    # what the parts counted
+    n_forward_passes = property(lambda self: self.runner.n_forward_passes)
+    n_prefill_tokens = property(lambda self: self.runner.n_prefill_tokens)
+    peak_blocks_used = property(lambda self: self.kv.peak_blocks_used)

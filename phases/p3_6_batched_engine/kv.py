@@ -1,9 +1,5 @@
-"""The KV manager: every sequence's K/V is a bare `BlockTable` on one shared `BlockAllocator`.
-
-Phase 3.3 kept a `PagedCache` per sequence, for its own forward pass; a batched pass reads the pool by
-block table (attention.py), so the table is all a sequence needs. This part claims slots
-(`append_slots`), frees a finished sequence's blocks, and counts blocks for admission.
-"""
+"""The KV manager: a sequence's K/V is a bare `BlockTable` on one shared pool (no per-sequence `PagedCache`:
+a batched pass reads the pool by table). It claims slots, frees a finished one's blocks, counts for admission."""
 
 from __future__ import annotations
 

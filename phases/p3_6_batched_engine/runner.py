@@ -1,10 +1,5 @@
-"""The model runner: one step's `Batch` (slots already claimed) -> at most two forward passes -> logits.
-
-  prefill  every chunk packed into one row, input_ids [1, N]: one SDPA segment per prompt
-  decode   every decoding sequence's last token, input_ids [S, 1]: one paged decode call per layer
-
-Logits come back one row per entry of `batch.emitting`, in that order.
-"""
+"""The model runner: one step's `Batch` (slots claimed) -> a packed prefill pass (input_ids [1, N]) and a
+decode pass (input_ids [S, 1]) -> logits, one row per entry of `batch.emitting`."""
 
 from __future__ import annotations
 
