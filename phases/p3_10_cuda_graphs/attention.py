@@ -1,10 +1,6 @@
-"""Attention for the static decode step: phase 3.6's decode layout over the static buffers, with the tuned kernel.
-
-`StaticDecodeBatch` is phase 3.6's `PagedBatch` over views of the `DecodeBuffers`, plus the step's split count.
-`static_attention_forward` writes the new K/V (padding rows carry slot -1 and write nothing) and runs phase
-3.9's tuned decode kernel on CUDA, phase 3.5's CPU path elsewhere; any other batch (phase 3.8's mixed pass)
-goes to phase 3.8's attention, so one attention name serves every pass. Nothing here reads a tensor's value
-on the host: it runs inside a CUDA graph capture, where such a read fails (and on replay, would not run).
+"""Attention for the static decode step: phase 3.6's decode layout over the static buffers, with phase 3.9's
+tuned kernel; any other batch goes to phase 3.8's attention, so one name serves every pass. Nothing here reads
+a tensor's value on the host: it runs inside a CUDA graph capture, where such a read fails.
 """
 
 from __future__ import annotations

@@ -10,9 +10,8 @@ and overwritten in place, sized for `max_rows` sequences (the engine's max_runni
     slot_mapping [R] int64        where this step's K/V go: computed ON the device from the three above
                                   (`compute_slots`, inside the graph), -1 on empty rows
 
-Row i holds the step's i-th decoding sequence (`batch.decode` order), so the logits come out in the batch's
-order. The host keeps a mirror of each row (`RowState`) and sends only what the device cannot know: a few
-entries per step, not the B x (3 + max_blocks) values nano-vllm rebuilds from Python lists each step.
+Row i holds the step's i-th decoding sequence (`batch.decode` order). The host mirrors each row (`RowState`)
+and sends only what the device cannot know, not the B x (3 + max_blocks) values nano-vllm rebuilds each step.
 """
 
 from __future__ import annotations
@@ -107,9 +106,8 @@ class DecodeBuffers:
         self.rows, self.row_of = rows, {i: row for row, i in enumerate(ids)}
 
     def _send_changes(self) -> None:
-        """Send what the device cannot know: rows whose token or length differ from the mirror (a sequence that
-        joined, or advanced in a mixed pass) in one packed copy, new table entries (a new block, a block
-        replaced by copy-on-write) in another. A steady step sends a table entry once every block_size steps."""
+        """Send what the device cannot know, in two packed copies: rows whose token or length differ from the
+        mirror (a sequence joined, or advanced in a mixed pass), and new table entries."""
         row_updates: list[tuple[int, int, int, int]] = []   # (row, token, position, length)
         entries: list[tuple[int, int, int]] = []            # (row, column, block id)
         longest = 0

@@ -31,6 +31,7 @@ from measure.step_bench import FIRST_TOKEN_ID, decode_step_ms, prefill_everythin
 from measure.workload import Request
 from measure.workload_bench import run_workload_bench, workload_options
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, blocks_for
+from phases.p3_6_batched_engine.attention import use_paged_attention
 from phases.p3_6_batched_engine.demo import ALL_ENGINES as P3_6_ENGINES
 from phases.p3_8_chunked_prefill.demo import CHUNKED
 from phases.p3_8_chunked_prefill.engine import DEFAULT_MAX_NUM_BATCHED_TOKENS, ChunkedPrefillEngine
@@ -175,13 +176,27 @@ def graph_bench(cfg: RunConfig) -> Report:
 _WARM_ENGINES: dict[tuple, StaticDecodeEngine] = {}
 
 
+def capture_all(runner) -> int:
+    """Capture every bucket's graph (one split each) now, largest first, instead of at first use. Rows are
+    empty: nothing is written to the pool. Returns the graphs captured."""
+    if not runner.cuda_graphs:
+        return 0
+    if runner.buffers.n_rows:
+        raise RuntimeError("capture_all runs before the first decode step (the buffers hold no sequence)")
+    n_before = len(runner.graphs)
+    with use_paged_attention(runner.lm.model, runner.attention_name):
+        for bucket in reversed(runner.buckets):
+            runner.replay(runner.decode_batch(bucket, 0))
+    return len(runner.graphs) - n_before
+
+
 def warm_graph_engine(lm, max_running: int, block_size: int, n_blocks: int,
                       engine_cls: type = StaticDecodeEngine) -> StaticDecodeEngine:
     key = (engine_cls, id(lm.model), max_running, block_size, n_blocks)
     if key not in _WARM_ENGINES:
         engine = engine_cls(lm, max_running=max_running, block_size=block_size, n_blocks=n_blocks,
                             max_num_batched_tokens=DEFAULT_MAX_NUM_BATCHED_TOKENS)
-        engine.runner.capture_all()
+        capture_all(engine.runner)
         _WARM_ENGINES.clear()                  # one at a time: each holds a KV pool
         _WARM_ENGINES[key] = engine
     return _WARM_ENGINES[key]

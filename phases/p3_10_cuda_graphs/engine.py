@@ -1,9 +1,7 @@
 """`StaticDecodeEngine`: phase 3.8's engine whose decode steps run over static buffers, replayed as CUDA graphs.
 
-Every scheduling decision is phase 3.8's. The engine picks two parts, `StaticRunner` (runner.py) and
-`DeviceSampler` (common/sampling.py: the whole batch sampled on the device, one host transfer, draws keyed on
-(seed, output index)), and hands one's output to the other in `emit`: the ids sampled after a static step
-become the next step's input ids on the device, without a round trip through the host.
+It picks `StaticRunner` (runner.py) and `DeviceSampler` (common/sampling.py), and `emit` hands the ids sampled
+after a static step to the runner's buffers: the next step's input ids, with no trip through the host.
 """
 
 from __future__ import annotations
@@ -32,9 +30,7 @@ class StaticDecodeEngine(ChunkedPrefillEngine):
         return StaticRunner(self.lm, self.allocator, self.max_running, self.cuda_graphs, self.buckets)
 
     def emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
-        """After a static step, the ids are drawn on the device and handed to the runner's buffers: ids[i], seqs[i]'s,
-        becomes the next input id of seqs[i]'s row. After a mixed pass, phase 3.6's emit: the rows of those
-        sequences are stale anyway (their lengths moved on the host), and the next static step sends them whole."""
+        """After a mixed pass, phase 3.6's emit (those rows are sent whole at the next static step anyway)."""
         if not self.runner.ran_static:
             return super().emit(seqs, logits)
         ids = self.sampler.draw(seqs, logits)                   # [S] int64, on the device

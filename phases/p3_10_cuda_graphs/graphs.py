@@ -1,10 +1,8 @@
 """CUDA graph capture of one decode step: warm it up on a side stream, then record one call.
 
-A decode pass is some 1,500 kernel launches, which a slow host takes longer to make than the GPU to run. A
-graph records them once, with their arguments (the static buffers' addresses), and replays them in one call:
-what a step changes must be *values* in those buffers, never shapes or addresses. Before capture the call
-must have run (`warm_up`: Triton compiles, cuBLAS picks algorithms, the allocator grows its pools: none of
-that may happen while a stream captures), and it must not make the host wait (`.item()`, `.tolist()`).
+A graph records a pass's kernel launches once, with their arguments (the static buffers' addresses), and
+replays them in one call: a step may change *values* in those buffers, never shapes or addresses. The call
+must have run before capture (Triton compiles, cuBLAS picks algorithms), and must not make the host wait.
 """
 
 from __future__ import annotations
@@ -25,8 +23,7 @@ def capture(forward: Callable[[], torch.Tensor], pool=None) -> tuple[torch.cuda.
 
 
 def warm_up(fn: Callable[[], object], runs: int = WARMUP_RUNS) -> None:
-    """Call `fn()` `runs` times on a side stream, ordered after the current stream's work and before its next
-    (PyTorch's rule for the calls before a capture)."""
+    """Call `fn()` `runs` times on a side stream (PyTorch's rule for the calls before a capture)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -36,8 +33,7 @@ def warm_up(fn: Callable[[], object], runs: int = WARMUP_RUNS) -> None:
 
 
 def record(graph: torch.cuda.CUDAGraph, fn: Callable[[], object], pool=None) -> object:
-    """Capture `fn()` into `graph`; returns what the call returned. The caller's stream is current again
-    afterwards, even when the capture fails."""
+    """Capture `fn()` into `graph`; returns what the call returned. The caller's stream stays current."""
     stream = torch.cuda.current_stream()
     try:
         with torch.cuda.graph(graph, pool=pool):

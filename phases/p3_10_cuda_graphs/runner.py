@@ -1,9 +1,6 @@
-"""The runner of phase 3.10: a decode-only step runs over static buffers, padded to a bucket, replayed as a CUDA graph.
-
-Steps with prefill chunks keep phase 3.8's mixed pass. A decode-only step syncs the buffers (buffers.py), pads
-the batch to the next bucket (1, 2, 4, ..., max_running; padding rows have length 0, their logits dropped) and
-replays that bucket's graph (graphs.py), one per (bucket, split count of phase 3.9's kernel), captured at first
-use; on CPU it runs eagerly. The logits come out in `batch.decode`'s order. The runner does not sample.
+"""The runner of phase 3.10: a decode-only step syncs the static buffers (buffers.py), pads the batch to the next
+bucket and replays that (bucket, split count)'s CUDA graph (graphs.py), captured at first use; on CPU it runs
+eagerly. Steps with prefill chunks keep phase 3.8's mixed pass.
 """
 
 from __future__ import annotations
@@ -42,9 +39,8 @@ def decode_buckets(max_running: int, buckets: list[int] | None = None) -> list[i
 
 
 class StaticRunner(MixedRunner):
-    """Phase 3.8's runner; a decode-only step runs over static buffers, padded to a bucket, as a CUDA graph
-    on CUDA. Refused: `cuda_graphs=True` off CUDA, and a model or dtype changed after the first static step
-    (a graph would replay on the old weights' addresses: `StaleGraphs`)."""
+    """Phase 3.8's runner with the static decode step. Refused: `cuda_graphs=True` off CUDA, and a model or
+    dtype changed after the first static step (`StaleGraphs`: a graph would replay the old addresses)."""
 
     attention_name = STATIC_ATTN_NAME
 
@@ -65,7 +61,7 @@ class StaticRunner(MixedRunner):
         self.buffers = DecodeBuffers(self.buckets[-1], width, allocator.block_size, lm.device)
         self.n_sms = sm_count(lm.device)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}   # -> (graph, logits)
-        # One memory pool for every graph: `capture_all` records the largest first, and the smaller reuse its memory.
+        # One memory pool for every graph: captured largest first (demo.py's `capture_all`), the smaller reuse it.
         self._graph_pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
         self.last_graph: tuple[int, int] | None = None   # the (bucket, splits) the last static step replayed
         self._captured_with: tuple | None = None         # the model/pool the static step was first run with
@@ -82,8 +78,7 @@ class StaticRunner(MixedRunner):
             return self.static_pass(batch.decode)
 
     def static_pass(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Bring the buffers up to date (the scheduler claimed the slots; a table changed by anyone is caught by
-        the buffers' comparison) and run the pass padded to its bucket. Returns logits [n, V], row i seqs[i]'s."""
+        """Sync the buffers and run the pass padded to its bucket. Returns logits [n, V], row i seqs[i]'s."""
         self.buffers.sync(seqs)
         n = len(seqs)
         bucket = self.buckets[bisect.bisect_left(self.buckets, n)]
@@ -125,7 +120,6 @@ class StaticRunner(MixedRunner):
         return out.logits[:, -1]
 
     def _check_unchanged(self) -> None:
-        """Refuse to run the static step on a model, dtype or pool other than the one it was first run with."""
         weight = next(self.lm.model.parameters())
         now = (id(self.lm.model), weight.dtype, weight.data_ptr(), self.allocator.kv_store.data_ptr(),
                self.allocator.kv_store.dtype)
@@ -135,16 +129,3 @@ class StaticRunner(MixedRunner):
             raise StaleGraphs("the model, its weights' dtype or placement, or the KV pool changed after this engine's "
                               "decode step was captured (a CUDA graph replays the addresses it recorded); build a "
                               "new engine for the changed model")
-
-    def capture_all(self) -> int:
-        """Capture every bucket's graph (one split each) now, largest first, instead of at first use. Rows are
-        empty: nothing is written to the pool. Returns the graphs captured."""
-        if not self.cuda_graphs:
-            return 0
-        if self.buffers.n_rows:
-            raise RuntimeError("capture_all runs before the first decode step (the buffers hold no sequence)")
-        n_before = len(self.graphs)
-        with use_paged_attention(self.lm.model, self.attention_name):
-            for bucket in reversed(self.buckets):
-                self.replay(self.decode_batch(bucket, 0))
-        return len(self.graphs) - n_before

@@ -1,96 +1,29 @@
-"""Hugging Face attention, rerouted through the paged KV pool.
-
-`paged_attention_forward` is registered with transformers' `AttentionInterface`
-under ATTN_NAME. An unmodified HF model whose attention implementation is
-switched to it (see `use_paged_attention`) hands every layer's post-RoPE
-query/key/value to us, together with the `PagedBatch` the engine passed as an
-extra `model(..., paged=batch)` keyword. No HF cache object is involved
-(`past_key_values=None`): this function *is* the cache.
-
-Two layouts reach it:
-- decode: `input_ids [S, 1]`, one new token per sequence. query [S, H, 1, D],
-  key/value [S, H_kv, 1, D]. The new K/V are written to their slots, then the
-  paged decode-attention op reads every sequence's context straight from the
-  pool, at its own length, in one call.
-- prefill: the prompts of newly admitted sequences packed along one row,
-  `input_ids [1, N]` (N = sum of segment lengths), each segment with its own
-  positions. The linear layers run on all N tokens at once; attention runs
-  per segment (causal inside a segment, never across two).
-
-Attention as the model defines it: scaling, sliding windows and softcaps are
-honoured in both layouts (`paged_attention_forward`); what cannot be honoured is
-refused by name, never a silently wrong token.
+"""Hugging Face attention, rerouted through the paged KV pool. Two layouts reach `paged_attention_forward`,
+each with query [B, H, T, D], key/value [B, H_kv, T, D]:
+- decode: `input_ids [S, 1]`; the new K/V go to their slots, then phase 3.5's paged decode op reads
+  every sequence's context from the pool at its own length, in one call.
+- prefill: prompts packed along one row, `input_ids [1, N]`, each segment with its own positions;
+  attention runs per segment (causal inside a segment, never across two).
 """
 
 from __future__ import annotations
 
-import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface, PreTrainedModel
+from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+# What the pool's attention cannot compute is refused by name (support.py); the switch is made cheap (switch.py).
+from extras.p3_6_batched_engine.support import UnsupportedAttention, check_call  # noqa: F401
+from extras.p3_6_batched_engine.switch import switch_attention
 from phases.p3_5_paged_attention.ops import gather_kv, paged_decode_attention, plan_decode, plan_write, write_kv
 from phases.p3_5_paged_attention.reference import soft_cap, visible_keys
 
 ATTN_NAME = "engine_paged_pool"
-# Layer types (config.layer_types) whose attention is causal with or without a sliding window.
-SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
-
-
-class UnsupportedAttention(ValueError):
-    """The model asks its attention for something the paged pool's attention does not compute."""
-
-
-def check_attention_supported(model) -> None:
-    """Refuse, by name, a model whose attention the paged pool would compute wrongly.
-
-    Honoured (not refused): causal attention, GQA, any `scaling`, a sliding window
-    and a logit softcap. Refused: per-layer attention kinds other than full and
-    sliding (chunked, linear, ...), chunked attention (Llama 4), attention sinks
-    (gpt-oss), bidirectional attention."""
-    config = model.config
-    name = type(model).__name__
-    unknown = sorted(set(getattr(config, "layer_types", None) or ()) - set(SUPPORTED_LAYER_TYPES))
-    if unknown:
-        raise UnsupportedAttention(f"{name}: layer types {unknown} are not supported by the paged engines "
-                                   f"(only {list(SUPPORTED_LAYER_TYPES)})")
-    if getattr(config, "attention_chunk_size", None):
-        raise UnsupportedAttention(f"{name}: chunked attention (attention_chunk_size="
-                                   f"{config.attention_chunk_size}) is not supported by the paged engines")
-    for module in model.modules():
-        if getattr(module, "sinks", None) is not None:
-            raise UnsupportedAttention(f"{name}: attention sinks ({type(module).__name__}.sinks) are not "
-                                       "supported by the paged engines")
-        if getattr(module, "is_causal", True) is False:
-            raise UnsupportedAttention(f"{name}: bidirectional attention ({type(module).__name__}.is_causal=False) "
-                                       "is not supported by the paged engines")
-
-
-def declared_window(config, layer_idx: int) -> int | None:
-    """The sliding window the model's config declares for a layer (None: full attention)."""
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types is not None:
-        return window if layer_types[layer_idx] == "sliding_attention" else None
-    return window if getattr(config, "use_sliding_window", True) else None
-
-
-def check_call(module, sliding_window: int | None, kwargs: dict) -> None:
-    """Refuse a call that asks for what this attention does not compute, or that does not pass a
-    window its config declares (a model whose attention leaves the window to a mask we never build)."""
-    if kwargs.get("s_aux") is not None:
-        raise UnsupportedAttention(f"{type(module).__name__}: attention sinks (s_aux) are not supported "
-                                   "by the paged engines")
-    declared = declared_window(module.config, module.layer_idx)
-    if declared is not None and sliding_window is None:
-        raise UnsupportedAttention(f"{type(module).__name__} layer {module.layer_idx}: the config declares a "
-                                   f"sliding window of {declared} but the attention call passes none; the paged "
-                                   "engines honour only a window passed to the attention function")
 
 
 @dataclass
@@ -111,7 +44,6 @@ class PagedBatch:
     seq_lens: torch.Tensor      # [S] int32: tokens in the pool per sequence AFTER this pass's writes
     is_decode: bool             # True: [S, 1] layout; False: packed [1, N] prefill
     segments: list[Segment] = field(default_factory=list)  # prefill only
-
 
     # Worked out at the first layer that needs them, reused by every other layer of the pass.
     @cached_property
@@ -136,18 +68,14 @@ def _prefill_segment(module, q, k_new, v_new, seg: Segment, batch: PagedBatch, s
     total = seg.context_len + seg.length                             # = seq_lens[row], known on the host
     window_binds = sliding_window is not None and total > sliding_window
     if seg.context_len == 0 and softcap is None and not window_binds:
-        # Nothing earlier in the pool, plain causal: attend over the fresh K/V with HF's
-        # own SDPA path, so a fresh prompt is computed exactly as `model.generate` does.
+        # HF's own SDPA path, so a fresh prompt is computed exactly as `model.generate` does.
         out, _ = sdpa_attention_forward(module, q, k_new, v_new, None, scaling=scaling, is_causal=True)
         return out
     if seg.context_len == 0:
         k_all, v_all = k_new, v_new                                  # [1, H_kv, T, D]
     else:
-        # A prefix of this sequence is already in the pool (its K/V written by an earlier pass):
-        # read the whole context (prefix + this segment) back from the pool.
+        # A prefix is already in the pool: read prefix + segment back. max_len spares a GPU sync per layer.
         row = slice(seg.row, seg.row + 1)
-        # Passing the length spares the gather from reading it out of seq_lens: on a GPU that read
-        # would wait for the stream, once per layer per segment.
         k_all, v_all = gather_kv(batch.kv_store, module.layer_idx, batch.block_tables[row], batch.seq_lens[row],
                                  max_len=total)                      # [1, H_kv, total, D]
     # query i sits at absolute position context_len + i and sees keys 0..context_len + i (the last w, windowed)
@@ -167,23 +95,17 @@ def _prefill_segment(module, q, k_new, v_new, seg: Segment, batch: PagedBatch, s
 def paged_attention_forward(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0,
                             paged: PagedBatch | None = None, sliding_window: int | None = None,
                             softcap: float | None = None, **kwargs):
-    """The AttentionInterface entry point. Returns (attn_output [B, T, H, D], None).
-    sliding_window, softcap: what this layer's attention call passes (None: plain causal, no cap).
-
-    Each layer's call passes what the layer asks besides causality, and it is honoured in both layouts:
-    `scaling` (Gemma 2 scales by query_pre_attn_scalar, not head_dim), a `sliding_window` (Mistral; Gemma 2/3
-    and Qwen's local layers: a query at p sees keys p - w + 1 .. p), and a logit `softcap` (Gemma 2). What
-    cannot be honoured is refused, by name, when the engine is built (`check_attention_supported`) or at the
-    first call that asks for it (`check_call`)."""
+    """The AttentionInterface entry point. Returns (attn_output [B, T, H, D], None). Honoured in both
+    layouts: `scaling` (Gemma 2's is not head_dim), a `sliding_window` (a query at p sees keys p - w + 1 .. p)
+    and a logit `softcap` (Gemma 2); None means plain causal, no cap."""
     if paged is None:
         raise RuntimeError(f"attention '{ATTN_NAME}' needs model(..., paged=PagedBatch); "
                            "run the model through BatchedPagedEngine")
     check_call(module, sliding_window, kwargs)
-    layer = module.layer_idx
-    write_new_kv(paged, layer, key, value)
+    write_new_kv(paged, module.layer_idx, key, value)
     if paged.is_decode:
         # query [S, H, 1, D] -> [S, H, D]; every sequence at its own length, one call
-        out = paged_decode_attention(query[:, :, 0, :], paged.kv_store, layer, paged.block_tables,
+        out = paged_decode_attention(query[:, :, 0, :], paged.kv_store, module.layer_idx, paged.block_tables,
                                      paged.seq_lens, scaling, plan=paged.decode_plan,
                                      sliding_window=sliding_window, softcap=softcap)
         return out.unsqueeze(1), None                                 # [S, 1, H, D]
@@ -200,11 +122,8 @@ AttentionInterface.register(ATTN_NAME, paged_attention_forward)
 
 @contextmanager
 def use_paged_attention(model, name: str = ATTN_NAME):
-    """Switch `model` to the paged attention registered as `name` for the duration of a forward pass.
-
-    Switched per call, not once, because other engines in the same process (the
-    benchmarks compare them) run the same model with SDPA and padding masks.
-    So the switch runs twice every step, and must be cheap (`switch_attention`)."""
+    """Switch `model` to the attention registered as `name` for one step's passes (other engines in the
+    process run the same model with SDPA), then back."""
     previous = model.config._attn_implementation
     if previous != name:
         switch_attention(model, name)
@@ -213,35 +132,3 @@ def use_paged_attention(model, name: str = ATTN_NAME):
     finally:
         if previous != name:
             switch_attention(model, previous)
-
-
-@dataclass
-class _SwitchState:
-    """What `switch_attention` learnt about one model."""
-    configs_shared: bool                            # every transformers submodel uses model.config itself
-    checked: set[str] = field(default_factory=set)  # names transformers has already checked for it
-
-
-_SWITCH_STATE: "weakref.WeakKeyDictionary[torch.nn.Module, _SwitchState]" = weakref.WeakKeyDictionary()
-
-
-def switch_attention(model, name: str) -> None:
-    """Set `model`'s attention implementation to `name`.
-
-    transformers' `set_attn_implementation` checks the name, then walks every
-    submodule looking for submodels with configs of their own: ~400 modules on
-    a 28-layer model, host time spent twice per step (in and
-    back). That walk changes nothing more than the config's own setter does when
-    every submodel shares the top config (a causal LM and its inner model do).
-    So the full call runs the first time a model meets a name, and after that,
-    where the configs are shared, only the setter: what the attention layers
-    read at each forward (`config._attn_implementation`)."""
-    state = _SWITCH_STATE.get(model)
-    if state is None:
-        shared = all(m.config is model.config for m in model.modules() if isinstance(m, PreTrainedModel))
-        state = _SWITCH_STATE[model] = _SwitchState(shared)
-    if name in state.checked and state.configs_shared:
-        model.config._attn_implementation = name
-        return
-    model.set_attn_implementation(name)
-    state.checked.add(name)

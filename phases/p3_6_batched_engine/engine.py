@@ -1,69 +1,46 @@
 """`BatchedPagedEngine`: continuous batching over the paged pool, as an engine made of four parts.
 
-Phases 2.3 and 3.3 ran one forward pass per running sequence, each behind its
-own cache object, so one class could queue requests, run the model and keep
-the cache. With attention reading the pool by block table (attention.py), ONE
-pass serves every running sequence, and the engine splits into parts that
-each do one job:
-
-  scheduler  this class: the waiting queue and the running set; each step it
-             admits, and decides which tokens run (`schedule` -> a `Batch`)
+  scheduler  this class: the waiting queue and the running set (`schedule` -> a `Batch`)
   kv         `BlockKV` (kv.py): a block table per sequence; claims, frees, counts
   runner     `PagedRunner` (runner.py): a `Batch` -> forward passes -> logits
   sampler    `Sampler` (common/sampling.py): logits -> one token per row
 
-and `step()` is the loop, top to bottom: schedule, run, sample, update. Each
-part is made by one method the constructor calls (`make_kv`, ..., `make_runner`).
-
-Scheduling is phase 3.3's policy: first come, first served (`admit`), each
-sequence admitted for its worst case, so decode never runs out of blocks. The
-scheduler's two rules are parts of their own: `WorstCaseAdmission` says
-whether the head of the queue may start, `WholePrompts` which prompt tokens a
-step runs (every admitted prompt, whole, packed into one prefill pass). Every sequence already decoding feeds
-its last token in one decode pass. A sequence that finishes gives its blocks
-back in the same step.
+The scheduler's two rules are parts too: `WorstCaseAdmission` and `WholePrompts`.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
 
 import torch
 
 from common.clock import SeqTiming, now
 from common.sampling import GREEDY, Sampler, SamplingParams
+from extras.p3_6_batched_engine.support import check_attention_supported
 from phases.p2_1_naive_batching.validate import tokenize_prompt
+from phases.p2_2_scheduler.scheduler import Progress
 from phases.p2_2_scheduler.sequence import Sequence, Status, StepOutput, take_tokens
 from phases.p3_1_block_allocator.allocator import DEFAULT_BLOCK_SIZE, BlockAllocator
 from phases.p3_3_paged_cache.scheduler import check_fits_pool
-from phases.p3_6_batched_engine.attention import check_attention_supported
 from phases.p3_6_batched_engine.kv import BlockKV
 from phases.p3_6_batched_engine.runner import Batch, Chunk, PagedRunner
 
 DEFAULT_MAX_RUNNING = 64
 DEFAULT_MAX_PREFILL_TOKENS = 4096  # prompt tokens packed into one prefill pass at most
 
-Progress = Callable[[int, int], None]  # progress(n_finished, n_added), called after every step
-
 
 class WorstCaseAdmission:
-    """Phase 3.3's admission rule, as the engine's part: may the head of the queue start now?
-
-    Yes when a slot is free, this step's prefill pass has room, and the pool holds the sequence's worst case
-    (prompt + max_new_tokens) beside what the running sequences may still claim; so no decode ever finds
-    the pool empty, and a sequence, once admitted, always finishes."""
+    """Phase 3.3's rule: the head of the queue starts when a slot is free, the prefill pass has room, and
+    the pool holds its worst case beside what the running may still claim (so no decode finds it empty)."""
 
     def __init__(self, engine: BatchedPagedEngine):
         self.engine = engine    # read only: its running set, pool, KV part and prefill pass
 
     def blocks_left(self) -> int:
-        """Free blocks that no running sequence may still claim: what admissions can take, counted once per
-        step (each admission then takes its `blocks_to_admit` out of it, exactly what it adds to the promise)."""
+        """Free blocks no running sequence may still claim: what this step's admissions can take."""
         return self.engine.allocator.n_free - self.blocks_promised()
 
     def can_admit(self, seq: Sequence, blocks_left: int) -> bool:
-        """`seq` may start now, `blocks_left` free blocks being left to admissions this step."""
         e = self.engine
         if not e.n_free_slots or not e.prefill.fits(len(seq.all_ids)):
             return False
@@ -73,43 +50,32 @@ class WorstCaseAdmission:
         return False
 
     def blocks_to_admit(self, seq: Sequence) -> int:
-        """Free blocks `seq` must find to be admitted: its worst case, so its decode never runs dry."""
         return self.engine.kv.blocks_for_worst_case(seq)
 
     def blocks_promised(self) -> int:
-        """Blocks the running sequences may still claim before they finish."""
         return sum(self.engine.kv.blocks_still_needed(s) for s in self.engine.running)
 
 
 class WholePrompts:
-    """Phase 3.6's prefill plan, as the scheduler's part: which prompt tokens a step runs.
-
-    Every admitted prompt, whole, in one packed prefill pass of at most `max_prefill_tokens` (the first prompt
-    of a step always goes, however long). Admission asks `fits` before it admits a prompt."""
+    """The prefill plan: every admitted prompt, whole, in one prefill pass of at most `max_prefill_tokens`
+    (a step's first prompt always goes). Admission asks `fits`."""
 
     def __init__(self, engine: BatchedPagedEngine, max_prefill_tokens: int):
         self.engine = engine    # read only: its running set; `claim` takes each chunk's slots
         self.max_prefill_tokens = max_prefill_tokens
 
     def plan(self, batch: Batch) -> None:
-        """Add the step's prefill work to `batch`, after its decode tokens: every admitted prompt, whole, in
-        admission order (admission kept them to one prefill pass's worth); each chunk's slots are claimed as it
-        is scheduled."""
+        """Add the step's prefill chunks to `batch`, after its decode tokens, slots claimed."""
         e = self.engine
         batch.chunks += [e.claim(Chunk(s, 0, len(s.all_ids))) for s in e.running if s.status is Status.PREFILLING]
 
     def fits(self, n_tokens: int) -> bool:
-        """`n_tokens` more prompt tokens fit this step's prefill pass (the first prompt always does)."""
         pending = sum(len(s.all_ids) for s in self.engine.running if s.status is Status.PREFILLING)
         return not pending or pending + n_tokens <= self.max_prefill_tokens
 
 
 class BatchedPagedEngine:
-    """Continuous batching on the paged pool: schedule, run, sample, update; one packed prefill and one decode
-    pass per step.
-
-    A model whose attention the pool cannot compute as the model defines it (attention sinks, chunked or
-    bidirectional attention) is refused at construction, by name (attention.py)."""
+    """Continuous batching on the paged pool: one packed prefill pass and one decode pass per step."""
 
     def __init__(self, lm, max_running: int = DEFAULT_MAX_RUNNING, block_size: int = DEFAULT_BLOCK_SIZE,
                  n_blocks: int | None = None, max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS):
@@ -121,7 +87,7 @@ class BatchedPagedEngine:
         self.max_prefill_tokens = max_prefill_tokens
         self.allocator = self.make_allocator(block_size, n_blocks)
         self.block_size = self.allocator.block_size
-        # The parts, each made by its make_ method: a later phase picks its own version by overriding one.
+        # A later phase picks another part by overriding its make_ method.
         self.kv = self.make_kv()
         self.admission = self.make_admission()
         self.prefill = self.make_prefill()
@@ -135,7 +101,6 @@ class BatchedPagedEngine:
         self.n_steps = 0
         self._next_id = 0
 
-    # --- the parts --------------------------------------------------------------------------------
     def make_allocator(self, block_size: int, n_blocks: int | None) -> BlockAllocator:
         """The pool; n_blocks=None sizes it from the memory left after model load (phase 3.1's budget)."""
         return BlockAllocator.for_model(self.lm, block_size=block_size, n_blocks=n_blocks)
@@ -155,19 +120,16 @@ class BatchedPagedEngine:
     def make_runner(self) -> PagedRunner:
         return PagedRunner(self.lm, self.allocator)
 
-    # --- requests ----------------------------------------------------------------------------
     def add(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,
             ignore_eos: bool = False, arrival: float | None = None) -> Sequence:
-        """Queue a request: text (chat template applied) or token ids. Bad input raises ValueError (TypeError
-        for `sampling`) before anything is queued; `arrival` is a `common.clock.now` reading (default: now)."""
+        """Queue a request: text (chat template applied) or token ids; `arrival` a `common.clock.now` reading."""
         seq = self.new_sequence(prompt, max_new_tokens, sampling, ignore_eos, arrival)
         self.queue(seq)
         return seq
 
     def new_sequence(self, prompt: str | list[int], max_new_tokens: int, sampling: SamplingParams,
                      ignore_eos: bool, arrival: float | None) -> Sequence:
-        """A checked request, not queued yet (so a refused one leaves no trace): a prompt the model takes,
-        and a worst case the whole pool can hold (otherwise it would wait forever)."""
+        """A checked request, not queued yet: a prompt the model takes, a worst case the pool can hold."""
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams (it validates itself), got {type(sampling).__name__}")
         ids = tokenize_prompt(self.lm, prompt, max_new_tokens, label=f"sequence {self._next_id}")
@@ -178,18 +140,13 @@ class BatchedPagedEngine:
         return seq
 
     def queue(self, seq: Sequence) -> None:
-        """A checked sequence joins the back of the waiting queue, and takes its seq_id for good."""
+        """A checked sequence joins the back of the queue, and takes its seq_id for good."""
         self._next_id += 1
         self.sequences.append(seq)
         self.waiting.append(seq)
 
-    @property
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
-
-    @property
-    def n_free_slots(self) -> int:
-        return self.max_running - len(self.running)
+    has_work = property(lambda self: bool(self.waiting or self.running))
+    n_free_slots = property(lambda self: self.max_running - len(self.running))
 
     def run(self, progress: Progress | None = None) -> list[Sequence]:
         """Step until every queued sequence is DONE; return them in seq_id order."""
@@ -199,26 +156,23 @@ class BatchedPagedEngine:
                 progress(len(self.finished), len(self.sequences))
         return sorted(self.finished, key=lambda s: s.seq_id)
 
-    # --- the loop --------------------------------------------------------------------------------
     def step(self) -> list[StepOutput]:
         """One step: schedule, run, sample, update. Returns one StepOutput per token made."""
-        batch = self.schedule()                                  # who runs which tokens; slots claimed
+        batch = self.schedule()
         outputs = self.run_batch(batch) if batch else []
         self.n_steps += 1
         return outputs
 
     def run_batch(self, batch: Batch) -> list[StepOutput]:
-        """Run the batch's pass, then sample and update."""
         logits = self.runner.run(batch)                          # [len(batch.emitting), V]
-        self.kv.written(batch.seqs)                              # the pass ran: every claimed slot holds its K/V
-        return self.emit(batch.emitting, logits)                 # sample, then update
+        self.kv.written(batch.seqs)                              # every claimed slot holds its K/V
+        return self.emit(batch.emitting, logits)
 
     def emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
-        """Row i of logits [S, V] is seqs[i]'s: sample one token each, then update."""
+        """Row i of logits [S, V] is seqs[i]'s."""
         tokens = self.sampler.sample(seqs, logits)
         return self.update(seqs, tokens)
 
-    # --- schedule ----------------------------------------------------------------------------------
     def schedule(self) -> Batch:
         """Admission, then every decoding sequence's next token, then the step's prefill work."""
         self.admit()
@@ -233,35 +187,31 @@ class BatchedPagedEngine:
         return chunk
 
     def admit(self) -> None:
-        """Admit from the head of the queue while the admission rule lets it in. First come, first served:
-        nobody overtakes the head (a long request cannot be starved by a stream of short ones)."""
+        """Admit from the head of the queue while the admission rule lets it in. Nobody overtakes the head
+        (so a long request is not starved by short ones)."""
         if self.waiting:
-            left = self.admission.blocks_left()   # counted once; each admission takes its own blocks out
+            left = self.admission.blocks_left()
             while self.waiting and self.admission.can_admit(self.waiting[0], left):
                 left -= self.admission.blocks_to_admit(self.waiting[0])
                 self.admit_head()
         if self.waiting and not self.running:
-            # Cannot happen (add() refuses what the empty pool cannot hold); guard against a silent hang.
+            # add() refuses what the empty pool cannot hold: a guard against a silent hang.
             raise RuntimeError(f"sequence {self.waiting[0].seq_id} cannot be admitted into an idle pool "
                                f"({self.allocator.n_free} of {self.allocator.n_blocks} blocks free)")
 
     def admit_head(self) -> Sequence:
-        """The head of the queue joins the running set, with a new table."""
         seq = self.waiting.popleft()
         seq.move(Status.PREFILLING)
         self.kv.new_table(seq)
         self.running.append(seq)
         return seq
 
-    # --- update ------------------------------------------------------------------------------------
     def update(self, seqs: list[Sequence], tokens: list[int], t: float | None = None) -> list[StepOutput]:
-        """Each sequence takes its token; a finished one leaves, and its blocks go back now. `t`: when the
-        tokens came out (default: now, on a synchronised clock)."""
+        """Each sequence takes its token; a finished one leaves, its blocks back. `t`: when (default: now)."""
         t = now(self.lm.device) if t is None else t
         return take_tokens(seqs, tokens, self.lm.eos_token_ids, t, self.finish)
 
     def finish(self, seq: Sequence) -> None:
-        """`seq` made its last token: DONE, out of the running set, its blocks back."""
         seq.move(Status.DONE)
         self.retire(seq)
         self.close(seq)
@@ -286,24 +236,14 @@ class BatchedPagedEngine:
         return True
 
     def retire(self, seq: Sequence) -> None:
-        """A running sequence leaves the running set; its blocks go back now."""
         self.running.remove(seq)
         self.kv.free(seq)
 
     def close(self, seq: Sequence) -> None:
-        """A DONE sequence's last records: its random stream goes, it joins `finished`."""
         self.sampler.forget(seq)
         self.finished.append(seq)
 
-    # --- what the parts counted -------------------------------------------------------------------
-    @property
-    def n_forward_passes(self) -> int:
-        return self.runner.n_forward_passes
-
-    @property
-    def n_prefill_tokens(self) -> int:
-        return self.runner.n_prefill_tokens
-
-    @property
-    def peak_blocks_used(self) -> int:
-        return self.kv.peak_blocks_used
+    # what the parts counted
+    n_forward_passes = property(lambda self: self.runner.n_forward_passes)
+    n_prefill_tokens = property(lambda self: self.runner.n_prefill_tokens)
+    peak_blocks_used = property(lambda self: self.kv.peak_blocks_used)

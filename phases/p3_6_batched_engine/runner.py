@@ -1,18 +1,5 @@
-"""The model runner: turn one step's `Batch` into forward passes over the pool, and return the logits.
-
-The scheduler decides who runs and claims their slots; the runner only builds
-tensors and calls the model. A step here is at most two passes:
-
-  prefill  every chunk (a newly admitted prompt) packed into one row,
-           input_ids [1, N]; attention writes each token's K/V to its slot and
-           runs one SDPA segment per prompt (attention.py);
-  decode   every decoding sequence's last token, input_ids [S, 1], each at its
-           own position; one paged decode kernel call per layer reads every
-           sequence's K/V by block table.
-
-Logits come back only where a token is sampled: one row per entry of
-`batch.emitting`, in that order.
-"""
+"""The model runner: one step's `Batch` (slots claimed) -> a packed prefill pass (input_ids [1, N]) and a
+decode pass (input_ids [S, 1]) -> logits, one row per entry of `batch.emitting`."""
 
 from __future__ import annotations
 
@@ -27,8 +14,7 @@ from phases.p3_6_batched_engine.attention import ATTN_NAME, PagedBatch, Segment,
 
 @dataclass
 class Chunk:
-    """Prefill work of one sequence in a step: positions start .. start + length - 1 (here every admitted
-    prompt, whole, from position 0)."""
+    """Prefill work of one sequence in a step: positions start .. end - 1 (here a whole prompt)."""
     seq: Sequence
     start: int      # the pool already holds positions 0 .. start - 1
     length: int
@@ -40,13 +26,11 @@ class Chunk:
 
     @property
     def ids(self) -> list[int]:
-        """The tokens the pass feeds for this chunk, one per position."""
         return self.seq.all_ids[self.start:self.end]
 
     @property
     def rows_kept(self) -> range:
-        """This chunk's rows whose logits the pass returns (offsets into the chunk): its last, whose logits
-        give the sequence's first token."""
+        """Offsets of the rows whose logits the pass returns: the last, which gives the first token."""
         return range(self.length - 1, self.length)
 
 
@@ -59,7 +43,7 @@ class Batch:
 
     @property
     def emitting(self) -> list[Sequence]:
-        """Whose token each logits row gives, in order: each chunk's kept rows, then the decodes."""
+        """Whose token each logits row gives: each chunk's kept rows, then the decodes."""
         return [c.seq for c in self.chunks for _ in c.rows_kept] + self.decode
 
     @property
@@ -73,7 +57,7 @@ class Batch:
 class PagedRunner:
     """Forward passes whose attention reads and writes the pool through block tables."""
 
-    attention_name = ATTN_NAME   # the AttentionInterface entry the model runs under
+    attention_name = ATTN_NAME
 
     def __init__(self, lm, allocator: BlockAllocator):
         self.lm = lm
@@ -116,15 +100,13 @@ class PagedRunner:
 
     @torch.inference_mode()
     def forward(self, input_ids, position_ids, batch: PagedBatch, logits_to_keep=1) -> torch.Tensor:
-        """One forward pass of many sequences; attention finds their K/V through `batch`."""
         self.n_forward_passes += 1
         out = self.lm.model(input_ids=input_ids, position_ids=position_ids, paged=batch,
                             use_cache=False, logits_to_keep=logits_to_keep)
         return out.logits
 
-    # --- the pass's metadata --------------------------------------------------------------------
     def block_tables(self, seqs: list[Sequence]) -> torch.Tensor:
-        """[S, max_blocks] int32, each row a sequence's physical block ids, padded with 0."""
+        """[S, max_blocks] int32, padded with 0."""
         width = max(s.kv.n_blocks for s in seqs)
         rows = [s.kv.block_ids + [0] * (width - s.kv.n_blocks) for s in seqs]
         return torch.tensor(rows, dtype=torch.int32, device=self.lm.device)

@@ -1,23 +1,12 @@
-"""Hugging Face attention over the paged pool for a MIXED pass: decode tokens and prefill chunks in one row.
-
-Phase 3.6 ran a step as two forward passes (packed prefill, then decode) and
-attended each prefill segment on its own. Here a step is one forward pass over
-one packed row, `input_ids [1, N]`, laid out as
+"""Hugging Face attention over the paged pool for a MIXED pass: decode tokens and prefill chunks in one row,
+`input_ids [1, N]`:
 
     rows 0 .. D-1     one decode token per decoding sequence (its last sampled token)
     rows D .. N-1     the prefill chunks, back to back: chunk s owns rows D + cu[s] .. D + cu[s+1] - 1
                       (a whole prompt, or the next piece of one; cu = cu_seqlens_q)
 
-and `block_tables` / `seq_lens` hold one row per sequence in that same order.
-`varlen_attention_forward`, registered with transformers' AttentionInterface
-under VARLEN_ATTN_NAME, gets every layer's post-RoPE q/k/v for the whole row,
-writes all N new K/V into the pool, runs phase 3.5's paged decode attention on
-the decode rows and the varlen paged prefill attention (ops.py) ONCE on the
-chunks.
-
-A pass with no decode rows is a plain packed prefill; a step with no prefill
-chunk keeps phase 3.6's decode pass (`[S, 1]`, its `PagedBatch`), which this
-function hands to phase 3.6's attention unchanged.
+`block_tables` / `seq_lens` hold one row per sequence in that same order. Any other batch (phase 3.6's
+decode pass) goes to phase 3.6's attention unchanged.
 """
 
 from __future__ import annotations
@@ -28,8 +17,7 @@ from functools import cached_property
 import torch
 from transformers import AttentionInterface
 
-from phases.p3_6_batched_engine.attention import (PagedBatch, check_call, paged_attention_forward, use_paged_attention,
-                                                   write_new_kv)
+from phases.p3_6_batched_engine.attention import PagedBatch, check_call, paged_attention_forward, write_new_kv
 from phases.p3_5_paged_attention.ops import paged_decode_attention, plan_decode
 from phases.p3_7_varlen_prefill.ops import paged_prefill_attention
 from phases.p3_7_varlen_prefill.plan import PrefillPlan
@@ -39,16 +27,12 @@ VARLEN_ATTN_NAME = "engine_varlen_pool"
 
 @dataclass
 class MixedBatch(PagedBatch):
-    """Phase 3.6's pass metadata, plus the split of the packed row into decode rows and prefill chunks.
-
-    The inherited fields cover all N rows / all sequences (decode rows first): `slot_mapping` [N],
-    `block_tables` [D + P, max_blocks], `seq_lens` [D + P] (after this pass's writes), `is_decode`
-    False (the packed [1, N] layout), `segments` (the chunks, for reading)."""
+    """Phase 3.6's pass metadata over all N rows (decode rows first: `block_tables` [D + P, max_blocks],
+    `seq_lens` [D + P]), plus the split into decode rows and prefill chunks."""
     n_decode: int = 0                          # D: rows (and table rows) 0 .. D-1 are decode tokens
     cu_seqlens_q: torch.Tensor | None = None   # [P + 1] int32: chunk rows, counted from row D
     context_lens: torch.Tensor | None = None   # [P] int32: tokens of each chunk's sequence in the pool before it
     prefill_plan: PrefillPlan | None = None    # plan_prefill(cu, context) from host lists, once per pass
-
 
     @property
     def n_prefill_tokens(self) -> int:
@@ -77,17 +61,9 @@ def varlen_attention_forward(module, query, key, value, attention_mask=None, sca
                              paged: PagedBatch | None = None, sliding_window: int | None = None,
                              softcap: float | None = None, **kwargs):
     """The AttentionInterface entry point. query [1, H, N, D], key/value [1, H_kv, N, D] for a MixedBatch;
-    returns (attn_output [1, N, H, D], None). Any other batch goes to phase 3.6's attention.
-
-      1. writes all N new K/V into the pool (phase 3.5's store, one call);
-      2. runs phase 3.5's paged decode attention on rows 0 .. D-1 (the same kernel a decode-only step runs,
-         so decode costs what it cost);
-      3. runs the varlen paged prefill attention (ops.py) ONCE on rows D .. N-1: every chunk attends its
-         sequence's earlier tokens (its earlier chunks, or any prefix already in the pool) and itself,
-         causally, read in place from the pool; on CPU its PyTorch path.
-
-    Sliding windows, softcaps and the layer's scaling are passed on to both kernels (phase 3.5's checks
-    refuse what neither computes)."""
+    returns (attn_output [1, N, H, D], None). Writes all N new K/V into the pool, then runs phase 3.5's decode
+    attention on rows 0 .. D-1 and phase 3.7's varlen prefill attention ONCE on rows D .. N-1 (each chunk
+    attends its sequence's earlier tokens in the pool, and itself, causally)."""
     if not isinstance(paged, MixedBatch):
         return paged_attention_forward(module, query, key, value, attention_mask, scaling, dropout, paged=paged,
                                        sliding_window=sliding_window, softcap=softcap, **kwargs)
@@ -112,8 +88,3 @@ def varlen_attention_forward(module, query, key, value, attention_mask=None, sca
 
 
 AttentionInterface.register(VARLEN_ATTN_NAME, varlen_attention_forward)
-
-
-def use_varlen_attention(model):
-    """Switch `model` to this phase's attention for the duration of a step (see phase 3.6's `use_paged_attention`)."""
-    return use_paged_attention(model, VARLEN_ATTN_NAME)

@@ -1,27 +1,11 @@
-"""`ChunkedPrefillEngine`: phase 3.6's engine with ONE forward pass per step: decode tokens and prefill chunks together.
+"""`ChunkedPrefillEngine`: phase 3.6's engine with ONE forward pass per step, decode tokens and prefill chunks
+together (vLLM's scheduler with chunked prefill). It picks two new parts:
 
-Phase 3.6 ran up to two passes a step (the newly admitted prompts packed into
-one, every decoding sequence's next token in another) and attended each prompt
-with its own SDPA call per layer. A long prompt arriving mid-stream took one
-long prefill pass, and every running stream waited that long for its next token.
-This phase picks two new parts (vLLM's scheduler with chunked prefill):
+  prefill plan  `TokenBudget`: at most `max_num_batched_tokens` tokens a step, decode tokens first, then
+                prefill chunks in admission order, each min(what it still needs, what is left)
+  runner        `MixedRunner` (runner.py): the step's one mixed pass
 
-prefill plan   `TokenBudget`: every step runs at most `max_num_batched_tokens`
-               tokens (vLLM's name). Decode tokens come first: one per decoding
-               sequence, always all of them. What is left goes to prefill chunks: the sequences
-               already part-way through their prefill first, then the newly
-               admitted, in admission order. Each takes min(what it still needs,
-               what is left); a longer prompt is prefilled over several steps, a
-               chunk at a time. A partly prefilled sequence holds the blocks of the
-               tokens it has (`kv.n_filled` is how far it got), emits nothing, and
-               keeps its slot; its first token comes out in the step its last
-               chunk runs. Admission is phase 3.6's rule, with room in this step's
-               budget in place of room in the prefill pass: the budget less the
-               decode tokens and the rest of every prefill in flight must leave at
-               least one token.
-the runner     `MixedRunner` (runner.py): the step's one mixed pass.
-
-`WholePromptEngine` (`WholePromptBudget`): the same step, prompts never cut (prefill_bench's baseline).
+`WholePromptEngine` (`WholePromptBudget`): the same step, prompts never cut (chunking's baseline).
 """
 
 from __future__ import annotations
@@ -32,9 +16,8 @@ from phases.p3_6_batched_engine.engine import DEFAULT_MAX_PREFILL_TOKENS, DEFAUL
 from phases.p3_6_batched_engine.runner import Batch
 from phases.p3_8_chunked_prefill.runner import MixedRunner, PartialChunk
 
-# Tokens in one forward pass. Phase 3.6's prefill cap, so on a burst of prompts both engines pack the same
-# prompts into a pass and a comparison sees the kernel, not the packing. Smaller budgets lower the latency
-# a long prompt adds to running streams (prefill_bench measures it); larger ones give long prompts bigger passes.
+# Tokens in one forward pass: phase 3.6's prefill cap, so on a burst of prompts both engines pack the same
+# prompts into a pass. Smaller budgets cut the stall a long prompt adds to running streams.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = DEFAULT_MAX_PREFILL_TOKENS
 
 
@@ -43,25 +26,16 @@ def prefill_left(seq) -> int:
     return len(seq.all_ids) - seq.kv.n_filled if seq.status is Status.PREFILLING else 0
 
 
-def check_budget(max_num_batched_tokens) -> int:
-    """`max_num_batched_tokens` if it is a budget a step can run (an int >= 1); ValueError otherwise."""
-    if isinstance(max_num_batched_tokens, bool) or not isinstance(max_num_batched_tokens, int) \
-            or max_num_batched_tokens < 1:
-        raise ValueError(f"max_num_batched_tokens must be an int >= 1, got {max_num_batched_tokens!r}")
-    return max_num_batched_tokens
-
-
 class TokenBudget:
     """The prefill plan of one token budget per step: decode tokens first, then prefill chunks in what is left."""
 
     def __init__(self, engine, max_num_batched_tokens: int):
         self.engine = engine    # read only: its running set; `claim` takes each chunk's slots
-        self.max_num_batched_tokens = check_budget(max_num_batched_tokens)
+        self.max_num_batched_tokens = max_num_batched_tokens
 
     def plan(self, batch: Batch) -> None:
-        """Add the step's prefill chunks to `batch`: at most the budget less one token per decoding sequence, in
-        admission order (a prefill in flight before a newcomer); each chunk's slots are claimed as it is
-        scheduled."""
+        """Add the step's prefill chunks to `batch`, in admission order (a prefill in flight before a newcomer),
+        slots claimed."""
         prefilling, budget = self.prefill_work()
         chunks = batch.chunks
         for seq in prefilling:
@@ -75,21 +49,17 @@ class TokenBudget:
             budget -= length
 
     def chunk_length(self, rest: int, budget: int, first: bool) -> int:
-        """Tokens this pass takes of a prompt with `rest` still to prefill, `budget` tokens being left: as many as
-        fit (a chunk; 0 when nothing is left)."""
+        """Tokens this pass takes of a prompt with `rest` still to prefill: as many as fit (0: it waits)."""
         return min(rest, max(budget, 0))
 
     def prefill_work(self) -> tuple[list, int]:
-        """The running sequences still prefilling, in admission order, and the tokens this step's pass has for
-        them: the budget less one per decoding sequence (decode goes first)."""
+        """The running sequences still prefilling, and the budget less one token per decoding sequence."""
         running = self.engine.running
         prefilling = [s for s in running if s.status is Status.PREFILLING]
         return prefilling, self.max_num_batched_tokens - (len(running) - len(prefilling))
 
-    # --- admission: room in this step's token budget ----------------------------------------------
     def budget_left(self) -> int:
-        """Tokens this step's pass can still take: the budget, less one per decoding sequence and the rest
-        of every prefill in flight (admitted this step or part-way through)."""
+        """What admission may still use: the budget less the decode tokens and the rest of every prefill."""
         used = sum(1 if s.status is Status.DECODING else prefill_left(s) for s in self.engine.running)
         return self.max_num_batched_tokens - used
 
@@ -100,11 +70,9 @@ class TokenBudget:
 
 class WholePromptBudget(TokenBudget):
     """The same budget with every prompt prefilled whole (vLLM with chunked prefill off): a prompt that does not
-    fit what is left of the budget waits, except that the first prompt of a step always goes, however long. A
-    long prompt then takes one long pass, and every decoding stream waits for it."""
+    fit what is left waits, except that a step's first prompt always goes, however long."""
 
     def chunk_length(self, rest: int, budget: int, first: bool) -> int:
-        """The whole rest, if it fits what is left or it is the step's first prompt; otherwise 0 (it waits)."""
         return rest if first or rest <= budget else 0
 
     def fits(self, n_tokens: int) -> bool:
@@ -113,13 +81,15 @@ class WholePromptBudget(TokenBudget):
 
 
 class ChunkedPrefillEngine(BatchedPagedEngine):
-    """Phase 3.6's engine on two new parts: one mixed pass per step (`MixedRunner`), prefill in chunks under a
-    token budget (`TokenBudget`)."""
+    """Phase 3.6's engine on two new parts: `TokenBudget` and `MixedRunner`."""
 
     def __init__(self, lm, max_running: int = DEFAULT_MAX_RUNNING, block_size: int = DEFAULT_BLOCK_SIZE,
                  n_blocks: int | None = None, max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS):
         # read by make_prefill, during phase 3.6's constructor; checked before any memory is taken for the pool
-        self.max_num_batched_tokens = check_budget(max_num_batched_tokens)
+        if isinstance(max_num_batched_tokens, bool) or not isinstance(max_num_batched_tokens, int) \
+                or max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be an int >= 1, got {max_num_batched_tokens!r}")
+        self.max_num_batched_tokens = max_num_batched_tokens
         super().__init__(lm, max_running, block_size, n_blocks)
 
     def make_prefill(self) -> TokenBudget:
@@ -128,14 +98,9 @@ class ChunkedPrefillEngine(BatchedPagedEngine):
     def make_runner(self) -> MixedRunner:
         return MixedRunner(self.lm, self.allocator)
 
-    # --- what the runner counted ----------------------------------------------------------------------
-    @property
-    def n_chunks(self) -> int:
-        return self.runner.n_chunks
-
-    @property
-    def n_mixed_passes(self) -> int:
-        return self.runner.n_mixed_passes
+    # what the runner counted
+    n_chunks = property(lambda self: self.runner.n_chunks)
+    n_mixed_passes = property(lambda self: self.runner.n_mixed_passes)
 
 
 class WholePromptEngine(ChunkedPrefillEngine):

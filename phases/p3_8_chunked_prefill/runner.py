@@ -1,15 +1,6 @@
-"""The runner of phase 3.8: ONE mixed forward pass per step, decode tokens and prefill chunks side by side.
-
-The pass's row is [decode tokens | chunk | chunk | ...], input_ids [1, N]
-(attention.py): the decode rows run phase 3.5's paged decode kernel, the
-chunks ONE varlen prefill kernel per layer (kernel.py), each chunk reading its
-sequence's earlier tokens in place from the pool. A step with no chunk keeps
-phase 3.6's decode pass (input_ids [S, 1], the same kernel), so steady
-decoding costs what it cost.
-
-A chunk may now stop short of its prompt's end (`PartialChunk`): logits are
-kept only where a token is sampled, the last row of a chunk that ends its
-prompt (`rows_kept`), and every decode row (`Batch.emitting`'s order).
+"""The runner of phase 3.8: ONE mixed pass per step, input_ids [1, N] = [decode tokens | chunk | chunk | ...]
+(attention.py), or phase 3.6's decode pass when no chunk is due. A chunk may stop short of its prompt's end
+(`PartialChunk`): then it emits nothing.
 """
 
 from __future__ import annotations
@@ -31,12 +22,10 @@ class PartialChunk(Chunk):
 
     @property
     def last(self) -> bool:
-        """It ends the prefill: its last row's logits give the sequence's next token."""
         return self.end == len(self.seq.all_ids)
 
     @property
     def rows_kept(self) -> range:
-        """The last row of a chunk that ends the prefill; none otherwise."""
         return super().rows_kept if self.last else range(0)
 
 
@@ -82,8 +71,8 @@ class MixedRunner(PagedRunner):
 
     def mixed_batch(self, decoding: list[Sequence], chunks: list[Chunk], slots: list[int], cu: list[int],
                     context: list[int]) -> MixedBatch:
-        """Phase 3.6's metadata (slots, one table row per sequence, lengths after the writes) with the
-        decode/prefill split. cu and context are host lists, so the plan reads nothing back from a GPU."""
+        """Phase 3.6's metadata with the decode/prefill split; cu and context are host lists, so the plan
+        reads nothing back from a GPU."""
         dev = self.lm.device
         seqs = decoding + [c.seq for c in chunks]
         d = len(decoding)

@@ -56,7 +56,8 @@ def test_graphs_captured_up_front_and_a_changed_dtype_is_refused(tier_tiny, no_t
     from common.model import load_model
     lm = load_model("tiny", device="cuda", dtype=torch.float32)
     engine = StaticDecodeEngine(lm, max_running=4, block_size=4, n_blocks=64)
-    assert engine.runner.capture_all() == len(engine.runner.buckets)
+    from phases.p3_10_cuda_graphs.demo import capture_all
+    assert capture_all(engine.runner) == len(engine.runner.buckets)
     prompt = random_prompts((7,), seed=12)[0]
     seq = engine.add(prompt, 5, ignore_eos=True)
     engine.run()
