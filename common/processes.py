@@ -34,12 +34,6 @@ class WorkerDied(RuntimeError):
     """A worker process exited or broke a collective: its group can run nothing more."""
 
 
-def broke_a_collective(error: RuntimeError) -> bool:
-    """`error` came from a collective, not from the model: torch raises DistError, but gloo reports a peer whose
-    socket closed mid-collective as a plain RuntimeError that names it."""
-    return isinstance(error, dist.DistError) or "gloo" in str(error)
-
-
 def free_port() -> int:
     """A TCP port nobody listens on now (the OS picks it), for a rendezvous."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -126,8 +120,8 @@ class Workers:
             raise self.error
 
     def failed(self, error: BaseException) -> WorkerDied:
-        """The WorkerDied a failed collective means, naming the dead worker: its socket can close before its
-        process is seen to exit, so it has DEATH_GRACE_S to be seen."""
+        """The WorkerDied a failed broadcast or pass means, naming the dead worker if one died: its socket can
+        close before its process is seen to exit, so it has DEATH_GRACE_S to be seen."""
         deadline = time.monotonic() + DEATH_GRACE_S
         while self.error is None and all(p.is_alive() for p in self.processes) and time.monotonic() < deadline:
             time.sleep(POLL_S)
@@ -135,7 +129,7 @@ class Workers:
             self.check()
         except WorkerDied as died:
             return died
-        self.error = WorkerDied(f"a collective failed: {error}")
+        self.error = WorkerDied(f"the workers are out of step after: {type(error).__name__}: {error}")
         return self.error
 
     def send(self, *tensors: torch.Tensor) -> None:

@@ -216,6 +216,27 @@ class TestPackagedOnTwoWorkers:
 
 
 # --- a worker dies -------------------------------------------------------------------------------------
+def test_a_pass_that_fails_on_the_driver_ends_the_group():
+    """After the pass is broadcast, the workers wait in collectives the driver will never join: an error in the
+    driver's own forward cannot be retried, so it is WorkerDied (the served engine fails everything), not a
+    request's failure, and no process is left behind."""
+    group, lm = launch("tiny", 2, device="cpu", dtype="fp32")
+    try:
+        engine = served(lm, group, n_blocks=32)
+        engine.add(list(range(10, 20)), 4, ignore_eos=True)
+
+        def broken(*args, **kwargs):
+            raise RuntimeError("the driver's shard failed mid-pass")
+        lm.model.shard.forward = broken
+        with pytest.raises(WorkerDied, match="out of step.*mid-pass"):
+            engine.step()
+        with pytest.raises(WorkerDied, match="out of step"):
+            group.check()                     # the group stays broken: it runs nothing more
+    finally:
+        group.close()
+    assert multiprocessing.active_children() == []
+
+
 def test_a_killed_worker_fails_the_engine_clearly_and_leaves_no_process():
     group, lm = launch("tiny", 2, device="cpu", dtype="fp32")
     try:

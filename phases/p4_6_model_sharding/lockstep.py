@@ -28,8 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from common.model import LoadedModel, load_model, pick_device, pick_dtype
-from common.processes import (Workers, broke_a_collective, die_with_parent, free_port, init_rank, rank_device,
-                              wait_ready)
+from common.processes import Workers, die_with_parent, free_port, init_rank, rank_device, wait_ready
 from phases.p4_6_model_sharding.shard import Comm, ShardInfo, check_world_size, shard_model
 
 FORWARD, STOP = range(2)
@@ -137,10 +136,8 @@ class ShardedModel(nn.Module):
         self.group.send(torch.tensor([FORWARD, *input_ids.shape, logits_to_keep]), input_ids.to(torch.int64))
         try:
             return self.shard(input_ids=input_ids, use_cache=False, logits_to_keep=logits_to_keep)
-        except RuntimeError as error:
-            if broke_a_collective(error):   # the group can run nothing more
-                raise self.group.failed(error) from error
-            raise
+        except Exception as error:   # the workers wait in collectives the driver will not join: the group is lost
+            raise self.group.failed(error) from error
 
 
 def launch(model: str, world_size: int, device: str | None = None, dtype=None) -> tuple[ShardGroup, LoadedModel]:

@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from common.processes import broke_a_collective
 from phases.p4_1_copy_on_write.block_ops import CopyQueue
 from phases.p4_4_preemption.swap import SwapSpace
 from phases.p4_5_speculative_decoding.engine import SpeculativeEngine
@@ -56,10 +55,8 @@ class DriverModel(nn.Module):
         try:
             out = self.shard(input_ids=input_ids, position_ids=position_ids, paged=paged, use_cache=use_cache,
                              logits_to_keep=logits_to_keep)
-        except RuntimeError as error:
-            if broke_a_collective(error):   # the group can run nothing more
-                raise self.group.failed(error) from error
-            raise
+        except Exception as error:   # the workers wait in collectives the driver will not join: the group is lost
+            raise self.group.failed(error) from error
         self.n_passes += 1
         return out
 
