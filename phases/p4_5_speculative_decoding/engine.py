@@ -111,8 +111,7 @@ class SpeculativePlan(TokenBudget):
         batch.decode, batch.decode_slots = decode, slots
 
     def slots_free(self, seq: Sequence) -> int:
-        """Positions `seq` can claim without preempting anyone or evicting a cached block (a likely-rejected guess
-        is not worth one): the rest of its last block, then the truly free blocks."""
+        """Positions `seq` can claim without preempting or evicting a cached block: its last block's, free blocks'."""
         allocator = self.engine.allocator      # phase 4.3's pool, caching on or off
         return seq.kv.capacity - seq.kv.n_filled + allocator.n_uncached_free * allocator.block_size
 
@@ -156,8 +155,7 @@ class VerifyingRunner:
             st.proposed += len(c.proposal)
             st.accepted += len(tokens) - 1
             c.made = until_stop(c.seq, tokens, self.engine.lm.eos_token_ids)
-            # Positions c.start .. c.start + len(c.made) - 1 hold real tokens (the last one and the kept
-            # guesses); the rest of the chunk's slots go, before anything is published.
+            # Slots past the last token and the kept guesses go back, before anything is published.
             self.stats.blocks_rolled_back += truncate(c.seq.kv, self.engine.allocator, c.start + len(c.made))
             self.decided[c.seq.seq_id] = c.made
         kept = [i for c, rows in zip(batch.chunks, spans) for i in rows[:len(c.rows_kept)]]
@@ -203,11 +201,6 @@ class VerifyingSampler:
         self.engine.proposer.release(seq)
 
 
-def speculation_summary(stats: SpecStats) -> dict:
-    """What the speculation counted, as `summary()` keys."""
-    return {f"spec_{k}": v for k, v in dict(stats.__dict__, acceptance_rate=stats.acceptance_rate).items()}
-
-
 class SpeculativeEngine(PreemptingEngine):
     """Phase 4.4's engine; decoding sequences verify up to k guesses per step (`speculative=None`: phase 4.4's)."""
 
@@ -237,4 +230,5 @@ class SpeculativeEngine(PreemptingEngine):
         return runner if self.speculative is None else VerifyingRunner(runner, self, self.spec_stats)
 
     def summary(self) -> dict:
-        return super().summary() | speculation_summary(self.spec_stats)
+        counted = dict(self.spec_stats.__dict__, acceptance_rate=self.spec_stats.acceptance_rate)
+        return super().summary() | {f"spec_{k}": v for k, v in counted.items()}
