@@ -62,18 +62,6 @@ class SpecStats:
         return self.accepted / self.proposed if self.proposed else float("nan")
 
 
-def make_proposer(lm, speculative, draft_layers: int | None, draft_blocks: int):
-    """A proposer: the given one, or "ngram", or "draft" (a self-draft of `draft_layers`, by default half)."""
-    if hasattr(speculative, "propose"):
-        return speculative
-    if speculative == "ngram":
-        return NgramProposer()
-    if speculative == "draft":
-        n = max(1, lm.n_layers // 2) if draft_layers is None else draft_layers
-        return DraftProposer(lm, self_draft(lm, n), n_blocks=draft_blocks)
-    raise ValueError(f"speculative must be one of {SPECULATIVE_METHODS}, a proposer, or None; got {speculative!r}")
-
-
 class SpeculativePlan(TokenBudget):
     """Phase 3.8's token budget; what decode tokens and prefill chunks leave of it verifies proposals."""
 
@@ -213,8 +201,16 @@ class SpeculativeEngine(PreemptingEngine):
         self.speculative, self.num_speculative_tokens = speculative, num_speculative_tokens
         self.spec_stats = SpecStats()
         super().__init__(lm, **engine_kwargs)
-        if speculative is not None:
-            self.proposer = make_proposer(lm, speculative, draft_layers, self.allocator.n_blocks)
+        if hasattr(speculative, "propose"):       # a proposer of the caller's, or "ngram", or a self-draft
+            self.proposer = speculative
+        elif speculative == "ngram":
+            self.proposer = NgramProposer()
+        elif speculative == "draft":          # of `draft_layers`, by default half the target's
+            n = max(1, lm.n_layers // 2) if draft_layers is None else draft_layers
+            self.proposer = DraftProposer(lm, self_draft(lm, n), n_blocks=self.allocator.n_blocks)
+        elif speculative is not None:
+            raise ValueError(f"speculative must be one of {SPECULATIVE_METHODS}, a proposer, or None; "
+                             f"got {speculative!r}")
 
     def make_prefill(self) -> TokenBudget:
         if self.speculative is None:
