@@ -1,12 +1,11 @@
 """Which proposed tokens the target keeps: one verification pass's logits -> each sequence's new tokens.
 
-A sequence proposed d_1 .. d_m; its m + 1 rows (its last token, then the guesses) are the target's p_1 .. p_{m+1}.
-greedy    keep d_i while it is argmax p_i; at the first mismatch emit that argmax; if all match, argmax p_{m+1}.
+Guesses d_1 .. d_m get the target's rows p_1 .. p_{m+1} (the first row: the sequence's last token).
+greedy    keep d_i while it is argmax p_i; then emit that argmax (or argmax p_{m+1} if all match).
 sampling  (Leviathan et al.) keep d_i with probability min(1, p_i(d_i) / q_i(d_i)), q_i what d_i was drawn from
-          (a point mass for n-gram or greedy guesses); at the first rejection draw from max(0, p_i - q_i),
-          renormalised; if all are kept, draw from p_{m+1}. Every emitted token is distributed as p_i.
-Seeded draws stay reproducible: the residual and bonus draws use the j-th draw's noise (Gumbel-max), the test
-a second stream, seed ^ ACCEPT_STREAM.
+          (a point mass for n-gram or greedy guesses); at the first rejection draw from max(0, p_i - q_i)
+          renormalised, else from p_{m+1}: every emitted token is distributed as p_i. Residual and bonus draws use
+          the j-th draw's noise (Gumbel-max), the test a second stream, seed ^ ACCEPT_STREAM.
 """
 
 from __future__ import annotations
@@ -32,8 +31,7 @@ class Proposal:
 
 
 def target_logits(logits: torch.Tensor, params: list, vocab: int) -> torch.Tensor:
-    """logits [R, V] -> the scaled, filtered logits every row samples from (-inf outside top-k/top-p); greedy rows
-    are left as they are (only their argmax is read)."""
+    """logits [R, V] -> the scaled, top-k/top-p filtered logits each row samples from; greedy rows as they are."""
     rows = sampling_rows(params, [0] * len(params), [0] * len(params), vocab, logits.device)
     if rows is None:
         return logits.float()
@@ -42,21 +40,17 @@ def target_logits(logits: torch.Tensor, params: list, vocab: int) -> torch.Tenso
 
 
 def accept(seqs: list, proposals: list[Proposal], logits: torch.Tensor, seeds: list[int]) -> list[list[int]]:
-    """The new tokens of each sequence: its kept proposals, then one token from the target.
-
-    seqs[i] (with `sampling` and `output_ids`) proposed proposals[i]; its m_i + 1 rows of logits [R, V] follow
-    the rows of seqs[:i], R = sum(m_i + 1). seeds[i]: its draws' seed (ignored for a greedy sequence)."""
+    """Each sequence's kept proposals, then one target token. seqs[i] proposed proposals[i]; its m_i + 1 rows of
+    logits [R, V] follow those of seqs[:i]. seeds[i]: its draws' seed (unused when greedy)."""
     vocab = logits.shape[-1]
     counts = [len(p) + 1 for p in proposals]
     params = [s.sampling for s, n in zip(seqs, counts) for _ in range(n)]
     scaled = target_logits(logits, params, vocab)                                       # [R, V]
-    greedy = all(s.sampling.greedy for s in seqs)
     argmax = scaled.argmax(-1).tolist()                                                 # [R]
-    if greedy:
+    if all(s.sampling.greedy for s in seqs):
         return [_accept_greedy(p.tokens, argmax[r:r + n]) for p, r, n in zip(proposals, _starts(counts), counts)]
 
-    # Sampled rows: the target's probability of each proposed token, the uniforms of the acceptance test, and
-    # for every row the token a rejection there would emit (the residual's draw; for the last row, the bonus).
+    # Sampled: p_i(d_i), q_i(d_i), the test's uniforms, and each row's token on a rejection (last row: the bonus).
     dev = logits.device
     seed_rows = torch.tensor([_as_int64(seeds[i]) for i, n in enumerate(counts) for _ in range(n)], device=dev)
     counters = torch.tensor([len(s.output_ids) + j for s, n in zip(seqs, counts) for j in range(n)], device=dev)
@@ -80,7 +74,6 @@ def accept(seqs: list, proposals: list[Proposal], logits: torch.Tensor, seeds: l
     residual = torch.where(empty, probs, residual)        # p == q: a rejection cannot happen; draw from p anyway
     gumbel = -torch.log(-torch.log(uniform_noise(seed_rows, counters, vocab)))
     drawn = (residual.log() + gumbel).argmax(-1).tolist()                               # [R]
-
     out = []
     for seq, p, r, n in zip(seqs, proposals, _starts(counts), counts):
         if seq.sampling.greedy:

@@ -62,18 +62,6 @@ class SpecStats:
         return self.accepted / self.proposed if self.proposed else float("nan")
 
 
-def make_proposer(lm, speculative, draft_layers: int | None, draft_blocks: int):
-    """A proposer: the given one, or "ngram", or "draft" (a self-draft of `draft_layers`, by default half)."""
-    if hasattr(speculative, "propose"):
-        return speculative
-    if speculative == "ngram":
-        return NgramProposer()
-    if speculative == "draft":
-        n = max(1, lm.n_layers // 2) if draft_layers is None else draft_layers
-        return DraftProposer(lm, self_draft(lm, n), n_blocks=draft_blocks)
-    raise ValueError(f"speculative must be one of {SPECULATIVE_METHODS}, a proposer, or None; got {speculative!r}")
-
-
 class SpeculativePlan(TokenBudget):
     """Phase 3.8's token budget; what decode tokens and prefill chunks leave of it verifies proposals."""
 
@@ -111,8 +99,7 @@ class SpeculativePlan(TokenBudget):
         batch.decode, batch.decode_slots = decode, slots
 
     def slots_free(self, seq: Sequence) -> int:
-        """Positions `seq` can claim without preempting anyone or evicting a cached block (a likely-rejected guess
-        is not worth one): the rest of its last block, then the truly free blocks."""
+        """Positions `seq` can claim without preempting or evicting a cached block: its last block's, free blocks'."""
         allocator = self.engine.allocator      # phase 4.3's pool, caching on or off
         return seq.kv.capacity - seq.kv.n_filled + allocator.n_uncached_free * allocator.block_size
 
@@ -156,8 +143,7 @@ class VerifyingRunner:
             st.proposed += len(c.proposal)
             st.accepted += len(tokens) - 1
             c.made = until_stop(c.seq, tokens, self.engine.lm.eos_token_ids)
-            # Positions c.start .. c.start + len(c.made) - 1 hold real tokens (the last one and the kept
-            # guesses); the rest of the chunk's slots go, before anything is published.
+            # Slots past the last token and the kept guesses go back, before anything is published.
             self.stats.blocks_rolled_back += truncate(c.seq.kv, self.engine.allocator, c.start + len(c.made))
             self.decided[c.seq.seq_id] = c.made
         kept = [i for c, rows in zip(batch.chunks, spans) for i in rows[:len(c.rows_kept)]]
@@ -203,11 +189,6 @@ class VerifyingSampler:
         self.engine.proposer.release(seq)
 
 
-def speculation_summary(stats: SpecStats) -> dict:
-    """What the speculation counted, as `summary()` keys."""
-    return {f"spec_{k}": v for k, v in dict(stats.__dict__, acceptance_rate=stats.acceptance_rate).items()}
-
-
 class SpeculativeEngine(PreemptingEngine):
     """Phase 4.4's engine; decoding sequences verify up to k guesses per step (`speculative=None`: phase 4.4's)."""
 
@@ -220,8 +201,16 @@ class SpeculativeEngine(PreemptingEngine):
         self.speculative, self.num_speculative_tokens = speculative, num_speculative_tokens
         self.spec_stats = SpecStats()
         super().__init__(lm, **engine_kwargs)
-        if speculative is not None:
-            self.proposer = make_proposer(lm, speculative, draft_layers, self.allocator.n_blocks)
+        if hasattr(speculative, "propose"):       # a proposer of the caller's, or "ngram", or a self-draft
+            self.proposer = speculative
+        elif speculative == "ngram":
+            self.proposer = NgramProposer()
+        elif speculative == "draft":          # of `draft_layers`, by default half the target's
+            n = max(1, lm.n_layers // 2) if draft_layers is None else draft_layers
+            self.proposer = DraftProposer(lm, self_draft(lm, n), n_blocks=self.allocator.n_blocks)
+        elif speculative is not None:
+            raise ValueError(f"speculative must be one of {SPECULATIVE_METHODS}, a proposer, or None; "
+                             f"got {speculative!r}")
 
     def make_prefill(self) -> TokenBudget:
         if self.speculative is None:
@@ -237,4 +226,5 @@ class SpeculativeEngine(PreemptingEngine):
         return runner if self.speculative is None else VerifyingRunner(runner, self, self.spec_stats)
 
     def summary(self) -> dict:
-        return super().summary() | speculation_summary(self.spec_stats)
+        counted = dict(self.spec_stats.__dict__, acceptance_rate=self.spec_stats.acceptance_rate)
+        return super().summary() | {f"spec_{k}": v for k, v in counted.items()}

@@ -1,9 +1,5 @@
-"""Proposers: cheap guesses at each sequence's next few tokens. One interface: `propose(seqs, k, seeds)` -> one
-`Proposal` per sequence (maybe empty), and `release(seq)` when a sequence stops speculating.
-
-`NgramProposer` (prompt lookup, vLLM's "ngram"); `DraftProposer`, a model with the same tokenizer on a paged
-pool of its own, cut back to the common prefix after a rejection; `self_draft(lm, n_layers)`, the target's first
-n_layers under its own norm and head (an early exit, as in LayerSkip), sharing every weight.
+"""Proposers guess each sequence's next few tokens: `propose(seqs, k, seeds)` -> one `Proposal` (maybe empty) per
+sequence; `release(seq)` when a sequence stops speculating. A self-draft is an early exit, as in LayerSkip.
 """
 
 from __future__ import annotations
@@ -49,14 +45,12 @@ def lookup(ids: list[int], k: int, max_n: int = DEFAULT_MAX_N, min_n: int = DEFA
     length = len(ids)
     for n in range(min(max_n, length - 1), min_n - 1, -1):
         suffix = ids[length - n:]
-        first = suffix[0]
         for i in range(length - n - 1, -1, -1):      # right to left: the latest occurrence wins
-            if ids[i] == first and ids[i:i + n] == suffix:
+            if ids[i] == suffix[0] and ids[i:i + n] == suffix:
                 return ids[i + n:i + n + k]
     return []
 
 
-# --- a draft model ---------------------------------------------------------------------------------
 def self_draft(lm, n_layers: int):
     """The target's first `n_layers` layers under its own norm and head, a LoadedModel of its own; nothing copied."""
     layers = getattr(getattr(lm.model, "model", None), "layers", None)
@@ -89,7 +83,11 @@ class DraftProposer:
     name = "draft"
 
     def __init__(self, target_lm, draft_lm, n_blocks: int | None = None, block_size: int | None = None):
-        check_same_vocabulary(target_lm, draft_lm)
+        t, d = target_lm, draft_lm       # a draft must speak the target's token ids
+        if d.vocab_size != t.vocab_size or (d.tokenizer is not t.tokenizer and
+                                            d.tokenizer.get_vocab() != t.tokenizer.get_vocab()):
+            raise ValueError(f"the draft model's vocabulary ({d.vocab_size} entries) maps tokens to other ids "
+                             f"than the target's ({t.vocab_size}): a draft must use the target's tokenizer")
         self.lm = draft_lm
         sizes = {"block_size": block_size} if block_size else {}
         self.allocator = BlockAllocator.for_model(draft_lm, n_blocks=n_blocks, **sizes)
@@ -103,8 +101,7 @@ class DraftProposer:
             state.kv.release(self.allocator)
 
     def propose(self, seqs: list, k: int, seeds: list[int]) -> list[Proposal]:
-        """k draft passes (phase 3.8's runner): the first feeds every token the draft has not seen, each later one
-        the last guess; seeds[i] seeds seqs[i]'s draws (the draft's own stream of it)."""
+        """k draft passes (phase 3.8's runner), the first feeding every token the draft has not seen."""
         seed_of = {s.seq_id: seed for s, seed in zip(seqs, seeds)}
         active = [(seq, self._state(seq)) for seq in seqs]
         tokens: dict[int, list[int]] = {s.seq_id: [] for s in seqs}
@@ -160,25 +157,16 @@ class DraftProposer:
     def _draw(self, active: list, logits: torch.Tensor, seed_of: dict[int, int]
               ) -> tuple[list[int], list[torch.Tensor | None]]:
         """Each row's guess: the argmax (greedy), or a draw from the draft's q, returned for acceptance's p / q."""
-        seqs = [seq for seq, _ in active]
-        params: list[SamplingParams] = [s.sampling for s in seqs]
+        params: list[SamplingParams] = [seq.sampling for seq, _ in active]
         vocab = logits.shape[-1]
         if all(p.greedy for p in params):
-            return logits.float().argmax(-1).tolist(), [None] * len(seqs)
-        seeds = [_as_int64(seed_of[s.seq_id]) ^ DRAFT_STREAM for s in seqs]
+            return logits.float().argmax(-1).tolist(), [None] * len(params)
+        seeds = [_as_int64(seed_of[seq.seq_id]) ^ DRAFT_STREAM for seq, _ in active]
         counters = [len(state.all_ids) for _, state in active]
         rows = sampling_rows(params, seeds, counters, vocab, logits.device)
         picked = sample_rows(logits, rows).tolist()
         q = target_logits(logits, params, vocab).softmax(-1)
         return picked, [None if p.greedy else q[i] for i, p in enumerate(params)]
-
-
-def check_same_vocabulary(target_lm, draft_lm) -> None:
-    """A draft must speak the target's token ids: the same vocabulary size and the same token -> id map."""
-    if draft_lm.vocab_size != target_lm.vocab_size or (draft_lm.tokenizer is not target_lm.tokenizer and
-                                                       draft_lm.tokenizer.get_vocab() != target_lm.tokenizer.get_vocab()):
-        raise ValueError(f"the draft model's vocabulary ({draft_lm.vocab_size} entries) maps tokens to other ids "
-                         f"than the target's ({target_lm.vocab_size}): a draft must use the target's tokenizer")
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
