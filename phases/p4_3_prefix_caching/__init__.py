@@ -1,5 +1,4 @@
-"""Phase 4.3: automatic prefix caching on phase 4.1's engine: full KV blocks are named by a chained hash of
-their tokens and reused by later requests, so a shared prompt prefix is prefilled once."""
+"""Phase 4.3: full KV blocks named by a chained hash of their tokens, reused so a shared prefix is prefilled once."""
 
 from phases.p4_3_prefix_caching.block_hash import ROOT_HASH, chain_hashes, hash_block
 from phases.p4_3_prefix_caching.engine import CacheStats, PrefixCachingEngine

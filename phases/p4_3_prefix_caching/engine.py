@@ -1,10 +1,6 @@
-"""`PrefixCachingEngine`: phase 4.1's engine, with prompts that start with cached blocks skipping their prefill.
-
-The whole phase is a KV part, `PrefixKV` (kv.py, its `make_kv`), on the pool that keeps the cache
-(prefix_cache.py, its `make_allocator`); the scheduler, runner and sampler are phase 4.1's, unchanged.
-`prefix_caching=False` picks phase 4.1's `CowKV` instead: phase 4.1's engine, step for step, as the "off"
-side of a comparison.
-"""
+"""`PrefixCachingEngine`: phase 4.1's engine with a `PrefixKV` (kv.py) on a `PrefixCachingAllocator`
+(prefix_cache.py); scheduler, runner and sampler unchanged. `prefix_caching=False`: phase 4.1's engine, step
+for step, the "off" side of a comparison."""
 
 from __future__ import annotations
 
@@ -22,15 +18,13 @@ class PrefixCachingEngine(SharingEngine):
 
     def __init__(self, lm, *args, prefix_caching: bool = True, allocator: PrefixCachingAllocator | None = None,
                  **kwargs):
-        # read by make_allocator and make_kv, during phase 3.6's constructor; `allocator`: a pool of the
-        # caller's (one that also reports what the cache does, say)
+        # read by make_allocator and make_kv during phase 3.6's constructor
         self.prefix_caching, self.given_allocator = prefix_caching, allocator
         self.cache_stats = CacheStats()      # stays at zero with caching off
         super().__init__(lm, *args, **kwargs)
 
     def make_allocator(self, block_size: int, n_blocks: int | None) -> BlockAllocator:
-        """A `PrefixCachingAllocator`, caching on or off: with nothing published it hands blocks out as phase
-        3.1's pool does."""
+        """A `PrefixCachingAllocator`, caching on or off (with nothing published it acts as phase 3.1's)."""
         if self.given_allocator is not None:
             return self.given_allocator
         return PrefixCachingAllocator.for_model(self.lm, block_size=block_size, n_blocks=n_blocks)

@@ -1,22 +1,10 @@
-"""`Evictor`: which cached block nobody uses should give its memory back first.
+"""`Evictor`: which cached block nobody uses gives its memory back first.
 
-A cached block whose reference count drops to 0 is not wiped: its K/V stay
-valid, and the next request with the same prefix can map it back in. It sits
-here, "cached-free", until the pool runs out of truly free blocks and the
-allocator must take one back. The policy (vLLM's, equal to RadixAttention's
-for full-attention models):
-
-  1. only blocks nobody references are candidates (only those are ever added);
-  2. the least recently used goes first (smallest `last_use`);
-  3. among blocks last used at the same time, the one at the END of the
-     longest prefix goes first (most tokens before it).
-
-Rule 3 matters because a finished sequence releases all its blocks in one step,
-so they tie on rule 2: evicting the deepest first keeps the shared beginnings
-(the system prompt) and never strands a child, reachable only through its parent.
-
-A heap keyed (last_use, -tokens_before, arrival order) gives O(log n) add and
-pop; a revived block is just forgotten, its stale heap entry skipped at the top.
+A cached block whose refcount drops to 0 keeps valid K/V: it waits here, "cached-free", until the pool runs
+out of truly free blocks. The order (vLLM's, and RadixAttention's for full attention): least recently used
+first; on a tie, the END of the longest prefix first. A finished sequence releases all its blocks in one step,
+and evicting the deepest keeps the shared beginnings and never strands a child. A heap keyed
+(last_use, -tokens_before, arrival order); a revived block's stale entry is skipped at the top.
 """
 
 from __future__ import annotations
@@ -24,9 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 
-# Rebuild the heap when stale entries outnumber live ones by this factor, so a
-# long run of revivals cannot grow it without bound.
-STALE_FACTOR = 2
+STALE_FACTOR = 2  # rebuild the heap when stale entries outnumber live ones by this factor
 
 
 class Evictor:

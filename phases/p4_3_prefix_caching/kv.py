@@ -1,25 +1,10 @@
-"""The KV manager of phase 4.3: tables whose full blocks are published under a chained hash and found again.
+"""`PrefixKV`: phase 4.1's `CowKV` on a `PrefixCachingAllocator`, added to in the methods the scheduler calls.
 
-`PrefixKV` is phase 4.1's `CowKV` on a `PrefixCachingAllocator`, with three
-additions, each in the method the scheduler already calls:
-
-- `new_table(seq)`: look the sequence's tokens up, block by block, and map the hits
-  into its new table (`acquire` = one more reference each), with `n_filled`
-  set past them. The prefill then starts at `n_filled`: the cached prefix is
-  read in place from the pool, never computed. At most (len - 1) // block_size
-  blocks are matched: the last token is always computed, since its logits give
-  the next token.
-- `written(seqs)`: after a pass, publish every block of these sequences that
-  it filled. A pass that fails never gets here, so a block whose K/V were
-  never written is never found.
-- `blocks_to_admit` and `blocks_in_use`: a hit that someone else holds costs
-  the pool nothing, so admission does not count it. (A cached-free hit still
-  counts: reviving it takes it from the evictable pool.)
-
-`fork` hands a forked table its parent's chain of hashes, so a sample keeps
-publishing where its parent left off. `written` also ticks the
-allocator's logical clock, once per pass, so the blocks released between two
-passes share one `last_use` and the evictor drops the deepest first.
+`new_table` maps the cached blocks a prompt starts with into its table, `n_filled` past them, so prefill reads
+them in place (at most (len - 1) // block_size: the last token's logits are needed). `written` publishes the
+blocks a pass filled (a failed pass never gets here) and ticks the clock, so blocks released together share one
+`last_use`. `blocks_to_admit`: a hit another table holds costs the pool nothing. `fork`: the child continues
+its parent's chain of hashes.
 """
 
 from __future__ import annotations
@@ -74,14 +59,11 @@ class PrefixKV(CowKV):
             raise TypeError(f"prefix caching needs a PrefixCachingAllocator, got {type(allocator).__name__}")
         super().__init__(allocator)
         self.stats = stats if stats is not None else CacheStats()
-        # table -> its chain; a table that is released and dropped takes its chain with it
-        self.chains: WeakKeyDictionary[BlockTable, Chain] = WeakKeyDictionary()
+        self.chains: WeakKeyDictionary[BlockTable, Chain] = WeakKeyDictionary()  # dropped with its table
         self._looked_up: tuple[Sequence, int, list[int]] | None = None   # (seq, tokens hashed, hashes): the last lookup
 
-    # --- lookup ---------------------------------------------------------------------------------
     def lookup(self, seq: Sequence) -> tuple[list[int], PrefixMatch]:
-        """The hashes of `seq`'s full blocks, and the cached prefix they match. The head of the waiting queue
-        is looked up at every admission check, so its hashes are kept until another sequence is looked up."""
+        """`seq`'s block hashes (kept: admission looks the queue's head up every step) and the prefix they match."""
         ids = seq.all_ids
         last = self._looked_up
         if last is not None and last[0] is seq and last[1] == len(ids):
@@ -100,7 +82,6 @@ class PrefixKV(CowKV):
     def blocks_to_admit(self, seq: Sequence, n: int) -> int:
         return super().blocks_to_admit(seq, n) - self.blocks_in_use(seq)
 
-    # --- the part's jobs ------------------------------------------------------------------------
     def new_table(self, seq: Sequence) -> None:
         """An empty table, then the cached prefix of `seq`'s tokens mapped into it."""
         super().new_table(seq)
@@ -133,15 +114,10 @@ class PrefixKV(CowKV):
         self.chains[table] = parent_chain.copy() if parent_chain is not None else Chain()
         return table
 
-    # --- publishing ----------------------------------------------------------------------------
     def publish(self, seq: Sequence) -> None:
-        """Hash and register every block of `seq` that became full since the last call. Called after the pass
-        and before its tokens are appended, so the table holds exactly all_ids[:n_filled] (the token fed at
-        position p is prompt or output token p)."""
+        """Register the blocks of `seq` filled since the last call (before the pass's tokens are appended)."""
         table = seq.kv
-        chain = self.chains.get(table)
-        if chain is None:
-            chain = self.chains[table] = Chain()
+        chain = self.chains.setdefault(table, Chain())
         n_full = table.n_filled // self.block_size
         if chain.broken or n_full == len(chain.hashes):
             return

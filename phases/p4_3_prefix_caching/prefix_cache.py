@@ -1,27 +1,12 @@
-"""`PrefixCachingAllocator`: the block allocator with a global hash table of full blocks.
-
-Phase 3.1's allocator has two states per block: free (on the free list, refcount 0)
-or owned (refcount = number of block tables holding it). Prefix caching adds a third:
+"""`PrefixCachingAllocator`: phase 3.1's allocator plus a table `hash -> CachedBlock` and a third block state:
 
     free         refcount 0, on the free list, holds nothing worth keeping
-    owned        refcount k > 0: k block tables list it (it may also be cached)
-    cached-free  refcount 0, NOT on the free list, parked in the `Evictor`:
-                 nobody uses it, but its K/V are still valid and findable by hash
+    owned        refcount k > 0 (it may also be cached)
+    cached-free  refcount 0, parked in the `Evictor`: unused, but its K/V are valid and findable by hash
 
-and one table, `hash -> CachedBlock`, of every full block whose contents are
-known (owned or cached-free). How the base invariants extend:
-
-- "free xor owned" becomes "exactly one of free / owned / cached-free";
-- `n_free` counts what `alloc()` can hand out: free + cached-free blocks;
-- `alloc()` takes a truly free block first; only when none is left does it
-  evict (Evictor order: LRU, then deepest prefix) and forget that block's hash;
-- `free()` of a block's last owner parks a cached block in the evictor and
-  puts an uncached one on the free list, as before;
-- `incref()` still only counts one more owner of an *owned* block; reviving a
-  cached-free block (refcount 0 -> 1) is `acquire()`, which also takes it out
-  of the evictor.
-
-A hash only names a candidate (`match_prefix`): a hash collision is a miss, never a wrong answer.
+`n_free` counts free + cached-free; `alloc()` takes a free block first, else evicts one and forgets its hash;
+a cached block's last `free()` parks it in the evictor; `acquire()` revives it (`incref()` only counts owned
+blocks). A hash only names a candidate (`match_prefix`): a collision is a miss, never a wrong answer.
 """
 
 from __future__ import annotations
@@ -33,11 +18,9 @@ from phases.p4_3_prefix_caching.block_hash import block_tokens
 from phases.p4_3_prefix_caching.evictor import Evictor
 
 
-# eq=False: an entry is an identity. "entry.parent is previous" is the exact
-# check that the whole prefix matches, not just this block's tokens.
 @dataclass(eq=False)
 class CachedBlock:
-    """What the table knows about one cached block's contents."""
+    """One cached block's contents (eq=False: `entry.parent is previous` checks the whole prefix)."""
     block_id: int
     block_hash: int
     tokens: tuple[int, ...]          # the block's own tokens, kept to verify a hash hit
@@ -66,7 +49,6 @@ class PrefixCachingAllocator(BlockAllocator):
         self.n_evictions = 0         # cached blocks whose memory was taken back
         self.n_register_conflicts = 0  # a full block not cached: its hash held different contents
 
-    # --- sizes -------------------------------------------------------------------
     @property
     def n_free(self) -> int:
         """Blocks `alloc()` can hand out now: truly free + cached-free (evictable)."""
@@ -91,7 +73,6 @@ class PrefixCachingAllocator(BlockAllocator):
         self.clock += 1
         return self.clock
 
-    # --- handing blocks out and taking them back ------------------------------------
     def alloc(self) -> int:
         """A truly free block if there is one, else the evictor's choice (its hash forgotten)."""
         if not self._free_list and len(self.evictor):
@@ -124,12 +105,9 @@ class PrefixCachingAllocator(BlockAllocator):
         self._refcount[block_id] += 1
         return block_id
 
-    # --- the hash table ---------------------------------------------------------------
     def match_prefix(self, token_ids: list[int], hashes: list[int], max_blocks: int) -> PrefixMatch:
-        """The longest run of cached blocks that `token_ids` starts with (at most `max_blocks`); `hashes[i]` is
-        block i's chained hash. Pure: `acquire()` each entry to use it. An entry is accepted only if its tokens
-        equal the block's AND its parent is the entry matched just before, so by induction a hit has exactly the
-        same tokens before it too."""
+        """The longest run (<= `max_blocks`) of cached blocks `token_ids` starts with; pure, `acquire()` to use.
+        Each entry's tokens AND parent must match, so by induction a hit has the same tokens before it too."""
         entries: list[CachedBlock] = []
         parent = None
         for i, h in enumerate(hashes[:max_blocks]):
@@ -144,9 +122,8 @@ class PrefixCachingAllocator(BlockAllocator):
 
     def register(self, block_id: int, block_hash: int, tokens: tuple[int, ...],
                  parent: CachedBlock | None) -> CachedBlock | None:
-        """Publish an owned, full block under `block_hash`. Returns the entry that names its contents: its own
-        (it was a hit), an equal block's (two requests computed one prefix in a step: this one stays private),
-        or None when the hash holds different contents (a collision: private, and nothing chains after it)."""
+        """Publish an owned full block. Returns the entry naming its contents (its own, or an equal block's: this
+        one stays private), or None on a collision (private, and nothing chains after it)."""
         self._check_owned(block_id, "register")
         if len(tokens) != self.block_size:
             raise AllocatorError(f"only full blocks are cached: got {len(tokens)} of {self.block_size} tokens")
@@ -173,7 +150,6 @@ class PrefixCachingAllocator(BlockAllocator):
         del self._table[entry.block_hash]
         self._entry[block_id] = None
 
-    # --- checks ------------------------------------------------------------------------
     def check_invariants(self) -> None:
         """Every block is exactly one of free / owned / cached-free, and the table agrees with the blocks."""
         free = set(self._free_list)
