@@ -1,16 +1,12 @@
 """`PreemptingEngine`: optimistic FCFS admission; when the pool runs dry, the latest request gives its blocks back.
 
-Phase 4.3's engine; until now a request was admitted only if its worst case fit. Here (vLLM paper §4.5):
-admission   `OptimisticAdmission`: the head of the queue's whole group starts when its prefill's blocks fit
-            NOW, beside the running sequences' next tokens and a reserve (`watermark_blocks`). Nobody
-            overtakes the head; nothing new starts while a group is swapped out.
-preemption  before each step, while the pool cannot cover every running sequence's next token (a new block,
-            or a copy-on-write copy), the LATEST-arrived running group is preempted whole: no livelock.
-recovery    "recompute": back to the FRONT of the queue, to prefill prompt + outputs (cached blocks found
-            again; a group's lead computes the prompt blocks its members fork, `claim`). "swap" (swap.py):
-            to a CPU pool and back when it fits; a full CPU pool, or a group mid-prefill, recomputes.
-Draws are keyed on (seed, token index) (phase 3.10), so preemption changes no token; `add()` refuses a
-request that could outgrow the pool alone, so preempting every later group always makes room.
+Phase 4.3's engine with the vLLM paper's §4.5 rules. Admission (`OptimisticAdmission`): the head's whole group starts
+when its prefill fits NOW, beside the running sequences' next tokens and `watermark_blocks`; nobody overtakes it, and
+nothing new starts while a group is swapped out. Preemption: before each step, while the pool cannot cover every running
+sequence's next token, the LATEST-arrived group is preempted whole. Recovery: "recompute" prefills prompt + outputs
+again from the FRONT of the queue (a group's lead computes the prompt blocks its members fork, `claim`); "swap"
+(swap.py) goes to a CPU pool and back, or recomputes if that pool is full or it was mid-prefill. Keyed draws (phase
+3.10) change no token; `add()` refuses a request that could outgrow the pool alone, so preempting makes room.
 """
 
 from __future__ import annotations
@@ -30,32 +26,26 @@ from phases.p4_4_preemption.swap import NoSwapSpace, SwapSpace
 
 
 class Preemption(Enum):
-    """The state this phase adds to phase 2.2's machine: a sequence whose KV was taken away to make room. It waits
-    to be prefilled again (prompt and outputs) or to get its KV back from the CPU pool, possibly several times."""
+    """The state this phase adds to phase 2.2's machine: KV taken away, to be prefilled again or swapped back in."""
     PREEMPTED = "PREEMPTED"
 
 
 PREEMPTED = Preemption.PREEMPTED
-# Its moves: out of PREFILLING (part-way through a prefill) or DECODING; back by prefilling again, or straight
-# to DECODING when its KV is put back.
 PREEMPTION_MOVES = {Status.PREFILLING: {PREEMPTED}, Status.DECODING: {PREEMPTED},
                     PREEMPTED: {Status.PREFILLING, Status.DECODING}}
+PREEMPTION_MODES = ("recompute", "swap")
+DEFAULT_WATERMARK_FRACTION = 0.01  # vLLM's default: keep 1% of the pool free when admitting
+DECISION_LOG_LENGTH = 100_000       # most recent admissions / preemptions kept (a server runs for days)
 
 
 class PreemptibleSequence(Sequence):
     """Phase 2.2's sequence, whose state machine also has the moves in and out of PREEMPTED."""
-
     def move(self, new) -> None:
         if new in PREEMPTION_MOVES.get(self.status, ()):
             self.status = new
             self.history.append(new)
         else:
             super().move(new)
-
-
-PREEMPTION_MODES = ("recompute", "swap")
-DEFAULT_WATERMARK_FRACTION = 0.01  # vLLM's default: keep 1% of the pool free when admitting
-DECISION_LOG_LENGTH = 100_000       # most recent admissions / preemptions kept (a server runs for days)
 
 
 @dataclass
@@ -66,10 +56,7 @@ class PreemptionStats:
 
 
 class OptimisticAdmission:
-    """vLLM's admission rule (the paper's §4.5), chosen in place of phase 4.1's worst-case reservation: a group is
-    admitted when its prefill's blocks fit NOW, beside the running sequences' next tokens and a reserve. Its
-    promise covers one step only; the engine keeps it by preempting (`_make_room_for_decode`)."""
-
+    """vLLM's admission rule (§4.5): its promise covers one step; the engine keeps it by preempting."""
     def __init__(self, engine: PreemptingEngine):
         self.engine = engine    # read only: its queues, groups, pool, KV part and prefill pass
 
@@ -78,8 +65,7 @@ class OptimisticAdmission:
         return self.engine.allocator.n_free - self.blocks_promised()
 
     def can_admit(self, seq: Sequence, blocks_left: int) -> bool:
-        """`seq`'s whole group may start: nothing older is swapped out, its members find slots, and their prefill
-        fits the blocks left (less the reserve, `watermark_blocks`) and this step's pass."""
+        """`seq`'s group may start: nothing older swapped out, slots free, its prefill fits beside the reserve."""
         e = self.engine
         group = e.group_of(seq)
         if e.swapped and group.request_id > e.swapped[0].request_id:
@@ -97,8 +83,7 @@ class OptimisticAdmission:
         return sum(self.prefill_blocks(s) for s in self.engine.head_group())
 
     def prefill_blocks(self, seq: Sequence) -> int:
-        """Blocks `seq`'s prefill takes NOW: its prompt (+ outputs if recomputed), less the blocks it shares:
-        a recomputed sample's full prompt blocks (forked from its lead), and cached blocks someone holds."""
+        """Blocks `seq`'s prefill takes NOW, less those it shares (forked from its lead, or cached and held)."""
         e = self.engine
         forked = len(seq.prompt_ids) // e.block_size if e.lead(seq) not in (None, seq) else 0
         return blocks_for(len(seq.all_ids), e.block_size) - forked - e.kv.blocks_in_use(seq, start_block=forked)
@@ -108,8 +93,7 @@ class OptimisticAdmission:
         return sum(self.decode_blocks(m, self.engine.allocator) for m in self.engine.running_groups().values())
 
     def decode_blocks(self, seqs: list[Sequence], allocator: BlockAllocator) -> int:
-        """Blocks the next decode pass takes for `seqs`, as `append_slots_cow` will; for one part-way through its
-        prefill, what the rest of it takes (less the prompt blocks a recomputed member forks from its lead)."""
+        """Blocks `append_slots_cow` takes next pass for `seqs` (the rest of the prefill for one mid-prefill)."""
         need, writers = 0, Counter()
         for s in seqs:
             table = s.kv
@@ -121,16 +105,13 @@ class OptimisticAdmission:
             else:
                 writers[table.block_ids[table.n_filled // table.block_size]] += 1
         for block, k in writers.items():
-            # k tables write into this partly filled block; while it is shared each writer copies it,
-            # except that the last one, if nobody else holds it, finds refcount 1 and writes in place.
+            # k writers of a shared block each copy it, but the last finds refcount 1 if nobody else holds it
             need += k - 1 if allocator.refcount(block) == k else k
         return need
 
 
 class PreemptingEngine(PrefixCachingEngine):
-    """Phase 4.3's engine (samples, prefix caching), admitting optimistically and preempting the latest request
-    when the pool runs dry."""
-
+    """Phase 4.3's engine, admitting optimistically and preempting the latest request when the pool runs dry."""
     def __init__(self, lm, preemption_mode: str = "recompute", watermark_blocks: int | None = None,
                  cpu_blocks: int | None = None, **engine_kwargs):
         if preemption_mode not in PREEMPTION_MODES:
@@ -146,21 +127,17 @@ class PreemptingEngine(PrefixCachingEngine):
         self.swap_space = self.make_swap_space(cpu_blocks or n)
         self.swapped: deque[SequenceGroup] = deque()  # swapped-out groups, in arrival order
         self.stats = PreemptionStats()
-        # request_id of every preemption / every admission and swap-in, in order (the latest ones)
-        self.preempted_ids: deque[int] = deque(maxlen=DECISION_LOG_LENGTH)
-        self.admitted_ids: deque[int] = deque(maxlen=DECISION_LOG_LENGTH)
+        self.preempted_ids: deque[int] = deque(maxlen=DECISION_LOG_LENGTH)  # request ids, latest preemptions
+        self.admitted_ids: deque[int] = deque(maxlen=DECISION_LOG_LENGTH)   # ... and admissions and swap-ins
         self._computed: dict[int, int] = {}      # seq_id -> tokens whose K/V it had when dropped for recompute
 
     def make_admission(self) -> OptimisticAdmission:
         return OptimisticAdmission(self)
 
     def make_swap_space(self, cpu_blocks: int) -> SwapSpace | NoSwapSpace:
-        """The CPU pool of `cpu_blocks` blocks ("swap"), or none ("recompute")."""
         return SwapSpace(self.allocator, cpu_blocks) if self.preemption_mode == "swap" else NoSwapSpace()
 
-    # --- requests -------------------------------------------------------------------
     def new_sequence(self, *args) -> PreemptibleSequence:
-        """Phase 3.6's checked request, as a sequence that may be preempted."""
         return PreemptibleSequence(**vars(super().new_sequence(*args)))
 
     @property
@@ -194,17 +171,15 @@ class PreemptingEngine(PrefixCachingEngine):
             groups[self.group_of(s)].append(s)
         return dict(sorted(groups.items(), key=lambda item: item[0].request_id))
 
-    # --- preemption ------------------------------------------------------------------------
     def _make_room_for_decode(self) -> bool:
         """Preempt the latest-arrived running groups until every running sequence has room for its next token."""
         preempted = False
         while (need := self.admission.blocks_promised()) > self.allocator.n_free:
             groups = self.running_groups()
             if len(groups) == 1:
-                # add() guarantees a group fits the pool alone; only blocks held outside the engine break that.
-                raise OutOfBlocks(f"request {next(iter(groups)).request_id} needs {need} blocks for its next "
-                                  f"token, {self.allocator.n_free} are free and no other request is running to "
-                                  f"preempt: {self.allocator.n_used} blocks are held outside the engine")
+                raise OutOfBlocks(f"request {next(iter(groups)).request_id} needs {need} blocks for its next token, "
+                                  f"{self.allocator.n_free} are free and no other request is running to preempt: "
+                                  f"{self.allocator.n_used} blocks are held outside the engine")
             victim = next(reversed(groups))
             self._preempt(victim, groups[victim])
             preempted = True
@@ -226,14 +201,11 @@ class PreemptingEngine(PrefixCachingEngine):
         for s in members:
             self._computed[s.seq_id] = max(self._computed.get(s.seq_id, 0), s.kv.n_filled)
             self.retire(s)   # the blocks go (cached ones stay findable); its random stream stays for the resume
-        # Back to the waiting queue at its arrival position: every new request arrived later, so
-        # in practice that is the front, behind only earlier preempted groups.
-        rids = [self.group_of(s).request_id for s in self.waiting]
-        i = bisect_left(rids, group.request_id)
+        # Back to the queue at its arrival position: the front, behind only earlier preempted groups.
+        i = bisect_left([self.group_of(s).request_id for s in self.waiting], group.request_id)
         for s in reversed(members):
             self.waiting.insert(i, s)
 
-    # --- recovery: swap in -------------------------------------------------------------------
     def _swap_in(self) -> None:
         """Bring swapped groups back, earliest first, while they fit beside the running ones' next tokens."""
         while self.swapped:
@@ -243,9 +215,8 @@ class PreemptingEngine(PrefixCachingEngine):
                 return  # an earlier group waits to be recomputed (a swap fallback): FCFS, it goes first
             members = self._preempted(group)
             tables = [s.kv for s in members]
-            reserve = self.admission.blocks_promised() + self.admission.decode_blocks(members, self.swap_space.cpu)
-            if self.running:
-                reserve += self.watermark_blocks
+            reserve = self.admission.blocks_promised() + self.admission.decode_blocks(members, self.swap_space.cpu) \
+                + (self.watermark_blocks if self.running else 0)
             if len(members) > self.n_free_slots - self.slots_promised \
                     or not self.swap_space.can_swap_in(tables, reserve):
                 return
@@ -256,10 +227,8 @@ class PreemptingEngine(PrefixCachingEngine):
                 s.move(Status.DECODING)
                 self.running.append(s)
 
-    # --- admission: optimistic (`OptimisticAdmission`), first come first served, whole groups -----------
     def admit(self) -> None:
-        """Make room for every running sequence's next token, preempting the latest groups. A step that preempted
-        admits nothing; otherwise swapped groups come back first, then phase 3.6's loop admits from the head."""
+        """Preempt to make room; a step that preempted admits nothing, else swapped groups come back, then new ones."""
         if self._make_room_for_decode():
             return
         self._swap_in()
@@ -276,20 +245,17 @@ class PreemptingEngine(PrefixCachingEngine):
         return seq
 
     def head_group(self) -> list[Sequence]:
-        """The waiting members of the head of the queue's group. They wait side by side at the head: a group
-        is preempted whole, and its members go back to the queue together."""
+        """The waiting members of the head's group, side by side at the head (a group is preempted whole)."""
         group = self.group_of(self.waiting[0])
         return list(takewhile(lambda s: self.group_of(s) is group, self.waiting))
 
-    # --- recovery: recompute --------------------------------------------------------------------
     @staticmethod
     def _recomputing(seq: Sequence) -> bool:
         """Preempted and waiting to be recomputed, or admitted again and not re-prefilled yet."""
         return seq.status is PREEMPTED or (seq.status is Status.PREFILLING and bool(seq.output_ids))
 
     def lead(self, seq: Sequence) -> Sequence | None:
-        """For a sequence being recomputed: the first of its group's members in the queue (members are admitted
-        and prefilled in that order), which recomputes the shared prompt. None for any other sequence."""
+        """For a recomputing sequence, its group's first recomputing member, which recomputes the shared prompt."""
         if not self._recomputing(seq):
             return None
         group = self.group_of(seq)
@@ -297,8 +263,7 @@ class PreemptingEngine(PrefixCachingEngine):
         return next(s for s in queue if self.group_of(s) is group and self._recomputing(s))
 
     def claim(self, chunk):
-        """Claim the chunk's slots, counting the tokens it computes again; once a recomputing lead has claimed its
-        full prompt blocks (nobody writes them again, no copy-on-write splits them), its group's members fork them."""
+        """Claim the chunk's slots, counting recomputed tokens; a lead's claimed full prompt blocks are forked."""
         chunk = super().claim(chunk)
         self.stats.tokens_recomputed += max(0, min(chunk.end, self._computed_before(chunk.seq)) - chunk.start)
         if chunk.last:
@@ -306,15 +271,13 @@ class PreemptingEngine(PrefixCachingEngine):
         lead = chunk.seq
         full_prompt = len(lead.prompt_ids) // self.block_size * self.block_size
         if self._recomputing(lead) and self.lead(lead) is lead and lead.kv.n_filled >= full_prompt:
-            group = self.group_of(lead)
             for seq in self.running:
-                if seq is not lead and self.group_of(seq) is group and self._recomputing(seq):
+                if seq is not lead and self.group_of(seq) is self.group_of(lead) and self._recomputing(seq):
                     self._fork_prompt(lead, seq)
         return chunk
 
     def _computed_before(self, seq: Sequence) -> int:
-        """Tokens of `seq` whose K/V had been computed before it was dropped: every token but the last output for
-        a sequence with outputs (that decode never ran), what the pool held for one preempted mid-prefill."""
+        """Tokens of `seq` with K/V computed before it was dropped (all but the last output, whose decode never ran)."""
         return max(self._computed.get(seq.seq_id, 0), len(seq.all_ids) - 1 if self._recomputing(seq) else 0)
 
     def _fork_prompt(self, lead: Sequence, seq: Sequence) -> None:
@@ -330,17 +293,11 @@ class PreemptingEngine(PrefixCachingEngine):
         table.block_ids += lead.kv.block_ids[have:n_shared]
         table.n_filled = n_shared * self.block_size
 
-    # --- accounting -------------------------------------------------------------------------------
     def summary(self) -> dict:
         """Every counter, JSON-ready (for demos and a server's /metrics)."""
-        out = dict(self.stats.__dict__, n_swap_fallbacks=self.swap_space.n_fallbacks,
-                   preemption_mode=self.preemption_mode,
-                   n_swapped_out=0, n_swapped_in=0, blocks_swapped_out=0, blocks_swapped_in=0,
-                   tokens_swapped_out=0, tokens_swapped_in=0, bytes_swapped_out=0, bytes_swapped_in=0, swap_s=0.0)
-        for name, traffic in (("out", self.swap_space.out), ("in", self.swap_space.into)):
-            out[f"n_swapped_{name}"] = traffic.n_swaps
-            out[f"blocks_swapped_{name}"] = traffic.n_blocks
-            out[f"tokens_swapped_{name}"] = traffic.n_tokens
-            out["swap_s"] += traffic.seconds
-            out[f"bytes_swapped_{name}"] = traffic.n_bytes
-        return out
+        o, i = self.swap_space.out, self.swap_space.into
+        return dict(self.stats.__dict__, n_swap_fallbacks=self.swap_space.n_fallbacks,
+                    preemption_mode=self.preemption_mode, n_swapped_out=o.n_swaps, n_swapped_in=i.n_swaps,
+                    blocks_swapped_out=o.n_blocks, blocks_swapped_in=i.n_blocks, tokens_swapped_out=o.n_tokens,
+                    tokens_swapped_in=i.n_tokens, bytes_swapped_out=o.n_bytes, bytes_swapped_in=i.n_bytes,
+                    swap_s=o.seconds + i.seconds)

@@ -1,13 +1,6 @@
 """`SwapSpace`: a second block pool in CPU memory (the paper's "CPU block allocator", Fig. 4), and the copies
-that move a preempted group's blocks there and back.
-
-    swap_out(tables)   GPU blocks -> fresh CPU blocks, GPU blocks freed, tables rewritten to CPU ids
-    swap_in(tables)    CPU blocks -> fresh GPU blocks, CPU blocks freed, tables rewritten to GPU ids
-
-The tables are one group's (n samples that may share blocks), and the move keeps the sharing: a block listed
-by 3 tables is copied ONCE, to one CPU block of refcount 3. Only block ids change; `n_filled` and the order
-of blocks stay, so a swapped-in sequence resumes exactly where it stopped. Each direction is one indexed copy
-however many blocks move (`_copy`); on CUDA the CPU pool is pinned memory, so the GPU copies it by DMA.
+that move a preempted group's blocks there and back. Sharing survives (a block listed by 3 tables is copied ONCE,
+to one block of refcount 3); only block ids change, so a swapped-in sequence resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -34,8 +27,7 @@ class SwapTraffic:
 
 class SwapSpace:
     def __init__(self, gpu: BlockAllocator, n_blocks: int, batched: bool = True):
-        """A CPU pool of `n_blocks` blocks shaped like `gpu`'s. `batched=False` copies block by block (vLLM v0's
-        way), only to measure what one indexed copy saves."""
+        """A CPU pool shaped like `gpu`'s. `batched=False` copies block by block (vLLM v0), only to measure."""
         # gpu.kv_store: [n_blocks, n_layers, 2, n_kv_heads, block_size, head_dim]
         _, n_layers, _, n_kv_heads, block_size, head_dim = gpu.kv_store.shape
         self.gpu = gpu
@@ -53,7 +45,6 @@ class SwapSpace:
         self.n_fallbacks = 0     # swap-outs refused because the CPU pool was full (those groups are recomputed)
 
     def can_swap_in(self, tables: list[BlockTable], reserve: int = 0) -> bool:
-        """Would the group's blocks fit in the GPU pool, leaving `reserve` blocks free?"""
         return self.gpu.can_alloc(len(set(b for t in tables for b in t.block_ids)) + reserve)
 
     def try_swap_out(self, tables: list[BlockTable]) -> bool:
@@ -70,15 +61,13 @@ class SwapSpace:
     def swap_in(self, tables: list[BlockTable]) -> int:
         return self._move(tables, self.cpu, self.gpu, self.into)
 
-    def _move(self, tables: list[BlockTable], src: BlockAllocator, dst: BlockAllocator,
-              traffic: SwapTraffic) -> int:
+    def _move(self, tables: list[BlockTable], src: BlockAllocator, dst: BlockAllocator, traffic: SwapTraffic) -> int:
         """Move the tables' blocks from `src` to `dst`; returns how many distinct blocks were copied."""
         holders = Counter(b for t in tables for b in t.block_ids)  # block -> tables of the group listing it
         blocks = list(holders)
         if not dst.can_alloc(len(blocks)):
             raise OutOfBlocks(f"cannot move {len(blocks)} blocks: the destination pool has {dst.n_free} free "
                               f"of {dst.n_blocks}")
-        # One destination block per distinct source block, one owner per listing table: sharing survives.
         mapping = {b: dst.alloc() for b in blocks}
         for b, n_tables in holders.items():
             for _ in range(n_tables - 1):
@@ -104,13 +93,8 @@ class SwapSpace:
         return len(blocks)
 
     def _copy(self, src_store: torch.Tensor, dst_store: torch.Tensor, src_ids: list[int], dst_ids: list[int]) -> None:
-        """dst_store[dst_ids] = src_store[src_ids]: whole blocks, all layers, K and V, in one indexed copy.
-
-        A gather on the source device, one transfer, a scatter on the destination: vLLM v0 issued one
-        `cudaMemcpyAsync` per block instead, which is why the paper's swapping slows down at small blocks (§7.3).
-        A swap-out waits for its copy (the CPU scatters the bytes next); a swap-in is only queued, and every
-        kernel that reads those blocks is queued after it on the same stream.
-        """
+        """dst_store[dst_ids] = src_store[src_ids], whole blocks: a gather, ONE transfer, a scatter (vLLM v0 issued
+        one copy per block, why the paper's swapping slows at small blocks, §7.3). A swap-in is only queued."""
         if not src_ids:
             return
         src_idx = torch.tensor(src_ids, dtype=torch.int64, device=src_store.device)   # [m]
@@ -129,10 +113,8 @@ class SwapSpace:
 
 
 class NoSwapSpace:
-    """Recompute mode's recovery part: no CPU pool, so every preempted group is recomputed. It counts what
-    `SwapSpace` counts (all zero), so the engine reads either part the same way."""
+    """Recompute mode's recovery part: no CPU pool; it counts what `SwapSpace` counts (all zero)."""
     cpu = None
-
     def __init__(self):
         self.out, self.into = SwapTraffic(), SwapTraffic()
         self.n_fallbacks = 0
