@@ -1,10 +1,5 @@
-"""Hugging Face attention, rerouted through the paged KV pool. Two layouts reach `paged_attention_forward`,
-each with query [B, H, T, D], key/value [B, H_kv, T, D]:
-- decode: `input_ids [S, 1]`; the new K/V go to their slots, then phase 3.5's paged decode op reads
-  every sequence's context from the pool at its own length, in one call.
-- prefill: prompts packed along one row, `input_ids [1, N]`, each segment with its own positions;
-  attention runs per segment (causal inside a segment, never across two).
-"""
+"""Hugging Face attention through the paged pool: query [B, H, T, D], key/value [B, H_kv, T, D]. Decode,
+`[S, 1]`: phase 3.5's paged op reads each context at its own length. Prefill, packed `[1, N]`: per segment."""
 
 from __future__ import annotations
 
@@ -17,7 +12,6 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-# What the pool's attention cannot compute is refused by name (support.py); the switch is made cheap (switch.py).
 from extras.p3_6_batched_engine.support import UnsupportedAttention, check_call  # noqa: F401
 from extras.p3_6_batched_engine.switch import switch_attention
 from phases.p3_5_paged_attention.ops import gather_kv, paged_decode_attention, plan_decode, plan_write, write_kv
@@ -45,7 +39,7 @@ class PagedBatch:
     is_decode: bool             # True: [S, 1] layout; False: packed [1, N] prefill
     segments: list[Segment] = field(default_factory=list)  # prefill only
 
-    # Worked out at the first layer that needs them, reused by every other layer of the pass.
+    # Worked out at the first layer, reused by every other.
     @cached_property
     def write_plan(self):
         return plan_write(self.kv_store, self.slot_mapping)
@@ -56,7 +50,7 @@ class PagedBatch:
 
 
 def write_new_kv(batch: PagedBatch, layer_idx: int, key: torch.Tensor, value: torch.Tensor) -> None:
-    # key/value [B, H_kv, T, D] -> one row per new token [N, H_kv, D], in slot_mapping order
+    # -> [N, H_kv, D], in slot_mapping order
     k = key.transpose(1, 2).reshape(-1, key.shape[1], key.shape[3])
     v = value.transpose(1, 2).reshape(-1, value.shape[1], value.shape[3])
     write_kv(batch.kv_store, layer_idx, k, v, batch.slot_mapping, plan=batch.write_plan)
@@ -95,16 +89,13 @@ def _prefill_segment(module, q, k_new, v_new, seg: Segment, batch: PagedBatch, s
 def paged_attention_forward(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0,
                             paged: PagedBatch | None = None, sliding_window: int | None = None,
                             softcap: float | None = None, **kwargs):
-    """The AttentionInterface entry point. Returns (attn_output [B, T, H, D], None). Honoured in both
-    layouts: `scaling` (Gemma 2's is not head_dim), a `sliding_window` (a query at p sees keys p - w + 1 .. p)
-    and a logit `softcap` (Gemma 2); None means plain causal, no cap."""
+    """Returns (attn_output [B, T, H, D], None). Honours `scaling`, `sliding_window` and `softcap` (Gemma 2)."""
     if paged is None:
         raise RuntimeError(f"attention '{ATTN_NAME}' needs model(..., paged=PagedBatch); "
                            "run the model through BatchedPagedEngine")
     check_call(module, sliding_window, kwargs)
     write_new_kv(paged, module.layer_idx, key, value)
     if paged.is_decode:
-        # query [S, H, 1, D] -> [S, H, D]; every sequence at its own length, one call
         out = paged_decode_attention(query[:, :, 0, :], paged.kv_store, module.layer_idx, paged.block_tables,
                                      paged.seq_lens, scaling, plan=paged.decode_plan,
                                      sliding_window=sliding_window, softcap=softcap)
@@ -122,8 +113,7 @@ AttentionInterface.register(ATTN_NAME, paged_attention_forward)
 
 @contextmanager
 def use_paged_attention(model, name: str = ATTN_NAME):
-    """Switch `model` to the attention registered as `name` for one step's passes (other engines in the
-    process run the same model with SDPA), then back."""
+    """Switch `model` to attention `name` for one step's passes (other engines use SDPA), then back."""
     previous = model.config._attn_implementation
     if previous != name:
         switch_attention(model, name)

@@ -1,12 +1,5 @@
-"""`BatchedPagedEngine`: continuous batching over the paged pool, as an engine made of four parts.
-
-  scheduler  this class: the waiting queue and the running set (`schedule` -> a `Batch`)
-  kv         `BlockKV` (kv.py): a block table per sequence; claims, frees, counts
-  runner     `PagedRunner` (runner.py): a `Batch` -> forward passes -> logits
-  sampler    `Sampler` (common/sampling.py): logits -> one token per row
-
-The scheduler's two rules are parts too: `WorstCaseAdmission` and `WholePrompts`.
-"""
+"""`BatchedPagedEngine`, four parts: the scheduler (this class; its rules `WorstCaseAdmission`, `WholePrompts`),
+`BlockKV` (kv.py), `PagedRunner` (runner.py) and `Sampler` (common/sampling.py)."""
 
 from __future__ import annotations
 
@@ -30,8 +23,7 @@ DEFAULT_MAX_PREFILL_TOKENS = 4096  # prompt tokens packed into one prefill pass 
 
 
 class WorstCaseAdmission:
-    """Phase 3.3's rule: the head of the queue starts when a slot is free, the prefill pass has room, and
-    the pool holds its worst case beside what the running may still claim (so no decode finds it empty)."""
+    """Phase 3.3's rule, plus room in the prefill pass: no decode ever finds the pool empty."""
 
     def __init__(self, engine: BatchedPagedEngine):
         self.engine = engine    # read only: its running set, pool, KV part and prefill pass
@@ -57,8 +49,7 @@ class WorstCaseAdmission:
 
 
 class WholePrompts:
-    """The prefill plan: every admitted prompt, whole, in one prefill pass of at most `max_prefill_tokens`
-    (a step's first prompt always goes). Admission asks `fits`."""
+    """Every admitted prompt, whole, in one pass of at most `max_prefill_tokens` (the first always goes)."""
 
     def __init__(self, engine: BatchedPagedEngine, max_prefill_tokens: int):
         self.engine = engine    # read only: its running set; `claim` takes each chunk's slots
@@ -87,7 +78,6 @@ class BatchedPagedEngine:
         self.max_prefill_tokens = max_prefill_tokens
         self.allocator = self.make_allocator(block_size, n_blocks)
         self.block_size = self.allocator.block_size
-        # A later phase picks another part by overriding its make_ method.
         self.kv = self.make_kv()
         self.admission = self.make_admission()
         self.prefill = self.make_prefill()
@@ -187,8 +177,7 @@ class BatchedPagedEngine:
         return chunk
 
     def admit(self) -> None:
-        """Admit from the head of the queue while the admission rule lets it in. Nobody overtakes the head
-        (so a long request is not starved by short ones)."""
+        """Admit from the head of the queue while the rule lets it; nobody overtakes the head (no starving)."""
         if self.waiting:
             left = self.admission.blocks_left()
             while self.waiting and self.admission.can_admit(self.waiting[0], left):
@@ -243,7 +232,6 @@ class BatchedPagedEngine:
         self.sampler.forget(seq)
         self.finished.append(seq)
 
-    # what the parts counted
     n_forward_passes = property(lambda self: self.runner.n_forward_passes)
     n_prefill_tokens = property(lambda self: self.runner.n_prefill_tokens)
     peak_blocks_used = property(lambda self: self.kv.peak_blocks_used)

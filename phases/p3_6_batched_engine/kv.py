@@ -1,5 +1,4 @@
-"""The KV manager: a sequence's K/V is a bare `BlockTable` on one shared pool (no per-sequence `PagedCache`:
-a batched pass reads the pool by table). It claims slots, frees a finished one's blocks, counts for admission."""
+"""The KV manager: a bare `BlockTable` per sequence on one shared pool (a batched pass reads it by table)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The model runner: one step's `Batch` (slots claimed) -> a packed prefill pass (input_ids [1, N]) and a
-decode pass (input_ids [S, 1]) -> logits, one row per entry of `batch.emitting`."""
+"""The model runner: a `Batch` -> a packed prefill pass and a decode pass -> logits, one row per emitting."""
 
 from __future__ import annotations
 
