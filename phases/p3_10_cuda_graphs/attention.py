@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AttentionInterface
 
+from extras.p3_10_cuda_graphs.cpu_step import decode_attention_in_place
 from phases.p3_4_gather_kernel.dispatch import use_kernels
 from phases.p3_6_batched_engine.attention import PagedBatch, check_call, write_new_kv
 from phases.p3_5_paged_attention.ops import paged_decode_attention
@@ -22,18 +23,21 @@ STATIC_ATTN_NAME = "engine_static_decode"
 class StaticDecodeBatch(PagedBatch):
     """A decode pass over the static buffers: rows 0 .. bucket-1, padding rows with length 0."""
     n_splits: int = 1     # programs per (sequence, KV head) in the decode kernel (split_rule.py)
+    in_place: bool = False  # a CPU step: the compiled attention reads the pool in place (runner.py's cpu_step)
 
 
 def decode_attention(q: torch.Tensor, batch: StaticDecodeBatch, layer: int, scale: float | None,
                      sliding_window: int | None, softcap: float | None) -> torch.Tensor:
-    """q [B, n_heads, head_dim] -> [B, n_heads, head_dim]: the tuned kernel on CUDA, phase 3.5's path on CPU."""
+    """q [B, n_heads, head_dim] -> [B, n_heads, head_dim]: the tuned kernel on CUDA, phase 3.5's path on CPU
+    (or, for a CPU step, extras/p3_10_cuda_graphs/cpu_step.py's compiled loop)."""
     if use_kernels(q.device):
         from phases.p3_9_tuned_decode_kernel.decode_kernel import tiled_decode_attention
         return tiled_decode_attention(q, batch.kv_store, layer, batch.block_tables, batch.seq_lens, scale,
                                       n_splits=batch.n_splits, sliding_window=sliding_window, softcap=softcap,
                                       check_values=False)
-    return paged_decode_attention(q, batch.kv_store, layer, batch.block_tables, batch.seq_lens, scale,
-                                  plan=batch.decode_plan, sliding_window=sliding_window, softcap=softcap)
+    attend = decode_attention_in_place if batch.in_place else paged_decode_attention
+    return attend(q, batch.kv_store, layer, batch.block_tables, batch.seq_lens, scale, plan=batch.decode_plan,
+                  sliding_window=sliding_window, softcap=softcap)
 
 
 def static_attention_forward(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0,

@@ -19,15 +19,16 @@ __all__ = ["StaticDecodeEngine", "StaleGraphs", "decode_buckets"]
 class StaticDecodeEngine(ChunkedPrefillEngine):
     """Phase 3.8's engine with the static decode runner and the device sampler."""
 
-    def __init__(self, lm, *args, cuda_graphs: bool | None = None, buckets: list[int] | None = None, **kwargs):
-        self.cuda_graphs, self.buckets = cuda_graphs, buckets   # read by make_runner, during 3.6's constructor
+    def __init__(self, lm, *args, cuda_graphs: bool | None = None, buckets: list[int] | None = None,
+                 cpu_step: bool | None = None, **kwargs):
+        self.cuda_graphs, self.buckets, self.cpu_step = cuda_graphs, buckets, cpu_step   # read by make_runner
         super().__init__(lm, *args, **kwargs)
 
     def make_sampler(self) -> DeviceSampler:
         return DeviceSampler(self.lm.device)
 
     def make_runner(self) -> StaticRunner:
-        return StaticRunner(self.lm, self.allocator, self.max_running, self.cuda_graphs, self.buckets)
+        return StaticRunner(self.lm, self.allocator, self.max_running, self.cuda_graphs, self.buckets, self.cpu_step)
 
     def emit(self, seqs: list[Sequence], logits: torch.Tensor) -> list[StepOutput]:
         """After a mixed pass, phase 3.6's emit (those rows are sent whole at the next static step anyway)."""

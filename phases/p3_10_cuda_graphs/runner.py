@@ -1,14 +1,17 @@
 """The runner of phase 3.10: a decode-only step syncs the static buffers (buffers.py), pads the batch to the next
 bucket and replays that (bucket, split count)'s CUDA graph (graphs.py), captured at first use; on CPU it runs
-eagerly. Steps with prefill chunks keep phase 3.8's mixed pass.
+eagerly, with the CPU's counterpart where bf16 is native (extras/p3_10_cuda_graphs/cpu_step.py: packed weights,
+decode attention compiled to read the pool in place). Steps with prefill chunks keep phase 3.8's mixed pass.
 """
 
 from __future__ import annotations
 
 import bisect
+from contextlib import nullcontext
 
 import torch
 
+from extras.p3_10_cuda_graphs.cpu_step import PackedWeights, cpu_step_here
 from phases.p2_2_scheduler.sequence import Sequence
 from phases.p3_1_block_allocator.allocator import BlockAllocator, blocks_for
 from phases.p3_6_batched_engine.attention import use_paged_attention
@@ -39,19 +42,24 @@ def decode_buckets(max_running: int, buckets: list[int] | None = None) -> list[i
 
 
 class StaticRunner(MixedRunner):
-    """Phase 3.8's runner with the static decode step. Refused: `cuda_graphs=True` off CUDA, and a model or
-    dtype changed after the first static step (`StaleGraphs`: a graph would replay the old addresses)."""
+    """Phase 3.8's runner with the static decode step. Refused: `cuda_graphs=True` off CUDA, `cpu_step=True` off
+    a CPU, and a model or dtype changed after the first static step (`StaleGraphs`: a graph would replay the old
+    addresses)."""
 
     attention_name = STATIC_ATTN_NAME
 
     def __init__(self, lm, allocator: BlockAllocator, max_running: int, cuda_graphs: bool | None = None,
-                 buckets: list[int] | None = None):
+                 buckets: list[int] | None = None, cpu_step: bool | None = None):
         super().__init__(lm, allocator)
         on_cuda = torch.device(lm.device).type == "cuda"
         if cuda_graphs and not on_cuda:
             raise ValueError(f"cuda_graphs=True needs the model on a CUDA device; it is on {lm.device} "
                              "(the static decode step runs eagerly there: leave cuda_graphs unset)")
+        if cpu_step and torch.device(lm.device).type != "cpu":
+            raise ValueError(f"cpu_step=True is the CPU's counterpart of a CUDA graph; the model is on {lm.device}")
         self.cuda_graphs = on_cuda if cuda_graphs is None else bool(cuda_graphs)
+        self.cpu_step = cpu_step_here(lm) if cpu_step is None else bool(cpu_step)
+        self.packed_weights = PackedWeights(lm.model) if self.cpu_step else None
         if buckets is None and not self.cuda_graphs:
             buckets = list(range(1, max_running + 1))   # eager: padding would only add work (tests pad on CPU too)
         self.buckets = decode_buckets(max_running, buckets)
@@ -72,10 +80,11 @@ class StaticRunner(MixedRunner):
     def run(self, batch: Batch) -> torch.Tensor:
         """Logits [len(batch.emitting), V], in batch.emitting's order."""
         self.ran_static = not batch.chunks
-        if batch.chunks:
-            return super().run(batch)
-        with use_paged_attention(self.lm.model, self.attention_name):
-            return self.static_pass(batch.decode)
+        with self.packed_weights.on() if self.packed_weights else nullcontext():   # a CPU step: packed linears
+            if batch.chunks:
+                return super().run(batch)
+            with use_paged_attention(self.lm.model, self.attention_name):
+                return self.static_pass(batch.decode)
 
     def static_pass(self, seqs: list[Sequence]) -> torch.Tensor:
         """Sync the buffers and run the pass padded to its bucket. Returns logits [n, V], row i seqs[i]'s."""
@@ -93,7 +102,8 @@ class StaticRunner(MixedRunner):
         b = self.buffers
         return StaticDecodeBatch(kv_store=self.allocator.kv_store, slot_mapping=b.slot_mapping[:bucket],
                                  block_tables=b.block_tables[:bucket], seq_lens=b.seq_lens[:bucket], is_decode=True,
-                                 n_splits=choose_splits(bucket, self.lm.n_kv_heads, self.n_sms, longest_blocks))
+                                 n_splits=choose_splits(bucket, self.lm.n_kv_heads, self.n_sms, longest_blocks),
+                                 in_place=self.cpu_step)
 
     @torch.inference_mode()
     def replay(self, batch: StaticDecodeBatch) -> torch.Tensor:

@@ -38,5 +38,5 @@ class FusedDecodeEngine(StaticDecodeEngine):
     def make_runner(self) -> StaticRunner:
         """`FusedRunner` when the fused kernels are on (its modules are installed right after); else 3.10's."""
         runner = FusedRunner if self.fused_ops else StaticRunner
-        return runner(self.lm, self.allocator, self.max_running, self.cuda_graphs, self.buckets)
+        return runner(self.lm, self.allocator, self.max_running, self.cuda_graphs, self.buckets, self.cpu_step)
 
