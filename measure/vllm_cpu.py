@@ -14,7 +14,11 @@ Fair by construction:
   core kept back for its scheduler), ours as torch's intra-op threads;
 - every engine warmed up on the workload before it is timed, then rounds that
   take turns (vLLM, ours, vLLM, ours, ...) so a slow minute of a shared machine
-  falls on both; each keeps its best round. Ratios are ours / vLLM's.
+  falls on both; each keeps its best round, and starts on quiet cores (`settle`). Ratios are ours / vLLM's.
+
+Then where the time goes: each engine's share of this machine's bf16 matmul
+roofline (measure/roofline.py), and one decode step of the served engine
+profiled with phase 3.10's CPU step off ("before") and on ("after").
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import torch
 
 from measure.demos import Option, RunConfig, demo
 from measure.report import Report
+from measure.roofline import measure_matmul_flops, profile_decode_step, roofline_tokens_per_s
 from measure.workload import EQUAL_WORK_N, Request, equal_work, mixed_work
 
 REPO = Path(__file__).resolve().parent.parent
@@ -43,8 +48,10 @@ KV_CACHE_GB = 2                 # VLLM_CPU_KVCACHE_SPACE: its KV pool, in GiB
 READY_TIMEOUT_S = 600           # its first LLM(...) compiles its graph with inductor: minutes on 2 cores
 RUN_TIMEOUT_S = 900
 TAIL_LINES = 20                 # of vLLM's log, in the error when its worker fails
-ENGINES = ("served", "batched")
+SETTLE_S = 2.0                  # pause after each run: vLLM's threads spin on a core for about a second after it
+ENGINES = ("served", "served-plain", "batched")
 QUICK = dict(n=4, rounds=1, workloads=["equal"], engines=["served"])
+PROFILE_TOP_OPS = 8
 
 
 class PeerUnavailable(RuntimeError):
@@ -150,12 +157,19 @@ class VllmCpu:
 
 
 def our_engine(name: str, lm, max_running: int):
-    """The engine `name` names: phase 5's served engine, or phase 3.6's batched one."""
-    if name == "served":
+    """The engine `name` names: phase 5's served engine (served-plain: with phase 3.10's CPU step off, the
+    weights unpacked and 3.5's gathering attention), or phase 3.6's batched one."""
+    if name.startswith("served"):
         from phases.p5_1_served_engine.engine import ServingEngine
-        return ServingEngine(lm, max_running=max_running)
+        return ServingEngine(lm, max_running=max_running, cpu_step=False if name == "served-plain" else None)
     from phases.p3_6_batched_engine.engine import BatchedPagedEngine
     return BatchedPagedEngine(lm, max_running=max_running)
+
+
+def settle() -> None:
+    """Let the cores go quiet before the next engine starts: a run's OpenMP threads (vLLM's spin for about a
+    second after `generate` returns) would otherwise take a core from whoever runs next."""
+    time.sleep(SETTLE_S)
 
 
 def run_ours(engine, lm, requests: list[Request]) -> dict:
@@ -194,7 +208,11 @@ def vllm_cpu_peer(cfg: RunConfig) -> Report:
                 run_ours(engine, lm, reqs)
         for _ in range(cfg.rounds):
             for w, reqs in traces.items():
-                runs = {"vllm": peer.run(sent[w])} | {name: run_ours(e, lm, reqs) for name, e in engines.items()}
+                runs = {"vllm": peer.run(sent[w])}
+                for name, e in engines.items():
+                    settle()
+                    runs[name] = run_ours(e, lm, reqs)
+                settle()
                 for name, r in runs.items():
                     r["tok_s"] = r["tokens"] / r["wall_s"]
                     if (w, name) not in best or r["tok_s"] > best[(w, name)]["tok_s"]:
@@ -215,9 +233,46 @@ def vllm_cpu_peer(cfg: RunConfig) -> Report:
         f"cores: vLLM bound to {cores} (VLLM_CPU_OMP_THREADS_BIND, none reserved); ours: {torch.get_num_threads()} "
         f"torch threads on {cores}",
         f"vLLM's first LLM(...) took {peer.ready['load_s']:.0f} s (its graph compiled with inductor)",
-        "served = phase 5's engine (chunked prefill, prefix caching, preemption); batched = phase 3.6's",
+        "served = phase 5's engine (chunked prefill, prefix caching, preemption); served-plain = the same with "
+        "phase 3.10's CPU step off (cpu_step=False); batched = phase 3.6's",
         "outputs equal: in bf16 two engines' kernels round differently, so greedy tokens part after a near-tie",
     ]
     report.data.update(vllm=peer.ready["vllm"], cores=cores, results={
         f"{w}/{name}": {k: v for k, v in r.items() if k != "outputs"} for (w, name), r in best.items()})
+    roofline_shares(report, lm, best, traces, ["vllm", *cfg.engines])
+    step_profiles(report, lm, traces[next(iter(traces))], cfg.n)
     return report
+
+
+def roofline_shares(report: Report, lm, best: dict, traces: dict, names: list[str]) -> None:
+    """Each engine's best tok/s as a share of what this machine's matmul rate allows (measure/roofline.py)."""
+    flops = measure_matmul_flops(lm.dtype, lm.device)
+    ceiling = roofline_tokens_per_s(flops, lm.n_params)
+    t = report.table("Share of the matmul roofline", ["workload", "engine", "tok/s", "share of ceiling"])
+    for w in traces:
+        for name in names:
+            t.add_row(w, name, best[(w, name)]["tok_s"], f"{100 * best[(w, name)]['tok_s'] / ceiling:.1f}%")
+    t.notes.append(f"ceiling {ceiling:,.0f} tok/s = measured {str(lm.dtype).removeprefix('torch.')} matmul "
+                   f"{flops / 1e9:.0f} GFLOP/s / (2 x {lm.n_params / 1e6:.0f}M parameters)")
+    report.data["roofline"] = dict(matmul_flops=flops, ceiling_tok_s=ceiling)
+
+
+def step_profiles(report: Report, lm, requests: list[Request], n: int) -> None:
+    """One decode step of the served engine, every sequence running, with the CPU step off and on."""
+    for name, label in (("served-plain", "before: CPU step off"), ("served", "after: CPU step on")):
+        engine = our_engine(name, lm, n)
+        run_ours(engine, lm, requests)                               # warm: packing, compiling
+        seqs = [engine.add(r.ids(lm), r.max_new_tokens, sampling=r.sampling, ignore_eos=r.ignore_eos)
+                for r in requests]
+        while engine.waiting or any(not s.output_ids for s in seqs):  # every prompt prefilled
+            engine.step()
+        start = time.perf_counter()
+        ops = profile_decode_step(engine, top=PROFILE_TOP_OPS)
+        wall_ms = (time.perf_counter() - start) * 1e3
+        engine.run()
+        t = report.table(f"One decode step of {n} sequences, {label} (torch.profiler self time)",
+                         ["op", "self ms", "share"])
+        for op in ops:
+            t.add_row(op["op"][:60], op["self_ms"], f"{100 * op['share']:.1f}%")
+        t.notes.append(f"the profiled step took {wall_ms:.1f} ms of wall time, profiler included")
+        report.data.setdefault("profile", {})[name] = ops
