@@ -40,7 +40,7 @@ def test_fp32_engine_with_the_cpu_step_equals_hf_generate():
     prompts = random_prompts(PROMPT_LENGTHS, seed=1)
     engine, outputs = run(tiny, prompts, cpu_step=True)
     assert engine.runner.cpu_step and engine.runner.n_static_steps > 0
-    assert not engine.runner.packed_weights.packed
+    assert not engine.runner.packed_weights.forwards
     for p, n, out in zip(prompts, NEW_TOKENS, outputs):
         assert out == hf_greedy(tiny, p, n, ignore_eos=True)
 
@@ -56,7 +56,7 @@ def test_packed_linears_equal_plain_ones_and_are_handed_back():
         assert all("forward" in m.__dict__ for m in model)
         torch.testing.assert_close(model(x), plain, atol=2e-2, rtol=2e-2)
     assert not any("forward" in m.__dict__ for m in model)          # nn.Linear's own forward again
-    assert len(packed.packed) == 2
+    assert len(packed.forwards) == 2
     model[0].weight = nn.Parameter(torch.randn_like(model[0].weight))   # replaced (as 4.6 re-cuts): packed again
     with packed.on():
         torch.testing.assert_close(model[0](x), F.linear(x, model[0].weight, model[0].bias), atol=5e-2, rtol=2e-2)
@@ -83,7 +83,7 @@ def test_bf16_engine_with_the_cpu_step_is_as_close_to_fp32_as_the_plain_step():
     on, with_step = static_logits(lm, prompts)
     off, plain = static_logits(lm, prompts, cpu_step=False)
     _, exact = static_logits(load_model("tiny", dtype=torch.float32), prompts)
-    assert on.runner.cpu_step and on.runner.packed_weights.packed and not off.runner.cpu_step
+    assert on.runner.cpu_step and on.runner.packed_weights.forwards and not off.runner.cpu_step
     err = {name: (logits[0].float() - exact[0]).abs().mean() for name, logits in (("on", with_step), ("off", plain))}
     assert err["on"] <= 2 * err["off"], err
 

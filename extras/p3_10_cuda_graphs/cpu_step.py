@@ -26,6 +26,7 @@ weights, so the fp32 tests' token-for-token checks are untouched.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import Callable
 
 import torch
 from torch import nn
@@ -47,38 +48,36 @@ def cpu_step_here(lm) -> bool:
 
 
 class PackedWeights:
-    """Every plain bf16 `nn.Linear` of `model`, its weight packed for oneDNN at first use; `on()` routes the
-    linears to the packed copies for one step. A weight replaced or re-cut since is packed again."""
+    """Every plain bf16 `nn.Linear` of `model`, its weight packed for oneDNN at the first step; `on()` routes the
+    linears to the packed copies for one step. Weights replaced or re-cut since are all packed again."""
 
     def __init__(self, model: nn.Module):
         self.model = model
-        self.packed: dict[nn.Linear, tuple[int, torch.Tensor]] = {}   # linear -> (weight's data_ptr, packed)
-        self._linears: list[nn.Linear] | None = None                  # found at the first step
+        self.forwards: list[tuple[nn.Linear, Callable]] = []   # each linear, and its forward on the packed weight
+        self._packed_from: list[int] | None = None            # the weights' data_ptr when they were packed
 
     def linears(self) -> list[nn.Linear]:
         # Exactly nn.Linear: a subclass (or a wrapper such as 4.6's row-parallel linear) keeps its own forward.
-        if self._linears is None:
-            self._linears = [m for m in self.model.modules()
-                             if type(m) is nn.Linear and m.weight.dtype == torch.bfloat16]
-        return self._linears
+        return [m for m in self.model.modules() if type(m) is nn.Linear and m.weight.dtype == torch.bfloat16]
 
-    def pack(self, linear: nn.Linear) -> torch.Tensor:
-        ptr = linear.weight.data_ptr()
-        if linear not in self.packed or self.packed[linear][0] != ptr:
-            self.packed[linear] = (ptr, torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach()))
-        return self.packed[linear][1]
+    def pack(self) -> None:
+        linears = self.linears()
+        self.forwards = [(m, _packed_forward(torch.ops.mkldnn._reorder_linear_weight(m.weight.detach()), m.bias))
+                         for m in linears]
+        self._packed_from = [m.weight.data_ptr() for m in linears]
 
     @contextmanager
     def on(self):
         """For the duration: each linear's forward is oneDNN's matmul on its packed weight. Written straight
         into the module's __dict__ (it shadows nn.Linear.forward): nn.Module's __setattr__ is slow per step."""
-        linears = self.linears()
-        for linear in linears:
-            linear.__dict__["forward"] = _packed_forward(self.pack(linear), linear.bias)
+        if self._packed_from != [m.weight.data_ptr() for m, _ in self.forwards]:
+            self.pack()
+        for linear, forward in self.forwards:
+            linear.__dict__["forward"] = forward
         try:
             yield
         finally:
-            for linear in linears:
+            for linear, _ in self.forwards:
                 linear.__dict__.pop("forward", None)
 
 
