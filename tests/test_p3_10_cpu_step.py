@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.model import load_model
-from extras.p3_10_cuda_graphs.cpu_step import PackedWeights, cpu_step_here, decode_attention_in_place, native_bf16_matmul
+from extras.p3_10_cuda_graphs.cpu_step import (PackedWeights, cpp_compiler, cpu_step_here, decode_attention_in_place,
+                                               native_bf16_matmul)
 from phases.p3_5_paged_attention.reference import paged_decode_attention_reference
 from phases.p3_10_cuda_graphs.engine import StaticDecodeEngine
 from phases.p3_10_cuda_graphs.runner import StaticRunner
@@ -20,6 +21,7 @@ from tests.test_p3_10_engine import NEW_TOKENS, PROMPT_LENGTHS, run
 from tests.test_p3_8_engine import random_prompts
 
 needs_bf16 = pytest.mark.skipif(not native_bf16_matmul(), reason="this CPU's oneDNN has no native bf16 matmul")
+pytestmark = pytest.mark.skipif(cpp_compiler() is None, reason="no C++ compiler: torch.compile cannot build the loop")
 
 
 @pytest.mark.parametrize("dtype, window, softcap", [(torch.float32, None, None), (torch.float32, 3, 1.5),

@@ -19,12 +19,15 @@ counterparts that pay off on every step after the first:
   the longest table first changes (dynamo then marks those sizes dynamic).
 
 `cpu_step_here(lm)` says where both are on by default: bf16 on a CPU whose
-oneDNN has native bf16 matmuls. fp32 keeps phase 3.5's path and the plain
-weights, so the fp32 tests' token-for-token checks are untouched.
+oneDNN has native bf16 matmuls, with a C++ compiler for inductor. fp32 keeps
+phase 3.5's path and the plain weights, so the fp32 tests' token-for-token
+checks are untouched.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from contextlib import contextmanager
 from typing import Callable
 
@@ -42,9 +45,15 @@ def native_bf16_matmul() -> bool:
     return torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
+def cpp_compiler() -> str | None:
+    """The C++ compiler inductor builds the attention loop with (None: there is none, so no CPU step)."""
+    return shutil.which(os.environ.get("CXX", "g++")) or shutil.which("clang++")
+
+
 def cpu_step_here(lm) -> bool:
-    """The default: bf16 on a CPU with native bf16 matmuls (fp32 keeps the plain path)."""
-    return torch.device(lm.device).type == "cpu" and lm.dtype == torch.bfloat16 and native_bf16_matmul()
+    """The default: bf16 on a CPU with native bf16 matmuls and a C++ compiler (fp32 keeps the plain path)."""
+    return (torch.device(lm.device).type == "cpu" and lm.dtype == torch.bfloat16 and native_bf16_matmul()
+            and cpp_compiler() is not None)
 
 
 class PackedWeights:
