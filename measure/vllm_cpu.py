@@ -48,10 +48,11 @@ KV_CACHE_GB = 2                 # VLLM_CPU_KVCACHE_SPACE: its KV pool, in GiB
 READY_TIMEOUT_S = 600           # its first LLM(...) compiles its graph with inductor: minutes on 2 cores
 RUN_TIMEOUT_S = 900
 TAIL_LINES = 20                 # of vLLM's log, in the error when its worker fails
-SETTLE_S = 2.0                  # pause after each run: vLLM's threads spin on a core for about a second after it
+SETTLE_S = 2.0                  # pause after each run: vLLM's threads spin on a core for about a second
 ENGINES = ("served", "served-plain", "batched")
 QUICK = dict(n=4, rounds=1, workloads=["equal"], engines=["served"])
 PROFILE_TOP_OPS = 8
+OP_NAME_CHARS = 60              # a compiled graph's op name is a long hash: cut in the profile tables
 
 
 class PeerUnavailable(RuntimeError):
@@ -273,6 +274,6 @@ def step_profiles(report: Report, lm, requests: list[Request], n: int) -> None:
         t = report.table(f"One decode step of {n} sequences, {label} (torch.profiler self time)",
                          ["op", "self ms", "share"])
         for op in ops:
-            t.add_row(op["op"][:60], op["self_ms"], f"{100 * op['share']:.1f}%")
+            t.add_row(op["op"][:OP_NAME_CHARS], op["self_ms"], f"{100 * op['share']:.1f}%")
         t.notes.append(f"the profiled step took {wall_ms:.1f} ms of wall time, profiler included")
         report.data.setdefault("profile", {})[name] = ops

@@ -35,10 +35,9 @@ import torch
 from torch import nn
 
 from extras.p3_5_paged_attention.cpu_path import plan_decode
+from phases.p3_4_gather_kernel.reference import K_INDEX, V_INDEX
 from phases.p3_5_paged_attention.kernel_checks import check_decode_inputs, check_window_and_softcap
-from phases.p3_5_paged_attention.reference import decode_visible
-
-K_INDEX, V_INDEX = 0, 1
+from phases.p3_5_paged_attention.reference import decode_visible, soft_cap
 
 
 def native_bf16_matmul() -> bool:
@@ -107,9 +106,7 @@ def _attend_in_place(q: torch.Tensor, kv_layer: torch.Tensor, ids: torch.Tensor,
     k = blocks[:, :, K_INDEX].permute(0, 2, 1, 3, 4).reshape(batch, n_kv_heads, n_logical * block_size, head_dim)
     v = blocks[:, :, V_INDEX].permute(0, 2, 1, 3, 4).reshape(batch, n_kv_heads, n_logical * block_size, head_dim)
     qg = q.view(batch, n_kv_heads, n_heads // n_kv_heads, head_dim).float()   # [B, H_kv, G, D]
-    scores = (qg[:, :, :, None, :] * k[:, :, None].float()).sum(-1) * scale     # [B, H_kv, G, L] fp32
-    if softcap is not None:
-        scores = softcap * torch.tanh(scores / softcap)
+    scores = soft_cap((qg[:, :, :, None, :] * k[:, :, None].float()).sum(-1) * scale, softcap)  # [B, H_kv, G, L]
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     probs = scores.softmax(-1).nan_to_num(0.0)                                   # length 0 -> zeros
     out = (probs[..., None] * v[:, :, None].float()).sum(-2)                    # [B, H_kv, G, D]
